@@ -1,0 +1,71 @@
+/* ompk-bench entries for mHC post forward. */
+#include <stdio.h>
+
+#include "bench.h"
+
+typedef struct post_arg {
+    ompk_tensor x, comb, post, f, out;
+} post_arg;
+
+static ompk_status post_call(void *p) {
+    post_arg *a = p;
+    return ompk_mhc_post_fwd(&a->x, &a->comb, &a->post, &a->f, &a->out);
+}
+
+static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64_t S, int64_t n,
+                            int64_t D) {
+    int64_t xs[4] = {B, S, n, D}, cs[4] = {B, S, n, n}, ps[3] = {B, S, n}, fs[3] = {B, S, D};
+    int64_t T = B * S;
+    void *x = ompk_bench_alloc_random(ctx, dt, T * n * D, 1);
+    void *comb = ompk_bench_alloc_random(ctx, OMPK_F32, T * n * n, 2);
+    void *post = ompk_bench_alloc_random(ctx, OMPK_F32, T * n, 3);
+    void *f = ompk_bench_alloc_random(ctx, dt, T * D, 4);
+    void *out = ompk_bench_alloc_random(ctx, dt, T * n * D, 5);
+    int rc = 1;
+    if (x && comb && post && f && out) {
+        post_arg a = {ompk_tensor_make(x, dt, 4, xs, ctx->dev),
+                      ompk_tensor_make(comb, OMPK_F32, 4, cs, ctx->dev),
+                      ompk_tensor_make(post, OMPK_F32, 3, ps, ctx->dev),
+                      ompk_tensor_make(f, dt, 3, fs, ctx->dev),
+                      ompk_tensor_make(out, dt, 4, xs, ctx->dev)};
+        double mn;
+        double ms = ompk_bench_time(ctx, post_call, &a, &mn);
+        if (ms >= 0) {
+            int esz = ompk_dtype_bits(dt) / 8;
+            char shape[64];
+            snprintf(shape, sizeof shape, "B%lld S%lld n%lld D%lld", (long long)B, (long long)S,
+                     (long long)n, (long long)D);
+            ompk_bench_record r = {0};
+            r.kernel = "mhc_post_fwd";
+            r.dtype = ompk_dtype_name(dt);
+            r.shape = shape;
+            r.ms = ms;
+            r.ms_min = mn;
+            r.bytes = (double)T * ((2.0 * n + 1) * D * esz + (n * n + n) * 4.0);
+            r.flops = 2.0 * T * n * D * (n + 1);
+            r.extra_mem_bytes = 0;
+            ompk_bench_emit(ctx, &r);
+            rc = 0;
+        }
+    }
+    ompk_bench_free(ctx, x);
+    ompk_bench_free(ctx, comb);
+    ompk_bench_free(ctx, post);
+    ompk_bench_free(ctx, f);
+    ompk_bench_free(ctx, out);
+    return rc;
+}
+
+static int bench_post(ompk_bench_ctx *ctx) {
+    int rc = 0;
+    if (ctx->quick && ctx->dev.type == OMPK_HOST) {
+        rc |= bench_post_shape(ctx, OMPK_BF16, 1, 1024, 4, 2048);
+        rc |= bench_post_shape(ctx, OMPK_F32, 1, 1024, 4, 2048);
+    } else {
+        rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, 4, 4096);
+        rc |= bench_post_shape(ctx, OMPK_F32, 4, 4096, 4, 4096);
+    }
+    return rc;
+}
+
+OMPK_BENCH_REGISTER(bench_post, "mhc_post_fwd", 1, 1)

@@ -1,0 +1,292 @@
+/* ompk-bench: runs the registered entries on the host and on each OpenMP device and writes JSON.
+ *   ompk-bench [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--json FILE]
+ * Each pass first measures the copy bandwidth of its device (device-to-device copy on a GPU, a
+ * parallel copy loop on the host), which every record is compared with. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "bf16.h"
+
+#define MAX_ENTRIES 128
+static const ompk_bench_entry *entries[MAX_ENTRIES];
+static int nentries;
+static FILE *json;
+static int first_record = 1;
+
+void ompk_bench_register(const ompk_bench_entry *e) {
+    if (nentries < MAX_ENTRIES) entries[nentries++] = e;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double ompk_bench_time(ompk_bench_ctx *ctx, ompk_status (*call)(void *), void *arg,
+                       double *min_ms) {
+    for (int i = 0; i < ctx->warmup; i++) {
+        ompk_status st = call(arg);
+        if (st != OMPK_OK) {
+            fprintf(stderr, "  call failed: %s: %s\n", ompk_status_str(st), ompk_last_error());
+            return -1;
+        }
+    }
+    double *t = malloc(sizeof(double) * (size_t)ctx->reps);
+    for (int i = 0; i < ctx->reps; i++) {
+        double t0 = omp_get_wtime();
+        ompk_status st = call(arg);
+        t[i] = (omp_get_wtime() - t0) * 1e3;
+        if (st != OMPK_OK) {
+            fprintf(stderr, "  call failed: %s: %s\n", ompk_status_str(st), ompk_last_error());
+            free(t);
+            return -1;
+        }
+    }
+    qsort(t, (size_t)ctx->reps, sizeof(double), cmp_double);
+    double med = ctx->reps % 2 ? t[ctx->reps / 2] : 0.5 * (t[ctx->reps / 2 - 1] + t[ctx->reps / 2]);
+    if (min_ms) *min_ms = t[0];
+    free(t);
+    return med;
+}
+
+static void json_str(const char *k, const char *v, int comma) {
+    fprintf(json, "\"%s\": ", k);
+    if (v)
+        fprintf(json, "\"%s\"", v);
+    else
+        fprintf(json, "null");
+    if (comma) fputs(", ", json);
+}
+
+static void json_num(const char *k, double v, int comma) {
+    if (isfinite(v))
+        fprintf(json, "\"%s\": %.6g", k, v);
+    else
+        fprintf(json, "\"%s\": null", k);
+    if (comma) fputs(", ", json);
+}
+
+void ompk_bench_emit(ompk_bench_ctx *ctx, const ompk_bench_record *r) {
+    double gbs = r->ms > 0 ? r->bytes / (r->ms * 1e6) : NAN;
+    double tfs = r->ms > 0 && r->flops > 0 ? r->flops / (r->ms * 1e9) : NAN;
+    double pct_bw = ctx->copy_gbs > 0 ? 100.0 * gbs / ctx->copy_gbs : NAN;
+    double floor_ms = ctx->copy_gbs > 0 ? r->bytes / (ctx->copy_gbs * 1e6) : NAN;
+    double peak = 0;
+    if (r->peak && strcmp(r->peak, "fp32") == 0) peak = ctx->peak_fp32_tflops;
+    if (r->peak && strcmp(r->peak, "bf16") == 0) peak = ctx->peak_bf16_tflops;
+    double pct_peak = peak > 0 && isfinite(tfs) ? 100.0 * tfs / peak : NAN;
+    printf("%-5s %-28s %-5s %-22s %-10s %9.4f ms  %8.1f GB/s (%5.1f%% of copy)", ctx->backend,
+           r->kernel, r->dtype, r->shape, r->variant ? r->variant : "-", r->ms, gbs, pct_bw);
+    if (isfinite(tfs)) printf("  %7.2f TFLOP/s", tfs);
+    if (isfinite(pct_peak)) printf(" (%4.1f%% of %s peak)", pct_peak, r->peak);
+    printf("\n");
+    if (!json) return;
+    fputs(first_record ? "\n    {" : ",\n    {", json);
+    first_record = 0;
+    json_str("backend", ctx->backend, 1);
+    json_str("kernel", r->kernel, 1);
+    json_str("dtype", r->dtype, 1);
+    json_str("shape", r->shape, 1);
+    json_str("variant", r->variant, 1);
+    json_num("ms", r->ms, 1);
+    json_num("ms_min", r->ms_min, 1);
+    json_num("bytes", r->bytes, 1);
+    json_num("flops", r->flops, 1);
+    json_num("gb_per_s", gbs, 1);
+    json_num("tflop_per_s", tfs, 1);
+    json_num("copy_gb_per_s", ctx->copy_gbs, 1);
+    json_num("pct_of_copy_bw", pct_bw, 1);
+    json_num("hbm_floor_ms", floor_ms, 1);
+    json_num("pct_of_peak", pct_peak, 1);
+    json_str("peak", r->peak, 1);
+    json_num("extra_mem_bytes", r->extra_mem_bytes, 0);
+    fputs("}", json);
+    fflush(json);
+}
+
+void *ompk_bench_alloc_random(ompk_bench_ctx *ctx, ompk_dtype dtype, int64_t numel, uint64_t seed) {
+    size_t bytes = (size_t)((numel * ompk_dtype_bits(dtype) + 7) / 8);
+    unsigned char *h = malloc(bytes ? bytes : 1);
+    if (!h) return NULL;
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 12345;
+#pragma omp parallel for firstprivate(s)
+    for (int64_t i = 0; i < numel; i++) {
+        uint64_t z = s + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = (float)((double)(z >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+        switch (dtype) {
+        case OMPK_F32:
+            ((float *)h)[i] = u;
+            break;
+        case OMPK_BF16:
+            ((uint16_t *)h)[i] = ompk_f32_to_bf16(u);
+            break;
+        case OMPK_I32:
+            ((int32_t *)h)[i] = (int32_t)(z % 1000);
+            break;
+        case OMPK_I8:
+            ((int8_t *)h)[i] = (int8_t)(z & 0xff);
+            break;
+        default:
+            h[i * ompk_dtype_bits(dtype) / 8] = (unsigned char)z;
+            break;
+        }
+    }
+    if (ctx->dev.type == OMPK_HOST) return h;
+    void *d = ompk_malloc(ctx->dev, bytes);
+    if (d) ompk_memcpy(d, ctx->dev, h, ompk_device_host(), bytes);
+    free(h);
+    return d;
+}
+
+void ompk_bench_free(ompk_bench_ctx *ctx, void *p) {
+    if (ctx->dev.type == OMPK_HOST)
+        free(p);
+    else
+        ompk_free(ctx->dev, p);
+}
+
+/* Copy bandwidth (bytes read + written per second) of the pass's device. */
+static double measure_copy(ompk_bench_ctx *ctx) {
+    size_t bytes = ctx->quick ? ((size_t)256 << 20) : ((size_t)2 << 30);
+    if (ctx->dev.type == OMPK_HOST) bytes = ctx->quick ? ((size_t)256 << 20) : ((size_t)1 << 30);
+    char *a = ompk_malloc(ctx->dev, bytes), *b = ompk_malloc(ctx->dev, bytes);
+    if (!a || !b) return 0;
+    double best = 1e30;
+    for (int r = 0; r < 8; r++) {
+        double t0 = omp_get_wtime();
+        if (ctx->dev.type == OMPK_HOST) {
+            const size_t nw = bytes / 8;
+            const uint64_t *s = (const uint64_t *)a;
+            uint64_t *d = (uint64_t *)b;
+            if (r == 0) memset(a, 1, bytes);
+#pragma omp parallel for
+            for (size_t i = 0; i < nw; i++) d[i] = s[i];
+        } else {
+            ompk_memcpy(b, ctx->dev, a, ctx->dev, bytes);
+        }
+        double t = omp_get_wtime() - t0;
+        if (r > 0 && t < best) best = t; /* first copy pays page faults / lazy init */
+    }
+    ompk_free(ctx->dev, a);
+    ompk_free(ctx->dev, b);
+    return 2.0 * (double)bytes / best / 1e9;
+}
+
+static double env_double(const char *name, double dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atof(v) : dflt;
+}
+
+static void run_pass(ompk_bench_ctx *ctx) {
+    ctx->copy_gbs = measure_copy(ctx);
+    printf("== %s pass: copy bandwidth %.1f GB/s (read+write), %d reps\n", ctx->backend,
+           ctx->copy_gbs, ctx->reps);
+    for (int i = 0; i < nentries; i++) {
+        const ompk_bench_entry *e = entries[i];
+        if (ctx->filter && !strstr(e->name, ctx->filter)) continue;
+        if (ctx->dev.type == OMPK_HOST ? !e->host_ok : !e->gpu_ok) continue;
+        if (e->run(ctx) != 0) fprintf(stderr, "entry %s failed on %s\n", e->name, ctx->backend);
+    }
+}
+
+int main(int argc, char **argv) {
+    int quick = 0, reps = -1;
+    const char *backend = "all", *filter = NULL, *json_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc)
+            backend = argv[++i];
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc)
+            filter = argv[++i];
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json_path = argv[++i];
+        else if (!strcmp(argv[i], "--list")) {
+            for (int k = 0; k < nentries; k++) printf("%s\n", entries[k]->name);
+            return 0;
+        } else {
+            fprintf(stderr,
+                    "usage: %s [--quick] [--backend host|gpu|all] [--filter S] [--reps N] "
+                    "[--json FILE] [--list]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (json_path) {
+        json = fopen(json_path, "w");
+        if (!json) {
+            perror(json_path);
+            return 1;
+        }
+        char host[128] = "unknown", cpu[256] = "unknown";
+        gethostname(host, sizeof host);
+        FILE *ci = fopen("/proc/cpuinfo", "r");
+        if (ci) {
+            char line[512];
+            while (fgets(line, sizeof line, ci))
+                if (!strncmp(line, "model name", 10)) {
+                    char *p = strchr(line, ':');
+                    if (p) snprintf(cpu, sizeof cpu, "%s", p + 2);
+                    cpu[strcspn(cpu, "\n\"")] = 0;
+                    break;
+                }
+            fclose(ci);
+        }
+        time_t now = time(NULL);
+        char date[64];
+        strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+        fprintf(
+            json,
+            "{\n  \"tool\": \"ompk-bench\", \"ompk_version\": \"%s\", \"compiler\": \"%s\",\n"
+            "  \"offload_archs\": \"%s\", \"date\": \"%s\", \"host\": \"%s\", \"cpu\": \"%s\",\n"
+            "  \"host_threads\": %d, \"omp_devices\": %d, \"gpu\": \"%s\", \"quick\": %d,\n"
+            "  \"records\": [",
+            ompk_version(), ompk_compiler(), ompk_offload_archs(), date, host, cpu,
+            omp_get_max_threads(), ompk_device_count(),
+            getenv("OMPK_GPU_NAME") ? getenv("OMPK_GPU_NAME") : "", quick);
+    }
+    ompk_bench_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.quick = quick;
+    ctx.filter = filter;
+    ctx.warmup = quick ? 2 : 5;
+    ctx.reps = reps > 0 ? reps : (quick ? 7 : 20);
+    int rc = 0;
+    if (!strcmp(backend, "host") || !strcmp(backend, "all")) {
+        ctx.dev = ompk_device_host();
+        ctx.backend = "host";
+        ctx.peak_fp32_tflops = env_double("OMPK_HOST_PEAK_FP32_TFLOPS", 0);
+        ctx.peak_bf16_tflops = env_double("OMPK_HOST_PEAK_BF16_TFLOPS", 0);
+        run_pass(&ctx);
+    }
+    if (!strcmp(backend, "gpu") || !strcmp(backend, "all")) {
+        if (ompk_device_count() == 0) {
+            printf("== gpu pass skipped: no OpenMP offload device\n");
+            if (!strcmp(backend, "gpu")) rc = 1;
+        }
+        for (int d = 0; d < ompk_device_count(); d++) {
+            ctx.dev = ompk_device_target(d);
+            ctx.backend = "gpu";
+            /* H100/H200 SXM datasheet figures unless told otherwise */
+            ctx.peak_fp32_tflops = env_double("OMPK_GPU_PEAK_FP32_TFLOPS", 67);
+            ctx.peak_bf16_tflops = env_double("OMPK_GPU_PEAK_BF16_TFLOPS", 989);
+            run_pass(&ctx);
+        }
+    }
+    if (json) {
+        fputs("\n  ]\n}\n", json);
+        fclose(json);
+    }
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* Internal: the mHC post-forward kernel and its argument block. */
+#ifndef OMPK_MHC_POST_H
+#define OMPK_MHC_POST_H
+
+#include <stdint.h>
+
+#include "route.h"
+
+typedef struct ompk_mhc_post_args {
+    const void *x;     /* [B,S,n,D] f32|bf16 */
+    const float *comb; /* [B,S,n,n] */
+    const float *post; /* [B,S,n] */
+    const void *f;     /* [B,S,D] */
+    void *out;         /* [B,S,n,D] */
+    int64_t B, S, D;
+    int n, is_bf16;
+    int64_t sx[4], sc[4], sp[3], sf[3], so[4]; /* element strides */
+} ompk_mhc_post_args;
+
+/* 1 when x, f and out allow 16-byte chunk moves of 8 elements (unit stride on D, D and every
+ * other stride a multiple of 8 elements, 16-byte aligned bases). */
+int ompk_mhc_post_vec_ok(const ompk_mhc_post_args *a);
+
+void ompk_mhc_post_fwd_kernel(ompk_exec ex, const ompk_mhc_post_args *a);
+
+/* Benchmark probe: the vector path under `omp parallel for` on the host (requires
+ * ompk_mhc_post_vec_ok). */
+void ompk_mhc_post_fwd_plain_host(const ompk_mhc_post_args *a);
+#endif

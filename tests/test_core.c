@@ -1,0 +1,163 @@
+/* The descriptor, DLPack interop, memory helpers and status strings. */
+#include <criterion/criterion.h>
+#include <dlpack/dlpack.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "check.h"
+#include "test_util.h"
+
+Test(core, status_strings_are_distinct) {
+    for (int a = 0; a <= OMPK_ERR_RUNTIME; a++)
+        for (int b = a + 1; b <= OMPK_ERR_RUNTIME; b++)
+            cr_assert_str_neq(ompk_status_str((ompk_status)a), ompk_status_str((ompk_status)b));
+    cr_assert_str_eq(ompk_status_str(OMPK_ERR_DEVICE_MISMATCH), "OMPK_ERR_DEVICE_MISMATCH");
+    cr_assert_not_null(ompk_status_str((ompk_status)1234));
+}
+
+Test(core, version_and_devices) {
+    cr_assert_str_eq(ompk_version(), "0.1.0");
+    cr_assert(ompk_device_count() >= 0);
+    cr_assert_not_null(ompk_compiler());
+}
+
+Test(core, tensor_init_validates) {
+    float buf[24];
+    int64_t shape[3] = {2, 3, 4};
+    ompk_tensor t;
+    cr_assert_eq(ompk_tensor_init(&t, buf, OMPK_F32, 3, shape, NULL, ompk_device_host()), OMPK_OK);
+    cr_assert_eq(t.strides[0], 12);
+    cr_assert_eq(t.strides[2], 1);
+    cr_assert(ompk_tensor_is_contiguous(&t));
+    cr_assert_eq(ompk_tensor_numel(&t), 24);
+    int64_t neg[3] = {2, -3, 4};
+    ompk_tensor u = t;
+    cr_assert_eq(ompk_tensor_init(&u, buf, OMPK_F32, 3, neg, NULL, ompk_device_host()),
+                 OMPK_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(memcmp(&u, &t, sizeof t), 0, "failed init must leave the descriptor untouched");
+    int64_t nstr[3] = {12, -4, 1};
+    cr_assert_eq(ompk_tensor_init(&u, buf, OMPK_F32, 3, shape, nstr, ompk_device_host()),
+                 OMPK_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(ompk_last_error(), "negative") != NULL);
+    cr_assert_eq(ompk_tensor_init(&u, buf, OMPK_F32, 9, shape, NULL, ompk_device_host()),
+                 OMPK_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(ompk_tensor_init(&u, buf, (ompk_dtype)77, 3, shape, NULL, ompk_device_host()),
+                 OMPK_ERR_INVALID_ARGUMENT);
+    int64_t tstr[3] = {1, 2, 6}; /* a permuted view */
+    cr_assert_eq(ompk_tensor_init(&u, buf, OMPK_F32, 3, shape, tstr, ompk_device_host()), OMPK_OK);
+    cr_assert(!ompk_tensor_is_contiguous(&u));
+}
+
+Test(core, dtype_sizes) {
+    cr_assert_eq(ompk_dtype_bits(OMPK_I4), 4);
+    cr_assert_eq(ompk_dtype_bits(OMPK_BF16), 16);
+    cr_assert_eq(ompk_dtype_bits(OMPK_I64), 64);
+    cr_assert_str_eq(ompk_dtype_name(OMPK_BF16), "bf16");
+}
+
+Test(core, dlpack_round_trip) {
+    uint16_t buf[6 * 5];
+    int64_t shape[2] = {3, 5}, strides[2] = {10, 1};
+    DLTensor d;
+    memset(&d, 0, sizeof d);
+    d.data = buf;
+    d.device.device_type = kDLCPU;
+    d.ndim = 2;
+    d.dtype.code = kDLBfloat;
+    d.dtype.bits = 16;
+    d.dtype.lanes = 1;
+    d.shape = shape;
+    d.strides = strides;
+    d.byte_offset = 4;
+    ompk_tensor t;
+    cr_assert_eq(ompk_tensor_from_dlpack(&d, &t), OMPK_OK, "%s", ompk_last_error());
+    cr_assert_eq(t.dtype, OMPK_BF16);
+    cr_assert_eq((char *)t.data, (char *)buf + 4);
+    cr_assert_eq(t.strides[0], 10);
+    cr_assert_eq(t.device.type, OMPK_HOST);
+    DLTensor back;
+    cr_assert_eq(ompk_tensor_to_dlpack(&t, &back), OMPK_OK);
+    cr_assert_eq(back.dtype.code, kDLBfloat);
+    cr_assert_eq(back.shape[1], 5);
+    cr_assert_eq(back.strides[0], 10);
+    d.device.device_type = kDLCUDA;
+    d.device.device_id = 1;
+    cr_assert_eq(ompk_tensor_from_dlpack(&d, &t), OMPK_OK);
+    cr_assert_eq(t.device.type, OMPK_TARGET);
+    cr_assert_eq(t.device.id, 1);
+    cr_assert_eq(ompk_tensor_to_dlpack(&t, &back), OMPK_OK);
+    cr_assert_eq(back.device.device_type, kDLCUDA);
+    d.dtype.lanes = 4;
+    cr_assert_eq(ompk_tensor_from_dlpack(&d, &t), OMPK_ERR_UNSUPPORTED);
+    d.dtype.lanes = 1;
+    d.device.device_type = kDLOpenCL;
+    cr_assert_eq(ompk_tensor_from_dlpack(&d, &t), OMPK_ERR_UNSUPPORTED);
+}
+
+Test(core, memory_round_trip_every_device) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int i = 0; i < nd; i++) {
+        const size_t n = 1003; /* odd: exercises the memset head/tail */
+        unsigned char *src = malloc(n), *dst = malloc(n);
+        for (size_t k = 0; k < n; k++) src[k] = (unsigned char)(k * 7);
+        unsigned char *d = ompk_malloc(devs[i], n);
+        cr_assert_not_null(d, "%s", ompk_last_error());
+        cr_assert_eq(ompk_memcpy(d, devs[i], src, ompk_device_host(), n), OMPK_OK);
+        cr_assert_eq(ompk_memcpy(dst, ompk_device_host(), d, devs[i], n), OMPK_OK);
+        cr_assert_eq(memcmp(src, dst, n), 0);
+        cr_assert_eq(ompk_memset(d + 1, devs[i], 0x3C, n - 2), OMPK_OK);
+        cr_assert_eq(ompk_memcpy(dst, ompk_device_host(), d, devs[i], n), OMPK_OK);
+        cr_assert_eq(dst[0], src[0]);
+        cr_assert_eq(dst[n - 1], src[n - 1]);
+        for (size_t k = 1; k < n - 1; k++) cr_assert_eq(dst[k], 0x3C);
+        ompk_free(devs[i], d);
+        free(src);
+        free(dst);
+    }
+    cr_assert_null(ompk_malloc(ompk_device_target(ompk_device_count() + 1), 16));
+    cr_assert_eq(ompk_memset(NULL, ompk_device_host(), 0, 4), OMPK_ERR_INVALID_ARGUMENT);
+}
+
+Test(core, bf16_rounding_is_nearest_even) {
+    cr_assert_eq(ompk_f32_to_bf16(1.0f), 0x3F80);
+    /* 1 + 2^-8 is a tie between 1 and 1 + 2^-7: rounds to even (1.0) */
+    cr_assert_eq(ompk_f32_to_bf16(1.00390625f), 0x3F80);
+    /* 1 + 3*2^-8 is a tie between 1+2^-7 and 1+2^-6: rounds to even (1 + 2^-6) */
+    cr_assert_eq(ompk_f32_to_bf16(1.01171875f), 0x3F82);
+    cr_assert_eq(ompk_f32_to_bf16(-2.0f), 0xC000);
+    ompk_f32_bits nan;
+    nan.u = 0x7f800001u; /* signalling NaN with payload only in low bits stays NaN */
+    uint16_t h = ompk_f32_to_bf16(nan.f);
+    cr_assert((h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0);
+}
+
+Test(core, output_overlap_rules) {
+    float buf[64];
+    int64_t shape[2] = {4, 4};
+    ompk_tensor a = ompk_tensor_make(buf, OMPK_F32, 2, shape, ompk_device_host());
+    ompk_tensor b = ompk_tensor_make(buf + 16, OMPK_F32, 2, shape, ompk_device_host());
+    ompk_tensor c = ompk_tensor_make(buf + 8, OMPK_F32, 2, shape, ompk_device_host());
+    ompk_call call;
+    ompk_call_begin(&call, "t");
+    ompk_call_input(&call, "a", &a, 2, OMPK_DT_FLOAT);
+    ompk_call_output(&call, "b", &b, 2, OMPK_DT_FLOAT);
+    cr_assert_eq(ompk_call_end(&call), OMPK_OK);
+    ompk_call_begin(&call, "t");
+    ompk_call_input(&call, "a", &a, 2, OMPK_DT_FLOAT);
+    ompk_call_output(&call, "c", &c, 2, OMPK_DT_FLOAT);
+    cr_assert_eq(ompk_call_end(&call), OMPK_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(ompk_last_error(), "output c overlaps input a") != NULL, "%s",
+              ompk_last_error());
+    /* two inputs may share memory */
+    ompk_call_begin(&call, "t");
+    ompk_call_input(&call, "a", &a, 2, OMPK_DT_FLOAT);
+    ompk_call_input(&call, "c", &c, 2, OMPK_DT_FLOAT);
+    cr_assert_eq(ompk_call_end(&call), OMPK_OK);
+    /* a broadcast (stride 0) output overlaps itself */
+    ompk_tensor z = b;
+    z.strides[0] = 0;
+    ompk_call_begin(&call, "t");
+    ompk_call_output(&call, "z", &z, 2, OMPK_DT_FLOAT);
+    cr_assert_eq(ompk_call_end(&call), OMPK_ERR_INVALID_ARGUMENT);
+}

@@ -1,0 +1,92 @@
+/* ompk-info: what this build has and what this machine offers.
+ *   ompk-info [--require-gpu] [--require-amx]
+ * Exit status 1 when a requested capability is missing, or when any OpenMP device exists but the
+ * offload image does not run on it (a silent host fallback is an error, not success). */
+#include <hwloc.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "ompk/ompk.h"
+#include "probe.h"
+
+static void print_topology(void) {
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) != 0 || hwloc_topology_load(topo) != 0) {
+        printf("topology:  hwloc failed to load the topology\n");
+        return;
+    }
+    int packages = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PACKAGE);
+    int numa = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+    int cores = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+    int pus = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_PU);
+    printf("topology:  %d package(s), %d NUMA node(s), %d core(s), %d PU(s)\n", packages, numa,
+           cores, pus);
+    for (int i = 0; i < numa; i++) {
+        hwloc_obj_t n = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, i);
+        int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, n->cpuset, HWLOC_OBJ_CORE);
+        printf("           NUMA %u: %d cores, %.1f GiB\n", n->os_index, ncores,
+               (double)n->attr->numanode.local_memory / (1 << 30));
+    }
+    const hwloc_obj_type_t caches[] = {HWLOC_OBJ_L1CACHE, HWLOC_OBJ_L2CACHE, HWLOC_OBJ_L3CACHE};
+    const char *names[] = {"L1d", "L2", "L3"};
+    for (int k = 0; k < 3; k++) {
+        int cnt = hwloc_get_nbobjs_by_type(topo, caches[k]);
+        if (cnt == 0) continue;
+        hwloc_obj_t c = hwloc_get_obj_by_type(topo, caches[k], 0);
+        printf("           %s: %d x %llu KiB\n", names[k], cnt,
+               (unsigned long long)c->attr->cache.size / 1024);
+    }
+    hwloc_topology_destroy(topo);
+}
+
+int main(int argc, char **argv) {
+    int need_gpu = 0, need_amx = 0, rc = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--require-gpu"))
+            need_gpu = 1;
+        else if (!strcmp(argv[i], "--require-amx"))
+            need_amx = 1;
+        else {
+            fprintf(stderr, "usage: %s [--require-gpu] [--require-amx]\n", argv[0]);
+            return 2;
+        }
+    }
+    printf("ompk:      %s, built by %s\n", ompk_version(), ompk_compiler());
+    const char *archs = ompk_offload_archs();
+    printf("offload:   %s\n", archs[0] ? archs : "none (host-only build)");
+    const char *policy = getenv("OMP_TARGET_OFFLOAD");
+    printf("OMP_TARGET_OFFLOAD=%s\n", policy ? policy : "(unset)");
+    int ndev = omp_get_num_devices();
+    printf("devices:   %d OpenMP offload device(s)\n", ndev);
+    for (int d = 0; d < ndev; d++) {
+        int r = ompk_probe_device(d);
+        printf("           device %d: %s\n", d,
+               r == 1 ? "image loaded, kernel ran on the device"
+                      : "ERROR: kernel fell back to the host (no compatible image?)");
+        if (r != 1) rc = 1;
+    }
+    if (need_gpu && ndev == 0) {
+        printf("ERROR: --require-gpu but no OpenMP device is visible\n");
+        rc = 1;
+    }
+    const ompk_cpu_features *f = ompk_cpu_get();
+    printf("cpu isa:   avx2=%d fma=%d avx512f=%d avx512bw=%d avx512vl=%d avx512_bf16=%d "
+           "avx512_vnni=%d\n",
+           f->avx2, f->fma, f->avx512f, f->avx512bw, f->avx512vl, f->avx512_bf16, f->avx512_vnni);
+    printf("amx:       tile=%d bf16=%d int8=%d, XTILEDATA permission: %s\n", f->amx_tile,
+           f->amx_bf16, f->amx_int8,
+           !f->amx_tile       ? "n/a"
+           : f->amx_permitted ? "granted"
+                              : "REFUSED");
+    if (need_amx && !ompk_cpu_amx_usable()) {
+        printf("ERROR: --require-amx but AMX is not usable here\n");
+        rc = 1;
+    }
+    printf("threads:   %d OpenMP host threads\n", omp_get_max_threads());
+    print_topology();
+    printf("status:    %s\n", rc ? "BROKEN" : "ok");
+    return rc;
+}
