@@ -1,0 +1,43 @@
+/* Product-key router: exact top-k over pairwise sums (KERNELS.md section 4). */
+#ifndef OMPK_ROUTER_H
+#define OMPK_ROUTER_H
+
+#include <stdint.h>
+
+#include "ompk/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Forward. For every token t, the k largest of
+ *     s(i,j) = sx[t,i] + sy[t,j]      (both read as fp32, summed once in fp32)
+ * in descending order; ties (equal fp32 sums) go to the lower flattened index i*N + j.
+ *     scores[t,r] = s(i,j),  indices[t,r] = i*N + j   for the r-th best pair.
+ * sx, sy [T,N] f32 or bf16 (one dtype, any non-negative strides); scores [T,k] f32; indices
+ * [T,k] i32. 1 <= k <= N^2 and N^2 < 2^31. Exact for any N (no power-of-two requirement) and any
+ * k in range, including all-negative rows and -inf entries. Inputs holding NaN or +inf (whose sums
+ * can be NaN) have no defined order: the call still succeeds and writes in-range indices, but their
+ * order is unspecified. Outputs must not overlap each other or the inputs; all tensors on one
+ * device. When k > 64 the call allocates a workspace on the tensors' device (2*min(k+1,N)*8 bytes
+ * per token, at most 64 MiB at a time). */
+ompk_status ompk_router_topk_fwd(const ompk_tensor *sx, const ompk_tensor *sy, int64_t k,
+                                 ompk_tensor *scores, ompk_tensor *indices);
+
+/* Backward of the forward above:
+ *     dsx[t,i] = sum of dscores[t,r] over slots r with indices[t,r] / N == i
+ *     dsy[t,j] = sum of dscores[t,r] over slots r with indices[t,r] % N == j
+ * dscores [T,k] f32 or bf16, indices [T,k] i32, dsx and dsy [T,N] f32 or bf16 (one dtype; bf16
+ * gradients are accumulated in fp32 and rounded once). 1 <= k <= N^2. Each output element is the
+ * fp32 sum of its contributions in slot order starting from 0, so results are bit-identical run to
+ * run and device to device. The outputs are overwritten, never accumulated onto. Index -1 is
+ * padding and contributes nothing. Any other index outside [0, N^2) returns
+ * OMPK_ERR_INDEX_OUT_OF_RANGE and leaves dsx and dsy all zero (so a stale gradient can never pass
+ * for a fresh one). Descriptor errors (shape, dtype, device, overlap) write nothing. */
+ompk_status ompk_router_topk_bwd(const ompk_tensor *dscores, const ompk_tensor *indices, int64_t n,
+                                 ompk_tensor *dsx, ompk_tensor *dsy);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

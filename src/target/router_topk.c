@@ -1,0 +1,293 @@
+/* Product-key router (KERNELS.md section 4), one OpenMP source for GPU and host: one thread per
+ * token.
+ *
+ * Forward, per token, exact:
+ *  1. The top L = min(k+1, N) of sx and of sy, each sorted best-first (value descending, ties to
+ *     the lower index): ranks a (for sx) and b (for sy).
+ *  2. Rounding is monotone, so fp32 sx[i'] + sy[j'] >= sx[i] + sy[j] whenever the pair (i',j')
+ *     precedes (i,j) in both rank orders; (a+1)(b+1) pairs dominate the pair at ranks (a,b). Hence
+ *     the k-th largest sum tau over all N^2 pairs equals the k-th largest over the candidates with
+ *     (a+1)(b+1) <= k, and every pair with a sum above tau is a candidate. A min-heap of size k
+ *     over the candidates (rows and columns cut off as soon as a sum falls below the heap's worst)
+ *     gives them all.
+ *  3. Pairs whose sum equals tau need not be candidates: a pair with a slightly larger sx can
+ *     round to the same sum at a higher flattened index. So the heap is trusted only when the
+ *     pairs with sum >= tau are exactly k (counted on the rank grid); otherwise its tau-slots are
+ *     refilled by scanning all pairs in flattened order for sums equal to tau (heavy ties only).
+ *
+ * Backward: index validation first (a min-reduction over slots), then outputs zeroed and each
+ * token's contributions added in slot order, so the result does not depend on the device or on
+ * the thread count. */
+#include <omp.h>
+
+#include "bf16.h"
+#include "router_topk.h"
+
+/* Per-thread capacity of the on-stack lists; larger k use a workspace on the call's device (the
+ * axis lists) and the output rows themselves (the heap). */
+#define RT_LOCAL_K 64
+#define RT_LOCAL_L (RT_LOCAL_K + 1)
+#define RT_WS_MAX_BYTES ((int64_t)64 << 20)
+
+static inline int rt_better(float a, int32_t ia, float b, int32_t ib) {
+    return a > b || (a == b && ia < ib);
+}
+
+/* Heaps keep the worst element at the root, so the root is the admission threshold. */
+static inline void rt_sift_down(float *v, int32_t *id, int64_t vs, int64_t is, int64_t n,
+                                int64_t p) {
+    const float pv = v[p * vs];
+    const int32_t pi = id[p * is];
+    for (;;) {
+        int64_t c = 2 * p + 1;
+        if (c >= n) break;
+        if (c + 1 < n && rt_better(v[c * vs], id[c * is], v[(c + 1) * vs], id[(c + 1) * is])) c++;
+        if (!rt_better(pv, pi, v[c * vs], id[c * is])) break;
+        v[p * vs] = v[c * vs];
+        id[p * is] = id[c * is];
+        p = c;
+    }
+    v[p * vs] = pv;
+    id[p * is] = pi;
+}
+
+static inline void rt_sift_up(float *v, int32_t *id, int64_t vs, int64_t is, int64_t c) {
+    const float cv = v[c * vs];
+    const int32_t ci = id[c * is];
+    while (c > 0) {
+        const int64_t p = (c - 1) / 2;
+        if (!rt_better(v[p * vs], id[p * is], cv, ci)) break;
+        v[c * vs] = v[p * vs];
+        id[c * is] = id[p * is];
+        c = p;
+    }
+    v[c * vs] = cv;
+    id[c * is] = ci;
+}
+
+static inline void rt_offer(float *v, int32_t *id, int64_t vs, int64_t is, int64_t cap, int64_t *n,
+                            float s, int32_t i) {
+    if (*n < cap) {
+        v[*n * vs] = s;
+        id[*n * is] = i;
+        rt_sift_up(v, id, vs, is, *n);
+        (*n)++;
+    } else if (rt_better(s, i, v[0], id[0])) {
+        v[0] = s;
+        id[0] = i;
+        rt_sift_down(v, id, vs, is, cap, 0);
+    }
+}
+
+/* In place: heap of n -> sorted best-first. */
+static inline void rt_heap_sort(float *v, int32_t *id, int64_t vs, int64_t is, int64_t n) {
+    for (int64_t e = n - 1; e > 0; e--) {
+        const float tv = v[0];
+        const int32_t ti = id[0];
+        v[0] = v[e * vs];
+        id[0] = id[e * is];
+        v[e * vs] = tv;
+        id[e * is] = ti;
+        rt_sift_down(v, id, vs, is, e, 0);
+    }
+}
+
+static inline void rt_axis_top(const void *p, int64_t off, int64_t st, int64_t N, int bf16,
+                               int64_t L, float *v, int32_t *id) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < N; i++)
+        rt_offer(v, id, 1, 1, L, &n, ompk_load_f(p, off + i * st, bf16), (int32_t)i);
+    rt_heap_sort(v, id, 1, 1, L);
+}
+
+/* 1 when exactly k pairs have sum >= tau, i.e. the heap holds the whole answer. Counted on the
+ * L x L rank grid; when a count could continue past the grid (L < N) the answer is "unknown" (0).
+ */
+static inline int rt_exact_count(const float *xv, const float *yv, int64_t N, int64_t k, int64_t L,
+                                 float tau) {
+    int64_t cnt = 0;
+    for (int64_t a = 0; a < L; a++) {
+        int64_t rc = 0;
+        while (rc < L && xv[a] + yv[rc] >= tau) rc++;
+        if (rc == 0) return cnt == k;
+        if (L < N && (rc == L || a == L - 1)) return 0;
+        cnt += rc;
+        if (cnt > k) return 0;
+    }
+    return cnt == k;
+}
+
+static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo, int64_t ys,
+                     int bf16, int64_t N, int64_t k, int64_t L, float *xv, int32_t *xi, float *yv,
+                     int32_t *yi, float *hv, int32_t *hi, int64_t hvs, int64_t his) {
+    rt_axis_top(sx, xo, xs, N, bf16, L, xv, xi);
+    rt_axis_top(sy, yo, ys, N, bf16, L, yv, yi);
+
+    int64_t n = 0;
+    for (int64_t a = 0; a < L; a++) {
+        int64_t bmax = k / (a + 1);
+        if (bmax > L) bmax = L;
+        if (bmax == 0) break;
+        const float x = xv[a];
+        const int32_t row = xi[a] * (int32_t)N;
+        int64_t b = 0;
+        for (; b < bmax; b++) {
+            const float s = x + yv[b];
+            /* sums fall along a row (and down the first column): nothing further can enter */
+            if (n == k && s < hv[0]) break;
+            rt_offer(hv, hi, hvs, his, k, &n, s, row + yi[b]);
+        }
+        if (b == 0) break;
+    }
+    rt_heap_sort(hv, hi, hvs, his, k);
+
+    const float tau = hv[(k - 1) * hvs];
+    if (rt_exact_count(xv, yv, N, k, L, tau)) return;
+
+    /* Ties at tau: keep the pairs above tau (all candidates), refill the rest with the lowest
+     * flattened indices whose sum is tau, which the scan meets in sorted order. */
+    int64_t w = 0;
+    while (w < k && hv[w * hvs] > tau) w++;
+    const float ymax = yv[0];
+    for (int64_t i = 0; i < N && w < k; i++) {
+        const float x = ompk_load_f(sx, xo + i * xs, bf16);
+        if (!(x + ymax >= tau)) continue;
+        for (int64_t j = 0; j < N && w < k; j++) {
+            const float s = x + ompk_load_f(sy, yo + j * ys, bf16);
+            if (s == tau) {
+                hv[w * hvs] = s;
+                hi[w * his] = (int32_t)(i * N + j);
+                w++;
+            }
+        }
+    }
+}
+
+ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args *a) {
+    const void *sx = a->sx, *sy = a->sy;
+    float *sc = a->scores;
+    int32_t *ix = a->indices;
+    const int64_t T = a->T, N = a->N, k = a->k, L = k + 1 < N ? k + 1 : N;
+    const int bf16 = a->is_bf16;
+    const int64_t sx0 = a->sx0, sx1 = a->sx1, sy0 = a->sy0, sy1 = a->sy1;
+    const int64_t sc0 = a->sc0, sc1 = a->sc1, ix0 = a->ix0, ix1 = a->ix1;
+    const int heap_out = k > RT_LOCAL_K;
+
+    /* axis lists: 2 floats + 2 ints per rank */
+    const int64_t per_tok = L > RT_LOCAL_L ? 4 * L : 0;
+    int64_t chunk = T;
+    char *ws = NULL;
+    if (per_tok > 0 && T > 0) {
+        const int64_t cap = RT_WS_MAX_BYTES / (per_tok * 4);
+        chunk = T < cap ? T : (cap > 0 ? cap : 1);
+        ws = ompk_malloc(a->device, (size_t)(chunk * per_tok * 4));
+        if (!ws) return OMPK_ERR_OUT_OF_MEMORY;
+    }
+
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const int64_t t1 = t0 + chunk < T ? t0 + chunk : T;
+#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
+    is_device_ptr(sx, sy, sc, ix, ws) thread_limit(128)
+        for (int64_t t = t0; t < t1; t++) {
+            float lxv[RT_LOCAL_L], lyv[RT_LOCAL_L], lhv[RT_LOCAL_K];
+            int32_t lxi[RT_LOCAL_L], lyi[RT_LOCAL_L], lhi[RT_LOCAL_K];
+            float *xv = lxv, *yv = lyv, *hv = lhv;
+            int32_t *xi = lxi, *yi = lyi, *hi = lhi;
+            int64_t hvs = 1, his = 1;
+            if (ws) {
+                float *base = (float *)ws + (t - t0) * per_tok;
+                xv = base;
+                yv = base + L;
+                xi = (int32_t *)(base + 2 * L);
+                yi = (int32_t *)(base + 3 * L);
+            }
+            if (heap_out) {
+                hv = sc + t * sc0;
+                hi = ix + t * ix0;
+                hvs = sc1;
+                his = ix1;
+            }
+            rt_token(sx, t * sx0, sx1, sy, t * sy0, sy1, bf16, N, k, L, xv, xi, yv, yi, hv, hi, hvs,
+                     his);
+            if (!heap_out)
+                for (int64_t r = 0; r < k; r++) {
+                    sc[t * sc0 + r * sc1] = lhv[r];
+                    ix[t * ix0 + r * ix1] = lhi[r];
+                }
+        }
+    }
+    if (ws) ompk_free(a->device, ws);
+    return OMPK_OK;
+}
+
+int64_t ompk_router_first_bad_index(ompk_exec ex, const ompk_router_bwd_args *a) {
+    const int32_t *ix = a->indices;
+    const int64_t T = a->T, k = a->k, NN = a->N * a->N, ix0 = a->ix0, ix1 = a->ix1;
+    int64_t first = INT64_MAX;
+#pragma omp target teams distribute parallel for collapse(2)                                       \
+    reduction(min : first) if (target : ex.on_target) device(ex.device) is_device_ptr(ix)          \
+    thread_limit(256)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < k; r++) {
+            const int64_t v = ix[t * ix0 + r * ix1];
+            if (v != -1 && (v < 0 || v >= NN) && t * k + r < first) first = t * k + r;
+        }
+    return first == INT64_MAX ? -1 : first;
+}
+
+void ompk_router_bwd_zero(ompk_exec ex, const ompk_router_bwd_args *a) {
+    void *dx = a->dsx, *dy = a->dsy;
+    const int64_t T = a->T, N = a->N, dx0 = a->dx0, dx1 = a->dx1, dy0 = a->dy0, dy1 = a->dy1;
+    const int ob = a->out_bf16;
+#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
+    device(ex.device) is_device_ptr(dx, dy) thread_limit(256)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < N; i++) {
+            ompk_store_f(dx, t * dx0 + i * dx1, 0.0f, ob);
+            ompk_store_f(dy, t * dy0 + i * dy1, 0.0f, ob);
+        }
+}
+
+void ompk_router_topk_bwd_kernel(ompk_exec ex, const ompk_router_bwd_args *a) {
+    const void *ds = a->dscores;
+    const int32_t *ix = a->indices;
+    void *dx = a->dsx, *dy = a->dsy;
+    const int64_t T = a->T, N = a->N, k = a->k;
+    const int64_t ds0 = a->ds0, ds1 = a->ds1, ix0 = a->ix0, ix1 = a->ix1;
+    const int64_t dx0 = a->dx0, dx1 = a->dx1, dy0 = a->dy0, dy1 = a->dy1;
+    const int dsb = a->ds_bf16;
+
+    if (!a->out_bf16) {
+        /* f32 outputs accumulate in place: zero, then each token's slots in order */
+        ompk_router_bwd_zero(ex, a);
+        float *fx = (float *)dx, *fy = (float *)dy;
+#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
+    is_device_ptr(ds, ix, fx, fy) thread_limit(128)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t r = 0; r < k; r++) {
+                const int32_t v = ix[t * ix0 + r * ix1];
+                if (v < 0) continue;
+                const float d = ompk_load_f(ds, t * ds0 + r * ds1, dsb);
+                fx[t * dx0 + (v / N) * dx1] += d;
+                fy[t * dy0 + (v % N) * dy1] += d;
+            }
+        return;
+    }
+
+    /* bf16 outputs: each element gathers its fp32 sum in slot order, then rounds once */
+#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
+    device(ex.device) is_device_ptr(ds, ix, dx, dy) thread_limit(256)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < N; i++) {
+            float ax = 0.0f, ay = 0.0f;
+            for (int64_t r = 0; r < k; r++) {
+                const int32_t v = ix[t * ix0 + r * ix1];
+                if (v < 0) continue;
+                const float d = ompk_load_f(ds, t * ds0 + r * ds1, dsb);
+                if (v / N == i) ax += d;
+                if (v % N == i) ay += d;
+            }
+            ompk_store_f(dx, t * dx0 + i * dx1, ax, 1);
+            ompk_store_f(dy, t * dy0 + i * dy1, ay, 1);
+        }
+}
