@@ -1,0 +1,28 @@
+/* Internal: attention kernels behind ompk_attention_fwd / _bwd. Arguments are validated by the
+ * entry points; pointers are device pointers of ex.device (host pointers when !ex.on_target). */
+#ifndef OMPK_ATTENTION_KERNELS_H
+#define OMPK_ATTENTION_KERNELS_H
+
+#include <stdint.h>
+
+#include "route.h"
+
+/* Shape, strides (elements, order b, h, n; dh has stride 1) and options of one call. */
+typedef struct ompk_attn_geom {
+    int64_t B, Hq, Hkv, N, M, dh;
+    int64_t qs[3], ks[3], vs[3], os[3], ls[3]; /* q, k, v, out, lse */
+    int64_t dos[3], dqs[3], dks[3], dvs[3];    /* dout, dq, dk, dv (backward only) */
+    float scale;
+    int mask; /* ompk_attention_mask */
+    int bf16; /* q, k, v, out, dout, dq, dk, dv are bf16 (else f32) */
+} ompk_attn_geom;
+
+/* Portable kernels: OpenMP target teams loops, on the GPU or on the host's threads. */
+void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                            const void *v, void *out, float *lse);
+/* dsum: B*Hq*N f32 workspace on ex's device. */
+void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
+                            const void *k, const void *v, const void *out, const float *lse,
+                            void *dq, void *dk, void *dv, float *dsum);
+
+#endif

@@ -1,0 +1,381 @@
+/* Portable flash attention: OpenMP target teams loops, one source for the GPU and the host.
+ *
+ * Forward: each work item is a block of query rows of one (b, h); it streams the visible keys in
+ * tiles of ATT_BK, keeps per-row running max m, running sum l and an fp32 accumulator, and
+ * rescales them when the max grows (online softmax). Scores live only in a ATT_RB x ATT_BK tile.
+ * Backward (FlashAttention-2 recompute): D_i = rowsum(dout_i * out_i), then one pass parallel over
+ * key blocks (each owns its dk/dv rows and visits the group's query heads and rows in a fixed
+ * order: deterministic, no atomics) and one pass parallel over query rows for dq.
+ * Softmax runs in the log2 domain (scores pre-multiplied by scale * log2 e) with a polynomial
+ * exp2 that vectorizes on the host. The host regions work on ATT_RB rows at a time so one key
+ * row, converted once, feeds several rows from L1; GPU regions give each thread one row. */
+#include <math.h>
+#include <stdint.h>
+
+#include "attention_kernels.h"
+#include "bf16.h"
+
+#define ATT_DMAX 256
+#define ATT_BK 32
+#define ATT_RB_HOST 8
+#define ATT_LOG2E 1.4426950408889634f
+#define ATT_LN2 0.6931471805599453f
+
+#define ATT_INLINE static inline __attribute__((always_inline))
+
+#pragma omp declare target
+
+/* 2^x for x <= 127, exact 0 below -126.5 (masked and underflowing terms). Degree-6 Taylor on
+ * the rounded-off fraction in [-0.5, 0.5]: relative error about 1e-7. */
+ATT_INLINE float att_exp2(float x) {
+    x = x > 127.f ? 127.f : x;
+    x = x < -127.f ? -127.f : x;
+    float n = floorf(x + 0.5f);
+    float f = x - n;
+    float p = 1.5403530e-4f;
+    p = p * f + 1.3333558e-3f;
+    p = p * f + 9.6181291e-3f;
+    p = p * f + 5.5504109e-2f;
+    p = p * f + 2.4022651e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    ompk_f32_bits e;
+    e.u = (uint32_t)((int32_t)n + 127) << 23;
+    return p * e.f;
+}
+
+ATT_INLINE float att_ld(const void *p, int64_t i, const int bf) {
+    return bf ? ompk_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+ATT_INLINE void att_st(void *p, int64_t i, float v, const int bf) {
+    if (bf)
+        ((uint16_t *)p)[i] = ompk_f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* Row n of head (b, h) of a [B,H,L,dh] tensor with strides s. */
+ATT_INLINE int64_t att_row(const int64_t s[3], int64_t b, int64_t h, int64_t n) {
+    return b * s[0] + h * s[1] + n * s[2];
+}
+
+ATT_INLINE int64_t att_key_limit(int mask, int64_t i, int64_t n, int64_t m) {
+    int64_t lim = m;
+    if (mask == 1)
+        lim = i + 1;
+    else if (mask == 2)
+        lim = i + 1 + m - n;
+    lim = lim > m ? m : lim;
+    return lim < 0 ? 0 : lim;
+}
+
+/* First query row that sees key j. */
+ATT_INLINE int64_t att_first_row(int mask, int64_t j, int64_t n, int64_t m) {
+    int64_t i0 = 0;
+    if (mask == 1)
+        i0 = j;
+    else if (mask == 2)
+        i0 = j - (m - n);
+    return i0 < 0 ? 0 : i0;
+}
+
+ATT_INLINE void att_load_row(float *dst, const void *src, int64_t off, int64_t dh, float mul,
+                             const int bf) {
+    for (int64_t d = 0; d < dh; d++) dst[d] = att_ld(src, off + d, bf) * mul;
+}
+
+ATT_INLINE float att_dot(const float *restrict a, const float *restrict b, int64_t dh) {
+    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < dh; d++) acc += a[d] * b[d];
+    return acc;
+}
+
+/* Forward for rows i0 .. i0+rb-1 of head (b, h). */
+ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void *k, const void *v,
+                              void *out, float *lse, int64_t b, int64_t h, int64_t i0, const int RB,
+                              const int bf) {
+    const int64_t dh = g->dh, N = g->N, M = g->M;
+    const int64_t hk = h / (g->Hq / g->Hkv);
+    int rb = (int)(N - i0 < RB ? N - i0 : RB);
+    float qf[RB][ATT_DMAX], acc[RB][ATT_DMAX], s[RB][ATT_BK];
+    float kf[ATT_DMAX], mrow[RB], lrow[RB];
+    int64_t lim[RB];
+    int64_t jmax = 0;
+    for (int r = 0; r < rb; r++) {
+        att_load_row(qf[r], q, att_row(g->qs, b, h, i0 + r), dh, g->scale * ATT_LOG2E, bf);
+        for (int64_t d = 0; d < dh; d++) acc[r][d] = 0.f;
+        mrow[r] = -INFINITY;
+        lrow[r] = 0.f;
+        lim[r] = att_key_limit(g->mask, i0 + r, N, M);
+        jmax = lim[r] > jmax ? lim[r] : jmax;
+    }
+    for (int64_t j0 = 0; j0 < jmax; j0 += ATT_BK) {
+        int jn = (int)(jmax - j0 < ATT_BK ? jmax - j0 : ATT_BK);
+        for (int jj = 0; jj < jn; jj++) {
+            int64_t koff = att_row(g->ks, b, hk, j0 + jj);
+            const float *kr = (const float *)k + koff;
+            if (bf) {
+                att_load_row(kf, k, koff, dh, 1.f, bf);
+                kr = kf;
+            }
+            for (int r = 0; r < rb; r++)
+                s[r][jj] = j0 + jj < lim[r] ? att_dot(qf[r], kr, dh) : -INFINITY;
+        }
+        for (int r = 0; r < rb; r++) {
+            float mx = mrow[r];
+            for (int jj = 0; jj < jn; jj++) mx = s[r][jj] > mx ? s[r][jj] : mx;
+            if (mx == -INFINITY) continue; /* nothing visible yet in this row */
+            float alpha = att_exp2(mrow[r] - mx), sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int jj = 0; jj < jn; jj++) {
+                float p = att_exp2(s[r][jj] - mx);
+                s[r][jj] = p;
+                sum += p;
+            }
+            lrow[r] = lrow[r] * alpha + sum;
+            mrow[r] = mx;
+            if (alpha != 1.f)
+                for (int64_t d = 0; d < dh; d++) acc[r][d] *= alpha;
+        }
+        for (int jj = 0; jj < jn; jj++) {
+            int64_t voff = att_row(g->vs, b, hk, j0 + jj);
+            const float *vr = (const float *)v + voff;
+            if (bf) {
+                att_load_row(kf, v, voff, dh, 1.f, bf);
+                vr = kf;
+            }
+            for (int r = 0; r < rb; r++) {
+                float p = s[r][jj];
+                if (mrow[r] == -INFINITY || p == 0.f) continue;
+                float *restrict a = acc[r];
+                for (int64_t d = 0; d < dh; d++) a[d] += p * vr[d];
+            }
+        }
+    }
+    for (int r = 0; r < rb; r++) {
+        float inv = lrow[r] > 0.f ? 1.f / lrow[r] : 0.f;
+        int64_t ooff = att_row(g->os, b, h, i0 + r);
+        for (int64_t d = 0; d < dh; d++) att_st(out, ooff + d, acc[r][d] * inv, bf);
+        if (lse)
+            lse[att_row(g->ls, b, h, i0 + r)] =
+                lrow[r] > 0.f ? (mrow[r] + log2f(lrow[r])) * ATT_LN2 : -INFINITY;
+    }
+}
+
+/* dq for rows i0 .. i0+rb-1 of head (b, h). */
+ATT_INLINE void att_dq_block(const ompk_attn_geom *g, const void *dout, const void *q,
+                             const void *k, const void *v, const float *lse, const float *dsum,
+                             void *dq, int64_t b, int64_t h, int64_t i0, const int RB,
+                             const int bf) {
+    const int64_t dh = g->dh, N = g->N, M = g->M;
+    const int64_t hk = h / (g->Hq / g->Hkv);
+    int rb = (int)(N - i0 < RB ? N - i0 : RB);
+    float qf[RB][ATT_DMAX], dof[RB][ATT_DMAX], acc[RB][ATT_DMAX];
+    float kf[ATT_DMAX], vf[ATT_DMAX], l2[RB], Di[RB];
+    int64_t lim[RB];
+    int64_t jmax = 0;
+    for (int r = 0; r < rb; r++) {
+        int64_t i = i0 + r;
+        att_load_row(qf[r], q, att_row(g->qs, b, h, i), dh, g->scale * ATT_LOG2E, bf);
+        att_load_row(dof[r], dout, att_row(g->dos, b, h, i), dh, 1.f, bf);
+        for (int64_t d = 0; d < dh; d++) acc[r][d] = 0.f;
+        float l = lse[att_row(g->ls, b, h, i)];
+        l2[r] = l * ATT_LOG2E;
+        Di[r] = dsum[(b * g->Hq + h) * N + i];
+        lim[r] = l == -INFINITY ? 0 : att_key_limit(g->mask, i, N, M);
+        jmax = lim[r] > jmax ? lim[r] : jmax;
+    }
+    for (int64_t j = 0; j < jmax; j++) {
+        int64_t koff = att_row(g->ks, b, hk, j), voff = att_row(g->vs, b, hk, j);
+        const float *kr = (const float *)k + koff, *vr = (const float *)v + voff;
+        if (bf) {
+            att_load_row(kf, k, koff, dh, 1.f, bf);
+            att_load_row(vf, v, voff, dh, 1.f, bf);
+            kr = kf;
+            vr = vf;
+        }
+        for (int r = 0; r < rb; r++) {
+            if (j >= lim[r]) continue;
+            float p = att_exp2(att_dot(qf[r], kr, dh) - l2[r]);
+            float ds = p * (att_dot(dof[r], vr, dh) - Di[r]);
+            float *restrict a = acc[r];
+            for (int64_t d = 0; d < dh; d++) a[d] += ds * kr[d];
+        }
+    }
+    for (int r = 0; r < rb; r++) {
+        int64_t off = att_row(g->dqs, b, h, i0 + r);
+        for (int64_t d = 0; d < dh; d++) att_st(dq, off + d, acc[r][d] * g->scale, bf);
+    }
+}
+
+/* dk, dv for keys j0 .. j0+cb-1 of kv head (b, hk), summed over the group's query heads in
+ * increasing head order, then increasing row order. */
+ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const void *q,
+                               const void *k, const void *v, const float *lse, const float *dsum,
+                               void *dk, void *dv, int64_t b, int64_t hk, int64_t j0, const int CB,
+                               const int bf) {
+    const int64_t dh = g->dh, N = g->N, M = g->M, G = g->Hq / g->Hkv;
+    int cb = (int)(M - j0 < CB ? M - j0 : CB);
+    float kf[CB][ATT_DMAX], vf[CB][ATT_DMAX], dka[CB][ATT_DMAX], dva[CB][ATT_DMAX];
+    float qf[ATT_DMAX], dof[ATT_DMAX];
+    const float s2 = g->scale * ATT_LOG2E;
+    for (int c = 0; c < cb; c++) {
+        att_load_row(kf[c], k, att_row(g->ks, b, hk, j0 + c), dh, s2, bf);
+        att_load_row(vf[c], v, att_row(g->vs, b, hk, j0 + c), dh, 1.f, bf);
+        for (int64_t d = 0; d < dh; d++) dka[c][d] = dva[c][d] = 0.f;
+    }
+    int64_t ifirst = att_first_row(g->mask, j0, N, M);
+    for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+        for (int64_t i = ifirst; i < N; i++) {
+            float l = lse[att_row(g->ls, b, h, i)];
+            if (l == -INFINITY) continue;
+            int64_t lim = att_key_limit(g->mask, i, N, M);
+            if (lim <= j0) continue;
+            att_load_row(qf, q, att_row(g->qs, b, h, i), dh, 1.f, bf);
+            att_load_row(dof, dout, att_row(g->dos, b, h, i), dh, 1.f, bf);
+            float l2 = l * ATT_LOG2E, Di = dsum[(b * g->Hq + h) * N + i];
+            for (int c = 0; c < cb; c++) {
+                if (j0 + c >= lim) break;
+                float p = att_exp2(att_dot(qf, kf[c], dh) - l2);
+                float ds = p * (att_dot(dof, vf[c], dh) - Di);
+                float *restrict a = dka[c], *restrict e = dva[c];
+                for (int64_t d = 0; d < dh; d++) {
+                    a[d] += ds * qf[d];
+                    e[d] += p * dof[d];
+                }
+            }
+        }
+    for (int c = 0; c < cb; c++) {
+        int64_t ko = att_row(g->dks, b, hk, j0 + c), vo = att_row(g->dvs, b, hk, j0 + c);
+        for (int64_t d = 0; d < dh; d++) {
+            att_st(dk, ko + d, dka[c][d] * g->scale, bf);
+            att_st(dv, vo + d, dva[c][d], bf);
+        }
+    }
+}
+
+/* Host work items: cloned for AVX-512 and baseline x86-64 (picked at load time), since the
+ * library is built for baseline x86-64. The GPU image compiles them too but never calls them. */
+#if defined(__x86_64__) && !defined(__NVPTX__) && !defined(__AMDGCN__)
+#define ATT_HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
+#else
+#define ATT_HOST_CLONES
+#endif
+
+ATT_HOST_CLONES static void att_fwd_host(const ompk_attn_geom *g, const void *q, const void *k,
+                                         const void *v, void *out, float *lse, int64_t w,
+                                         int64_t nblk) {
+    int64_t i0 = (w % nblk) * ATT_RB_HOST, bh = w / nblk;
+    if (g->bf16)
+        att_fwd_block(g, q, k, v, out, lse, bh / g->Hq, bh % g->Hq, i0, ATT_RB_HOST, 1);
+    else
+        att_fwd_block(g, q, k, v, out, lse, bh / g->Hq, bh % g->Hq, i0, ATT_RB_HOST, 0);
+}
+
+ATT_HOST_CLONES static void att_dq_host(const ompk_attn_geom *g, const void *dout, const void *q,
+                                        const void *k, const void *v, const float *lse,
+                                        const float *dsum, void *dq, int64_t w, int64_t nblk) {
+    int64_t i0 = (w % nblk) * ATT_RB_HOST, bh = w / nblk;
+    if (g->bf16)
+        att_dq_block(g, dout, q, k, v, lse, dsum, dq, bh / g->Hq, bh % g->Hq, i0, ATT_RB_HOST, 1);
+    else
+        att_dq_block(g, dout, q, k, v, lse, dsum, dq, bh / g->Hq, bh % g->Hq, i0, ATT_RB_HOST, 0);
+}
+
+ATT_HOST_CLONES static void att_dkdv_host(const ompk_attn_geom *g, const void *dout, const void *q,
+                                          const void *k, const void *v, const float *lse,
+                                          const float *dsum, void *dk, void *dv, int64_t w,
+                                          int64_t nblk) {
+    int64_t j0 = (w % nblk) * ATT_RB_HOST, bh = w / nblk;
+    if (g->bf16)
+        att_dkdv_block(g, dout, q, k, v, lse, dsum, dk, dv, bh / g->Hkv, bh % g->Hkv, j0,
+                       ATT_RB_HOST, 1);
+    else
+        att_dkdv_block(g, dout, q, k, v, lse, dsum, dk, dv, bh / g->Hkv, bh % g->Hkv, j0,
+                       ATT_RB_HOST, 0);
+}
+
+#pragma omp end declare target
+
+void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *q, const void *k,
+                            const void *v, void *out, float *lse) {
+    const ompk_attn_geom g = *gp;
+    const int bf = g.bf16;
+    if (ex.on_target) {
+        int64_t items = g.B * g.Hq * g.N;
+#pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
+    is_device_ptr(q, k, v, out, lse) firstprivate(g)
+        for (int64_t w = 0; w < items; w++) {
+            int64_t i = w % g.N, bh = w / g.N;
+            if (bf)
+                att_fwd_block(&g, q, k, v, out, lse, bh / g.Hq, bh % g.Hq, i, 1, 1);
+            else
+                att_fwd_block(&g, q, k, v, out, lse, bh / g.Hq, bh % g.Hq, i, 1, 0);
+        }
+    } else {
+        int64_t nblk = (g.N + ATT_RB_HOST - 1) / ATT_RB_HOST, items = g.B * g.Hq * nblk;
+        int nt = ompk_host_teams();
+#pragma omp target teams distribute parallel for num_teams(nt)                                     \
+    dist_schedule(static, 1) if (target : 0) device(ex.device) is_device_ptr(q, k, v, out, lse)    \
+    firstprivate(g)
+        for (int64_t w = 0; w < items; w++) att_fwd_host(&g, q, k, v, out, lse, w, nblk);
+    }
+}
+
+void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, const void *q,
+                            const void *k, const void *v, const void *out, const float *lse,
+                            void *dq, void *dk, void *dv, float *dsum) {
+    const ompk_attn_geom g = *gp;
+    const int bf = g.bf16;
+    const int on = ex.on_target;
+    const int nt = on ? 0 : ompk_host_teams();
+    int64_t rows = g.B * g.Hq * g.N;
+#pragma omp target teams distribute parallel for if (target : on) device(ex.device)                \
+    is_device_ptr(dout, out, dsum) firstprivate(g)
+    for (int64_t w = 0; w < rows; w++) {
+        int64_t i = w % g.N, bh = w / g.N, b = bh / g.Hq, h = bh % g.Hq;
+        int64_t oo = att_row(g.os, b, h, i), od = att_row(g.dos, b, h, i);
+        float acc = 0.f;
+        for (int64_t d = 0; d < g.dh; d++)
+            acc += att_ld(dout, od + d, bf) * att_ld(out, oo + d, bf);
+        dsum[w] = acc;
+    }
+    if (on) {
+        int64_t kitems = g.B * g.Hkv * g.M;
+#pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
+    is_device_ptr(dout, q, k, v, lse, dsum, dk, dv) firstprivate(g)
+        for (int64_t w = 0; w < kitems; w++) {
+            int64_t j = w % g.M, bh = w / g.M;
+            if (bf)
+                att_dkdv_block(&g, dout, q, k, v, lse, dsum, dk, dv, bh / g.Hkv, bh % g.Hkv, j, 1,
+                               1);
+            else
+                att_dkdv_block(&g, dout, q, k, v, lse, dsum, dk, dv, bh / g.Hkv, bh % g.Hkv, j, 1,
+                               0);
+        }
+#pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
+    is_device_ptr(dout, q, k, v, lse, dsum, dq) firstprivate(g)
+        for (int64_t w = 0; w < rows; w++) {
+            int64_t i = w % g.N, bh = w / g.N;
+            if (bf)
+                att_dq_block(&g, dout, q, k, v, lse, dsum, dq, bh / g.Hq, bh % g.Hq, i, 1, 1);
+            else
+                att_dq_block(&g, dout, q, k, v, lse, dsum, dq, bh / g.Hq, bh % g.Hq, i, 1, 0);
+        }
+    } else {
+        const int RB = ATT_RB_HOST;
+        int64_t kblk = (g.M + RB - 1) / RB, kitems = g.B * g.Hkv * kblk;
+#pragma omp target teams distribute parallel for num_teams(nt)                                     \
+    dist_schedule(static, 1) if (target : 0) device(ex.device)                                     \
+    is_device_ptr(dout, q, k, v, lse, dsum, dk, dv) firstprivate(g)
+        for (int64_t w = 0; w < kitems; w++)
+            att_dkdv_host(&g, dout, q, k, v, lse, dsum, dk, dv, w, kblk);
+        int64_t qblk = (g.N + RB - 1) / RB, qitems = g.B * g.Hq * qblk;
+#pragma omp target teams distribute parallel for num_teams(nt)                                     \
+    dist_schedule(static, 1) if (target : 0) device(ex.device)                                     \
+    is_device_ptr(dout, q, k, v, lse, dsum, dq) firstprivate(g)
+        for (int64_t w = 0; w < qitems; w++) att_dq_host(&g, dout, q, k, v, lse, dsum, dq, w, qblk);
+    }
+}

@@ -1,0 +1,195 @@
+/* Shared by the attention suites: a case (q, k, v, out, lse, dout, dq, dk, dv mirrored on one
+ * device, contiguous BHSD or strided BSHD views), reference comparison in logical order, and
+ * the tolerances the suites use. */
+#ifndef TEST_ATTENTION_COMMON_H
+#define TEST_ATTENTION_COMMON_H
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_ref.h"
+#include "ompk/attention.h"
+#include "test_util.h"
+#include "tolerance.h"
+#include "verify.h"
+
+typedef struct att_case {
+    ompk_device dev;
+    ompk_dtype dt;
+    int64_t B, Hq, Hkv, N, M, dh;
+    ompk_attention_params p;
+    double scale;    /* resolved */
+    double tol_mult; /* widens every tolerance (large-logit cases) */
+    tu_buf q, k, v, out, lse, dout, dq, dk, dv;
+    ompk_tensor tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv;
+} att_case;
+
+/* A [B,H,L,dh] view of b: BHSD (contiguous) or, with bshd, the [B,L,H,dh] storage models use. */
+static inline ompk_tensor att_view(const tu_buf *b, int64_t B, int64_t H, int64_t L, int64_t D,
+                                   int bshd) {
+    int64_t shape[4] = {B, H, L, D};
+    ompk_tensor t = tu_view(b, 4, shape);
+    if (bshd) {
+        t.strides[0] = L * H * D;
+        t.strides[1] = D;
+        t.strides[2] = H * D;
+        t.strides[3] = 1;
+    }
+    return t;
+}
+
+/* Inputs N(0, qk_std^2) for q and k, N(0,1) for v and dout; outputs poisoned with 0xA5. */
+static inline void att_case_new(att_case *c, ompk_device dev, ompk_dtype dt, int64_t B, int64_t Hq,
+                                int64_t Hkv, int64_t N, int64_t M, int64_t dh,
+                                ompk_attention_mask mask, uint64_t seed, double qk_std, int bshd) {
+    memset(c, 0, sizeof *c);
+    c->dev = dev, c->dt = dt, c->B = B, c->Hq = Hq, c->Hkv = Hkv, c->N = N, c->M = M;
+    c->dh = dh;
+    c->p = ompk_attention_params_default();
+    c->p.mask = mask;
+    c->scale = 1.0 / sqrt((double)dh);
+    c->tol_mult = 1.0;
+    tu_rng r = tu_rng_make(seed);
+    int64_t nq = B * Hq * N * dh, nk = B * Hkv * M * dh;
+    c->q = tu_buf_new(dev, dt, nq);
+    c->k = tu_buf_new(dev, dt, nk);
+    c->v = tu_buf_new(dev, dt, nk);
+    c->out = tu_buf_new(dev, dt, nq);
+    c->lse = tu_buf_new(dev, OMPK_F32, B * Hq * N);
+    c->dout = tu_buf_new(dev, dt, nq);
+    c->dq = tu_buf_new(dev, dt, nq);
+    c->dk = tu_buf_new(dev, dt, nk);
+    c->dv = tu_buf_new(dev, dt, nk);
+    tu_buf_randn(&c->q, &r, qk_std);
+    tu_buf_randn(&c->k, &r, qk_std);
+    tu_buf_randn(&c->v, &r, 1.0);
+    tu_buf_randn(&c->dout, &r, 1.0);
+    tu_buf *outs[] = {&c->out, &c->lse, &c->dq, &c->dk, &c->dv};
+    for (int i = 0; i < 5; i++) tu_buf_fill_bytes(outs[i], 0xA5);
+    c->tq = att_view(&c->q, B, Hq, N, dh, bshd);
+    c->tk = att_view(&c->k, B, Hkv, M, dh, bshd);
+    c->tv = att_view(&c->v, B, Hkv, M, dh, bshd);
+    c->tout = att_view(&c->out, B, Hq, N, dh, bshd);
+    c->tdout = att_view(&c->dout, B, Hq, N, dh, bshd);
+    c->tdq = att_view(&c->dq, B, Hq, N, dh, bshd);
+    c->tdk = att_view(&c->dk, B, Hkv, M, dh, bshd);
+    c->tdv = att_view(&c->dv, B, Hkv, M, dh, bshd);
+    int64_t ls[3] = {B, Hq, N};
+    c->tlse = tu_view(&c->lse, 3, ls);
+}
+
+static inline void att_case_free(att_case *c) {
+    tu_buf *all[] = {&c->q, &c->k, &c->v, &c->out, &c->lse, &c->dout, &c->dq, &c->dk, &c->dv};
+    for (int i = 0; i < 9; i++) tu_buf_free(all[i]);
+}
+
+/* Host view of the host mirror of b with t's shape and strides. */
+static inline ompk_tensor att_host(const tu_buf *b, const ompk_tensor *t) {
+    ompk_tensor h = *t;
+    h.data = b->host;
+    h.device = ompk_device_host();
+    return h;
+}
+
+static inline ompk_status att_fwd(att_case *c) {
+    return ompk_attention_fwd(&c->tq, &c->tk, &c->tv, &c->tout, &c->tlse, &c->p);
+}
+
+static inline ompk_status att_bwd(att_case *c) {
+    return ompk_attention_bwd(&c->tdout, &c->tq, &c->tk, &c->tv, &c->tout, &c->tlse, &c->tdq,
+                              &c->tdk, &c->tdv, &c->p);
+}
+
+/* Worst |got-ref| / (atol + rtol |ref|) in logical order; infinite ref values must match
+ * exactly, and any NaN fails (returns INFINITY). Downloads b first. */
+static inline double att_worst(const char *what, tu_buf *b, const ompk_tensor *t, const double *ref,
+                               ompk_tol tol) {
+    tu_buf_download(b);
+    ompk_tensor h = att_host(b, t);
+    int64_t n = ompk_tensor_numel(t), wi = -1;
+    double worst = 0, wg = 0, wr = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double g = ompk_host_get(&h, i), r = ref[i], e;
+        if (isnan(g) || isnan(r))
+            e = INFINITY;
+        else if (isinf(r) || isinf(g))
+            e = g == r ? 0 : INFINITY;
+        else
+            e = fabs(g - r) / (tol.atol + tol.rtol * fabs(r));
+        if (e > worst || wi < 0) {
+            if (e > worst) worst = e;
+            wi = i, wg = g, wr = r;
+        }
+    }
+    if (worst > 1.0)
+        fprintf(stderr, "%s: worst at %lld: got %.9g want %.9g (ratio %.3g)\n", what, (long long)wi,
+                wg, wr, worst);
+    return worst;
+}
+
+/* Tolerance scale of each output. out is a convex combination of v rows and lse a log-sum:
+ * unit scale. dq, dk, dv sum up to M (dq) or G*N (dk, dv) terms whose size shrinks as 1/length
+ * for spread-out softmax rows; sqrt(G) covers the group sum. bf16 adds that out (rounded) feeds
+ * D = rowsum(dout * out) in the backward, an error the double reference does not make. */
+static inline ompk_tol att_tol_m(ompk_dtype dt, double scale, double mult) {
+    ompk_tol t = ompk_tol_for(dt, scale);
+    t.atol *= mult;
+    t.rtol *= mult;
+    return t;
+}
+
+/* Forward on c and comparison with the reference; returns the worst ratio of out and lse. */
+static inline double att_check_fwd(att_case *c, const char *label) {
+    ompk_status st = att_fwd(c);
+    cr_assert_eq(st, OMPK_OK, "%s: fwd failed: %s", label, ompk_last_error());
+    ompk_tensor hq = att_host(&c->q, &c->tq), hk = att_host(&c->k, &c->tk);
+    ompk_tensor hv = att_host(&c->v, &c->tv);
+    double *ro = malloc(sizeof(double) * (size_t)(c->out.numel + 1));
+    double *rl = malloc(sizeof(double) * (size_t)(c->lse.numel + 1));
+    ompk_attention_ref_fwd(&hq, &hk, &hv, c->scale, c->p.mask, ro, rl);
+    char what[200];
+    snprintf(what, sizeof what, "%s out", label);
+    double w1 = att_worst(what, &c->out, &c->tout, ro, att_tol_m(c->dt, 1.0, c->tol_mult));
+    snprintf(what, sizeof what, "%s lse", label);
+    double w2 = att_worst(what, &c->lse, &c->tlse, rl, att_tol_m(OMPK_F32, 1.0, c->tol_mult));
+    free(ro);
+    free(rl);
+    return w1 > w2 ? w1 : w2;
+}
+
+/* Forward then backward on c; compares dq, dk, dv with the reference. */
+static inline double att_check_bwd(att_case *c, const char *label) {
+    ompk_status st = att_fwd(c);
+    cr_assert_eq(st, OMPK_OK, "%s: fwd failed: %s", label, ompk_last_error());
+    st = att_bwd(c);
+    cr_assert_eq(st, OMPK_OK, "%s: bwd failed: %s", label, ompk_last_error());
+    ompk_tensor hq = att_host(&c->q, &c->tq), hk = att_host(&c->k, &c->tk);
+    ompk_tensor hv = att_host(&c->v, &c->tv), hdo = att_host(&c->dout, &c->tdout);
+    double *rq = malloc(sizeof(double) * (size_t)(c->dq.numel + 1));
+    double *rk = malloc(sizeof(double) * (size_t)(c->dk.numel + 1));
+    double *rv = malloc(sizeof(double) * (size_t)(c->dv.numel + 1));
+    ompk_tensor ho = att_host(&c->out, &c->tout);
+    ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, &ho, c->scale, c->p.mask, rq, rk, rv);
+    double g = sqrt((double)(c->Hq / c->Hkv));
+    char what[200];
+    snprintf(what, sizeof what, "%s dq", label);
+    double w = att_worst(what, &c->dq, &c->tdq, rq, att_tol_m(c->dt, 1.0, c->tol_mult));
+    snprintf(what, sizeof what, "%s dk", label);
+    double w2 = att_worst(what, &c->dk, &c->tdk, rk, att_tol_m(c->dt, g, c->tol_mult));
+    snprintf(what, sizeof what, "%s dv", label);
+    double w3 = att_worst(what, &c->dv, &c->tdv, rv, att_tol_m(c->dt, g, c->tol_mult));
+    free(rq);
+    free(rk);
+    free(rv);
+    w = w2 > w ? w2 : w;
+    return w3 > w ? w3 : w;
+}
+
+static inline const char *att_mask_name(ompk_attention_mask m) {
+    return m == OMPK_ATTN_MASK_NONE ? "none" : m == OMPK_ATTN_MASK_CAUSAL_TOP_LEFT ? "tl" : "br";
+}
+
+#endif

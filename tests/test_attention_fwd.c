@@ -1,0 +1,221 @@
+/* ompk_attention_fwd against the double reference: every mask, GQA 1/4/8, every dh, odd and
+ * unequal N/M, strided (BSHD) views, fully masked rows, large logits, optional lse, empty
+ * shapes, verify mode. Runs on the host and on every GPU. */
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+
+#include "test_attention_common.h"
+
+static const ompk_attention_mask masks[3] = {OMPK_ATTN_MASK_NONE, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT,
+                                             OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT};
+
+static void masks_gqa(ompk_dtype dt) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    const int64_t groups[3] = {1, 4, 8};
+    for (int di = 0; di < nd; di++)
+        for (int m = 0; m < 3; m++)
+            for (int gi = 0; gi < 3; gi++) {
+                att_case c;
+                int64_t G = groups[gi];
+                att_case_new(&c, devs[di], dt, 2, 2 * G, 2, 37, 45, 64, masks[m],
+                             (uint64_t)(m * 10 + gi), 1.0, 0);
+                char label[128];
+                snprintf(label, sizeof label, "%s %s mask=%s G=%lld", tu_device_name(devs[di]),
+                         ompk_dtype_name(dt), att_mask_name(masks[m]), (long long)G);
+                double w = att_check_fwd(&c, label);
+                cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
+                att_case_free(&c);
+            }
+}
+
+Test(attention_fwd, f32_masks_gqa) {
+    masks_gqa(OMPK_F32);
+}
+Test(attention_fwd, bf16_masks_gqa) {
+    masks_gqa(OMPK_BF16);
+}
+
+static void head_dims(ompk_dtype dt) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    const int64_t dhs[6] = {32, 64, 80, 96, 128, 256};
+    for (int di = 0; di < nd; di++)
+        for (int i = 0; i < 6; i++) {
+            att_case c;
+            att_case_new(&c, devs[di], dt, 1, 2, 1, 70, 70, dhs[i], OMPK_ATTN_MASK_CAUSAL_TOP_LEFT,
+                         (uint64_t)(100 + i), 1.0, 0);
+            char label[128];
+            snprintf(label, sizeof label, "%s %s dh=%lld", tu_device_name(devs[di]),
+                     ompk_dtype_name(dt), (long long)dhs[i]);
+            double w = att_check_fwd(&c, label);
+            cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
+            att_case_free(&c);
+        }
+}
+
+Test(attention_fwd, f32_head_dims) {
+    head_dims(OMPK_F32);
+}
+Test(attention_fwd, bf16_head_dims) {
+    head_dims(OMPK_BF16);
+}
+
+/* Sizes that are multiples of no tile, N != M both ways, single rows and keys. */
+Test(attention_fwd, odd_and_unequal_lengths) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    const int64_t nm[][2] = {{1, 1},    {1, 17},     {17, 1},    {17, 129},
+                             {129, 17}, {1000, 129}, {129, 1000}};
+    for (int di = 0; di < nd; di++)
+        for (size_t s = 0; s < sizeof nm / sizeof nm[0]; s++)
+            for (int m = 0; m < 3; m++) {
+                ompk_dtype dt = (s + (size_t)m) % 2 ? OMPK_BF16 : OMPK_F32;
+                att_case c;
+                att_case_new(&c, devs[di], dt, 1, 4, 2, nm[s][0], nm[s][1], 32, masks[m],
+                             (uint64_t)(200 + s * 3 + (size_t)m), 1.0, 0);
+                char label[160];
+                snprintf(label, sizeof label, "%s %s N=%lld M=%lld mask=%s",
+                         tu_device_name(devs[di]), ompk_dtype_name(dt), (long long)nm[s][0],
+                         (long long)nm[s][1], att_mask_name(masks[m]));
+                double w = att_check_fwd(&c, label);
+                cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
+                att_case_free(&c);
+            }
+}
+
+Test(attention_fwd, one_thousand_square) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++) {
+        att_case c;
+        att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 1000, 1000, 64,
+                     OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 300, 1.0, 0);
+        double w = att_check_fwd(&c, tu_device_name(devs[di]));
+        cr_expect(w <= 1.0, "N=M=1000: worst ratio %g", w);
+        att_case_free(&c);
+    }
+}
+
+/* q, k, v, out in the [B,S,H,dh] storage of real models (non-contiguous views). */
+Test(attention_fwd, strided_bshd_views) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (int bf = 0; bf < 2; bf++) {
+            att_case c;
+            att_case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 2, 4, 2, 33, 50, 96,
+                         OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, (uint64_t)(400 + bf), 1.0, 1);
+            double w = att_check_fwd(&c, "bshd");
+            cr_expect(w <= 1.0, "bshd %s: worst ratio %g", ompk_dtype_name(c.dt), w);
+            att_case_free(&c);
+        }
+}
+
+/* Bottom-right causal with N > M: rows i < N - M see no key. */
+Test(attention_fwd, fully_masked_rows_zero_and_minus_inf) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (int bf = 0; bf < 2; bf++) {
+            att_case c;
+            att_case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 2, 1, 40, 9, 64,
+                         OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, (uint64_t)(500 + bf), 1.0, 0);
+            double w = att_check_fwd(&c, "fully masked");
+            cr_expect(w <= 1.0, "worst ratio %g", w);
+            for (int64_t h = 0; h < 2; h++)
+                for (int64_t i = 0; i < 40; i++) {
+                    double l = tu_buf_get(&c.lse, h * 40 + i);
+                    if (i < 31)
+                        cr_expect(isinf(l) && l < 0, "row %lld lse %g", (long long)i, l);
+                    else
+                        cr_expect(isfinite(l), "row %lld lse %g", (long long)i, l);
+                    for (int64_t d = 0; d < 64; d++) {
+                        double o = tu_buf_get(&c.out, (h * 40 + i) * 64 + d);
+                        cr_expect(!isnan(o), "NaN in out");
+                        if (i < 31) cr_expect(o == 0.0, "masked row %lld out %g", (long long)i, o);
+                    }
+                }
+            att_case_free(&c);
+        }
+}
+
+/* q and k scaled by 30: logits of several hundred, where a softmax without running-max
+ * rescaling overflows. */
+Test(attention_fwd, large_logits_stay_finite) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (int m = 0; m < 3; m++)
+            for (int bf = 0; bf < 2; bf++) {
+                att_case c;
+                att_case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 2, 2, 65, 80, 128,
+                             masks[m], (uint64_t)(600 + m * 2 + bf), 30.0, 0);
+                char label[64];
+                snprintf(label, sizeof label, "x30 %s %s", att_mask_name(masks[m]),
+                         ompk_dtype_name(c.dt));
+                /* Logits of std ~900 carry an fp32 rounding of ~1e-4 absolute before the
+                 * exponential (the inputs' precision, not the kernel's): a 20x wider band,
+                 * still far below what a missing rescale or overflow would give. */
+                c.tol_mult = bf ? 1.0 : 20.0;
+                double w = att_check_fwd(&c, label);
+                cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
+                att_case_free(&c);
+            }
+}
+
+Test(attention_fwd, lse_optional_and_explicit_scale) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++) {
+        att_case c;
+        att_case_new(&c, devs[di], OMPK_F32, 1, 4, 1, 20, 30, 80, OMPK_ATTN_MASK_NONE, 700, 1.0, 0);
+        c.p.scale = 0.3f;
+        c.scale = 0.3;
+        double w = att_check_fwd(&c, "scale 0.3");
+        cr_expect(w <= 1.0, "explicit scale: worst ratio %g", w);
+        tu_buf_fill_bytes(&c.out, 0xA5);
+        tu_buf_fill_bytes(&c.lse, 0xA5);
+        cr_assert_eq(ompk_attention_fwd(&c.tq, &c.tk, &c.tv, &c.tout, NULL, NULL), OMPK_OK);
+        cr_expect(tu_buf_all_bytes(&c.lse, 0xA5), "lse written although not passed");
+        cr_expect(!tu_buf_all_bytes(&c.out, 0xA5), "out not written");
+        att_case_free(&c);
+    }
+}
+
+Test(attention_fwd, empty_shapes_ok) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++) {
+        att_case c;
+        att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 0, 5, 32, OMPK_ATTN_MASK_NONE, 1, 1.0, 0);
+        cr_expect_eq(att_fwd(&c), OMPK_OK, "%s", ompk_last_error());
+        att_case_free(&c);
+        /* M == 0: every row fully masked */
+        att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 3, 0, 32, OMPK_ATTN_MASK_NONE, 1, 1.0, 0);
+        cr_assert_eq(att_fwd(&c), OMPK_OK, "%s", ompk_last_error());
+        tu_buf_download(&c.out);
+        tu_buf_download(&c.lse);
+        for (int64_t i = 0; i < c.out.numel; i++) cr_expect(tu_buf_get(&c.out, i) == 0.0);
+        for (int64_t i = 0; i < c.lse.numel; i++) cr_expect(isinf(tu_buf_get(&c.lse, i)));
+        att_case_free(&c);
+    }
+}
+
+Test(attention_fwd, verify_mode_reports, .init = cr_redirect_stderr) {
+    att_case c;
+    att_case_new(&c, ompk_device_host(), OMPK_F32, 1, 2, 1, 9, 12, 32,
+                 OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 800, 1.0, 0);
+    setenv("OMPK_VERIFY", "1", 1);
+    cr_assert_eq(att_fwd(&c), OMPK_OK);
+    unsetenv("OMPK_VERIFY");
+    fflush(stderr);
+    char buf[4096] = {0};
+    FILE *f = cr_get_redirected_stderr();
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    cr_expect(strstr(buf, "attention_fwd out") != NULL, "no out line in: %s", buf);
+    cr_expect(strstr(buf, "attention_fwd lse") != NULL, "no lse line in: %s", buf);
+    cr_expect(strstr(buf, "MISMATCH") == NULL, "verify reported a mismatch: %s", buf);
+    att_case_free(&c);
+}
