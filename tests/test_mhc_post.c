@@ -99,11 +99,17 @@ Test(mhc_post_fwd, large_d_vector_path) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++) {
-        post_case c;
-        case_new(&c, devs[di], OMPK_BF16, 1, 5, 4, 4096, 7);
-        cr_assert_eq(ompk_mhc_post_fwd(&c.tx, &c.tcomb, &c.tpost, &c.tf, &c.tout), OMPK_OK);
-        check_against_ref(&c);
-        case_free(&c);
+        /* on a GPU both the bare variant (default for D >= 512) and the portable kernel */
+        for (int portable = 0; portable < 2; portable++)
+            for (int bf = 0; bf < 2; bf++) {
+                if (portable) setenv("OMPK_MHC_POST_VARIANT", "portable", 1);
+                post_case c;
+                case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 5, 3, 4096, 7);
+                cr_assert_eq(ompk_mhc_post_fwd(&c.tx, &c.tcomb, &c.tpost, &c.tf, &c.tout), OMPK_OK);
+                check_against_ref(&c);
+                case_free(&c);
+                unsetenv("OMPK_MHC_POST_VARIANT");
+            }
     }
 }
 

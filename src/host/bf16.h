@@ -19,9 +19,10 @@ static inline float ompk_bf16_to_f32(uint16_t h) {
 static inline uint16_t ompk_f32_to_bf16(float f) {
     ompk_f32_bits b;
     b.f = f;
-    if ((b.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b.u >> 16) | 0x40u);
-    b.u += 0x7fffu + ((b.u >> 16) & 1u);
-    return (uint16_t)(b.u >> 16);
+    /* branch-free, so loops over it vectorise on the host and stay uniform on the GPU */
+    uint32_t rounded = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (b.u >> 16) | 0x40u;
+    return (uint16_t)((b.u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 /* Round an f32 value to the nearest bf16 and back (what storing to bf16 does to it). */

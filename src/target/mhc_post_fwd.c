@@ -4,6 +4,13 @@
  * stream as 16-byte words and reuses the token's n^2+n mixing weights for all 8. The stream
  * count is made a compile-time constant by a switch, so the per-stream register arrays are
  * never indexed at run time (a run-time index would put them in GPU local memory). */
+#include <stdlib.h>
+#include <string.h>
+#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#include <ompx.h>
+#define OMPK_HAVE_BARE 1
+#endif
+
 #include "mhc_post.h"
 #include "vec8.h"
 
@@ -87,6 +94,64 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
         break;                                                                                     \
     }
 
+/* GPU variant: a bare kernel, one team per token (grid-stride over tokens), its threads striding
+ * over the token's 8-element chunks. No per-chunk index division (the portable collapse(3) loop
+ * divides 64-bit indices for every chunk) and restrict-qualified streams let the compiler keep
+ * several 16-byte loads in flight. Used for target tensors on the vector path with D >= 512;
+ * OMPK_MHC_POST_VARIANT=portable forces the portable kernel. */
+#ifdef OMPK_HAVE_BARE
+static void post_fwd_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
+    const char *restrict x = (const char *)a->x;
+    const char *restrict f = (const char *)a->f;
+    char *restrict out = (char *)a->out;
+    const float *comb = a->comb, *post = a->post;
+    const int64_t S = a->S, C = a->D / 8, T = a->B * a->S;
+    const int n = a->n, bf16 = a->is_bf16, esz = a->is_bf16 ? 2 : 4;
+    const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];
+    const int64_t sc0 = a->sc[0], sc1 = a->sc[1], sc2 = a->sc[2], sc3 = a->sc[3];
+    const int64_t sp0 = a->sp[0], sp1 = a->sp[1], sp2 = a->sp[2];
+    const int64_t sf0 = a->sf[0], sf1 = a->sf[1];
+    const int64_t so0 = a->so[0], so1 = a->so[1], so2 = a->so[2];
+    const int teams = (int)(T < 8192 ? T : 8192);
+#pragma omp target teams ompx_bare num_teams(teams) thread_limit(256) device(ex.device)            \
+    is_device_ptr(x, f, out, comb, post)                                                           \
+    firstprivate(S, C, T, n, bf16, esz, sx0, sx1, sx2, sc0, sc1, sc2, sc3, sp0, sp1, sp2, sf0,     \
+                     sf1, so0, so1, so2)
+    {
+        const int64_t nteams = ompx_grid_dim_x(), nthr = ompx_block_dim_x();
+        for (int64_t t = ompx_block_id_x(); t < T; t += nteams) {
+            const int64_t b = t / S, s = t - b * S;
+            const char *xt = x + (b * sx0 + s * sx1) * esz;
+            const char *ft = f + (b * sf0 + s * sf1) * esz;
+            char *ot = out + (b * so0 + s * so1) * esz;
+            const float *cp = comb + b * sc0 + s * sc1;
+            const float *pp = post + b * sp0 + s * sp1;
+            for (int64_t c = ompx_thread_id_x(); c < C; c += nthr) {
+                const char *xp = xt + c * 8 * esz, *fp = ft + c * 8 * esz;
+                char *op = ot + c * 8 * esz;
+#define OMPK_POST_CHUNK(N) post_chunk8(N, xp, sx2, cp, sc2, sc3, pp, sp2, fp, op, so2, bf16, esz)
+                OMPK_SWITCH_N(n, OMPK_POST_CHUNK)
+#undef OMPK_POST_CHUNK
+            }
+        }
+    }
+}
+
+static int use_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
+    if (!ex.on_target || a->D < 512) return 0;
+    const char *v = getenv("OMPK_MHC_POST_VARIANT");
+    return !(v && strcmp(v, "portable") == 0);
+}
+#else
+static int use_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
+    (void)ex, (void)a;
+    return 0;
+}
+static void post_fwd_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
+    (void)ex, (void)a;
+}
+#endif
+
 void ompk_mhc_post_fwd_kernel(ompk_exec ex, const ompk_mhc_post_args *a) {
     const char *x = (const char *)a->x, *f = (const char *)a->f;
     char *out = (char *)a->out;
@@ -100,6 +165,10 @@ void ompk_mhc_post_fwd_kernel(ompk_exec ex, const ompk_mhc_post_args *a) {
     const int64_t so0 = a->so[0], so1 = a->so[1], so2 = a->so[2], so3 = a->so[3];
 
     if (ompk_mhc_post_vec_ok(a)) {
+        if (use_bare(ex, a)) {
+            post_fwd_bare(ex, a);
+            return;
+        }
         const int64_t C = D / 8;
 #pragma omp target teams distribute parallel for collapse(3) if (target : ex.on_target)            \
     device(ex.device) is_device_ptr(x, f, out, comb, post) thread_limit(256)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency on Debian 12 (idempotent; apt only).
+set -euo pipefail
+pkgs=(cmake ninja-build pkg-config clang-19 libomp-19-dev llvm-19 gcc-12 libhwloc-dev hwloc
+      libcriterion-dev libdlpack-dev clang-format-19 xz-utils python3)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    echo "bootstrap: installing ${missing[*]}"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# The offload build needs CUDA's ptxas/nvlink (CUDA 12 or 13; see README). Without them the
+# default preset still builds, host-only, and says so.
+if [ ! -x "${OMPK_CUDA_PATH:-/usr/local/cuda}/bin/ptxas" ]; then
+    echo "bootstrap: no CUDA toolkit at ${OMPK_CUDA_PATH:-/usr/local/cuda}: GPU images will not be built"
+fi
+echo "bootstrap: ok"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# ci/device/bundle.sh BUILD_DIR OUT_DIR
+# Gathers what the GPU machine needs to run a build (it has no clang, libomp or libomptarget):
+#   OUT_DIR/bin      ompk-info, ompk-bench, tests/test_*, examples
+#   OUT_DIR/lib      libompk.so
+#   OUT_DIR/run.sh   the device-side driver (copied from ci/device/run.sh)
+#   .carry/runtime/runtime.tar.xz  (shared by all bundles) the LLVM 19 offload runtime and every
+#                    other non-system library the binaries load, found by ldd; rebuilt only when a
+#                    binary needs a library it lacks.
+# Carry both folders: run(carry=[".carry/runtime", "<OUT_DIR relative to the repo>"], ...).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+build=$(cd "$1" && pwd)
+out=$2
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+rm -rf "$out/bin" "$out/lib"
+mkdir -p "$out/bin/tests" "$out/lib"
+cp "$build/ompk-info" "$build/ompk-bench" "$out/bin/"
+for t in "$build"/tests/test_*; do [ -x "$t" ] && [ -f "$t" ] && cp "$t" "$out/bin/tests/"; done
+if [ -d "$build/examples" ]; then
+    find "$build/examples" -maxdepth 1 -type f -executable -exec cp {} "$out/bin/" \;
+fi
+cp -L "$build/libompk.so" "$out/lib/"
+cp "$here/run.sh" "$out/run.sh"
+[ -d "$repo/bench/peers" ] && { rm -rf "$out/peers"; cp -r "$repo/bench/peers" "$out/peers"; }
+
+# Libraries the device image has itself (glibc, the C++ runtime, the CUDA driver) stay out.
+system_re='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libstdc\+\+|libgcc_s|libcuda\.so|libnvidia)'
+llvmlib=/usr/lib/llvm-19/lib
+needed=$(mktemp)
+{
+    for f in "$out"/bin/* "$out"/bin/tests/* "$out"/lib/libompk.so "$llvmlib/libomptarget.so.19.1" "$llvmlib/libomp.so.5"; do
+        [ -f "$f" ] || continue
+        LD_LIBRARY_PATH="$out/lib:$llvmlib" ldd "$f" | awk '/=>/ {print $1" "$3}'
+    done
+    echo "libomptarget.so.19.1 $llvmlib/libomptarget.so.19.1"
+} | grep -Ev "$system_re" | grep -v '^libompk\.so' | sort -u >"$needed"
+if grep -q 'not found' "$needed"; then
+    echo "bundle: unresolved libraries:"; grep 'not found' "$needed"; exit 1
+fi
+rt="$repo/.carry/runtime"
+mkdir -p "$rt"
+exec 9>"$rt/.lock"
+flock 9
+if [ -f "$rt/manifest" ] && [ -f "$rt/runtime.tar.xz" ] && \
+   [ -z "$(comm -23 <(awk '{print $1}' "$needed" | sort -u) <(sort -u "$rt/manifest"))" ]; then
+    echo "bundle: runtime up to date ($(wc -l <"$rt/manifest") libraries)"
+else
+    stage=$(mktemp -d)
+    while read -r name path; do cp -L "$path" "$stage/$name"; done <"$needed"
+    # libomptarget dlopens its plugins by soname; keep the unversioned names too
+    (cd "$stage" && ln -sf libomptarget.so.19.1 libomptarget.so && ln -sf libomp.so.5 libomp.so)
+    echo "bundle: packing $(ls "$stage" | wc -l) libraries ($(du -sh "$stage" | cut -f1)) ..."
+    tar -C "$stage" -cf - . | xz -T0 -6 >"$rt/runtime.tar.xz.tmp"
+    mv "$rt/runtime.tar.xz.tmp" "$rt/runtime.tar.xz"
+    awk '{print $1}' "$needed" | sort -u >"$rt/manifest"
+    rm -rf "$stage"
+fi
+rm -f "$needed"
+du -sh "$rt/runtime.tar.xz" "$out" | sed 's/^/bundle: /'

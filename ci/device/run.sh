@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Device-side driver, copied into each bundle by ci/device/bundle.sh. Run from the repo root on
+# the GPU machine:
+#   bash .carry/NAME/run.sh [info] [tests] [bench] [bench-quick] [peers] [--filter S]
+# Our binaries run with the carried LLVM 19 runtime and OMP_TARGET_OFFLOAD=MANDATORY, so a
+# silent host fallback cannot pass for a GPU run. Python peers run with the machine's own python3
+# and PyTorch (without our LD_LIBRARY_PATH). Everything lands in /tmp/ompk-out and comes back as
+# $OUT/results.tgz plus $OUT/summary.txt (the last lines of each step).
+set -uo pipefail
+B=$(cd "$(dirname "$0")" && pwd)
+repo=$(pwd)
+res=/tmp/ompk-out
+rm -rf "$res" && mkdir -p "$res"
+rt=/tmp/ompk-rt
+if [ ! -f "$rt/.ok" ]; then
+    mkdir -p "$rt" && tar -C "$rt" -xJf "$repo/.carry/runtime/runtime.tar.xz" && touch "$rt/.ok"
+fi
+# test binaries carry this build machine's fixture path; make it resolve here too
+if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$repo" /work/main; fi
+export OMPK_FIXTURE_DIR="$repo/tests/fixtures"
+run_ompk() {
+    env LD_LIBRARY_PATH="$rt:$B/lib:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu" \
+        OMP_TARGET_OFFLOAD=MANDATORY "$@"
+}
+filter=""
+steps=()
+while [ $# -gt 0 ]; do
+    case $1 in
+    --filter) filter=$2; shift 2 ;;
+    *) steps+=("$1"); shift ;;
+    esac
+done
+[ ${#steps[@]} -eq 0 ] && steps=(info tests)
+summary=$res/summary.txt
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+export OMPK_GPU_NAME="$gpu_name"
+for s in "${steps[@]}"; do
+    case $s in
+    info)
+        {
+            nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+            lscpu | grep -E 'Model name|^CPU\(s\)|NUMA node\(s\)'
+            grep -o -w -E 'amx_tile|amx_bf16|amx_int8|avx512_bf16' /proc/cpuinfo | sort | uniq -c
+            run_ompk "$B/bin/ompk-info" --require-gpu; echo "ompk-info exit $?"
+        } >"$res/info.txt" 2>&1
+        tail -22 "$res/info.txt" >>"$summary"
+        ;;
+    tests)
+        pass=0 fail=0 skip=0
+        for t in "$B"/bin/tests/test_*; do
+            log=$res/$(basename "$t").log
+            run_ompk "$t" --jobs 1 ${filter:+--filter "*$filter*"} >"$log" 2>&1
+            rc=$?
+            syn=$(grep -a 'Synthesis:' "$log" | tail -1)
+            echo "$(basename "$t") rc=$rc $syn" | tee -a "$summary"
+            if [ -n "$syn" ]; then
+                p=$(sed -E 's/.*Passing: ([0-9]+).*/\1/' <<<"$syn")
+                f=$(sed -E 's/.*Failing: ([0-9]+).*/\1/' <<<"$syn")
+                c=$(sed -E 's/.*Crashing: ([0-9]+).*/\1/' <<<"$syn")
+                pass=$((pass + p)) fail=$((fail + f + c))
+                skip=$((skip + $(grep -ac '\[SKIP\]' "$log")))
+                [ $((f + c)) -gt 0 ] && grep -a -E '\[FAIL\]|\[----\].*(Assertion|fail|differ|got)' "$log" | head -20 >>"$summary"
+            else
+                fail=$((fail + 1)); tail -5 "$log" >>"$summary"
+            fi
+        done
+        for e in "$B"/bin/*; do
+            case $(basename "$e") in ompk-info|ompk-bench|tests) continue ;; esac
+            [ -x "$e" ] && [ -f "$e" ] || continue
+            run_ompk "$e" >"$res/$(basename "$e").log" 2>&1
+            echo "example $(basename "$e") rc=$?" | tee -a "$summary"
+        done
+        echo "device tests: $pass passed, $fail failed, $skip skipped" | tee -a "$summary"
+        ;;
+    bench | bench-quick)
+        q=""; [ "$s" = bench-quick ] && q=--quick
+        run_ompk "$B/bin/ompk-bench" $q ${filter:+--filter "$filter"} --json "$res/bench.json" >"$res/bench.log" 2>&1
+        echo "ompk-bench exit $?" >>"$res/bench.log"
+        cat "$res/bench.log" >>"$summary"
+        ;;
+    peers)
+        for p in "$B"/peers/*_peer.py; do
+            [ -f "$p" ] || continue
+            n=$(basename "$p" .py)
+            PYTHONUNBUFFERED=1 python3 "$p" --json "$res/$n.json" ${filter:+--filter "$filter"} >"$res/$n.log" 2>&1
+            echo "$n exit $?" >>"$res/$n.log"
+            tail -30 "$res/$n.log" >>"$summary"
+        done
+        ;;
+    *) echo "unknown step $s" | tee -a "$summary" ;;
+    esac
+done
+tar -C "$res" -czf "$OUT/results.tgz" . 2>/dev/null || true
+cp "$summary" "$OUT/summary.txt" 2>/dev/null || true
+cat "$summary"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The test command (README): set up, build and run every suite in three configurations:
+#   default (clang-19 with GPU images; on a machine without a GPU the same kernels run on the host),
+#   host-gcc (GCC 12, host only) and asan (clang-19 host only, AddressSanitizer + UBSan).
+# OMPK_TEST_PRESETS overrides the list. Prints "tests: N passed, N failed, N skipped" last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+./ci/bootstrap.sh || exit 1
+presets=${OMPK_TEST_PRESETS:-"default host-gcc asan"}
+total_p=0 total_f=0 total_s=0 broken=0
+for p in $presets; do
+    echo "=== build: $p"
+    if ! ./ci/build.sh "$p"; then
+        echo "=== build $p FAILED"
+        broken=1
+        continue
+    fi
+    dir=$(sed -n "/\"name\": \"$p\"/,/binaryDir/p" CMakePresets.json | sed -n 's/.*"binaryDir": "\${sourceDir}\/\(.*\)".*/\1/p')
+    [ -n "$dir" ] || dir=build
+    echo "=== tests: $p"
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+    out=$(./ci/run-tests.sh "$dir" "$p" 2>&1 | tee /dev/stderr | tail -1)
+    read -r pp ff ss <<<"$(sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3/' <<<"$out")"
+    if [[ "$pp" =~ ^[0-9]+$ ]]; then
+        total_p=$((total_p + pp)) total_f=$((total_f + ff)) total_s=$((total_s + ss))
+    else
+        broken=1
+    fi
+done
+# the examples are ctest tests of the default build
+if [ -d build ] && grep -q "add_subdirectory(examples)" CMakeLists.txt && [ -f examples/CMakeLists.txt ]; then
+    echo "=== examples (ctest -L example)"
+    (cd build && ctest -L example --output-on-failure) || broken=1
+fi
+[ $broken -ne 0 ] && total_f=$((total_f + 1))
+echo "tests: $total_p passed, $total_f failed, $total_s skipped"
+[ $total_f -eq 0 ]
