@@ -127,11 +127,12 @@ Test(attention_bwd, large_logits) {
             att_case c;
             att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 40, 50, 64, masks[m],
                          (uint64_t)(1500 + m), 30.0, 0);
-            /* fp32 scores of std ~900 (~2900 in the log2 domain the kernels use) are summed
-             * with ~1e-3 absolute rounding, so each O(1) term p_ij * dout_i of dv (and of ds)
-             * moves by ~7e-4: the gradients get a 50x wider band, still far below the O(1)
-             * errors a wrong rescale or an overflow gives. */
-            c.tol_mult = 50.0;
+            /* fp32 scores of std ~900 (up to ~4000 in the log2 domain the kernels use) are
+             * summed with ~1e-3 absolute rounding, recomputed in the backward with another
+             * rounding order than the forward's lse, so each O(1) term p_ij * dout_i of dv (and
+             * of ds) moves by up to ~2e-3: the gradients get a 100x wider band (abs ~3e-3),
+             * still far below the O(1) errors a wrong rescale or an overflow gives. */
+            c.tol_mult = 100.0;
             double w = att_check_bwd(&c, "x30");
             cr_expect(w <= 1.0, "x30 mask=%s: worst ratio %g", att_mask_name(masks[m]), w);
             att_case_free(&c);

@@ -23,6 +23,15 @@
 
 #define ATT_INLINE static inline __attribute__((always_inline))
 
+/* Reductions the host may reorder into vector lanes; the GPU image has no vector lanes to use
+ * (there a simd request would only fail to apply). */
+#if defined(__NVPTX__) || defined(__AMDGCN__)
+#define ATT_SIMD_SUM(x)
+#else
+#define ATT_SIMD_SUM(x) _Pragma(ATT_STR(omp simd reduction(+ : x)))
+#endif
+#define ATT_STR(x) #x
+
 #pragma omp declare target
 
 /* 2^x for x <= 127, exact 0 below -126.5 (masked and underflowing terms). Degree-6 Taylor on
@@ -87,7 +96,7 @@ ATT_INLINE void att_load_row(float *dst, const void *src, int64_t off, int64_t d
 
 ATT_INLINE float att_dot(const float *restrict a, const float *restrict b, int64_t dh) {
     float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
+    ATT_SIMD_SUM(acc)
     for (int64_t d = 0; d < dh; d++) acc += a[d] * b[d];
     return acc;
 }
@@ -128,7 +137,7 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
             for (int jj = 0; jj < jn; jj++) mx = s[r][jj] > mx ? s[r][jj] : mx;
             if (mx == -INFINITY) continue; /* nothing visible yet in this row */
             float alpha = att_exp2(mrow[r] - mx), sum = 0.f;
-#pragma omp simd reduction(+ : sum)
+            ATT_SIMD_SUM(sum)
             for (int jj = 0; jj < jn; jj++) {
                 float p = att_exp2(s[r][jj] - mx);
                 s[r][jj] = p;
