@@ -16,6 +16,73 @@ extern "C" {
 ompk_status ompk_mhc_post_fwd(const ompk_tensor *x, const ompk_tensor *comb,
                               const ompk_tensor *post, const ompk_tensor *f, ompk_tensor *out);
 
+/* Parameters of mHC pre and Sinkhorn (KERNELS.md 1.1, 1.3). */
+typedef struct ompk_mhc_params {
+    float norm_eps;      /* RMS statistic: 1/sqrt(mean(v^2) + norm_eps); default 1e-6 */
+    float hc_eps;        /* added to h_pre after the sigmoid; default 1e-6 */
+    float post_mult;     /* h_post = post_mult * sigmoid(...); default 2 */
+    int sinkhorn_repeat; /* row+column normalisation rounds, 1..1000; default 20 */
+    float sinkhorn_eps;  /* default 1e-6 */
+    int fuse_sinkhorn;   /* pre_fwd also runs Sinkhorn and writes comb; default 1 */
+} ompk_mhc_params;
+
+ompk_mhc_params ompk_mhc_params_default(void);
+
+/* pre, forward (KERNELS.md 1.1, Sinkhorn 1.3 when params->fuse_sinkhorn). T = B*S, K = n*D,
+ * M = 2n + n^2, n in 1..8.
+ *   x [B,S,n,D] f32|bf16 (unit stride on D), phi [M,K] f32 (unit stride on K),
+ *   gamma [K] f32 (unit stride) or NULL (= ones), alpha [3] f32, bias [M] f32.
+ * Outputs: h_in [B,S,D] x's dtype (unit stride on D), h_post [B,S,n] f32,
+ *   res_logits [B,S,n,n] f32: required when Sinkhorn is not fused, optional when it is (the
+ *   Sinkhorn backward recomputes from it);
+ *   comb [B,S,n,n] f32: required when fused, must be NULL otherwise;
+ *   saved for the backward, each optional (NULL = not saved): h_mix [T,M] f32 (the raw GEMM),
+ *   inv_rms [T] f32, h_pre [T,n] f32.
+ * params NULL = ompk_mhc_params_default(). One pass over x gives the GEMM and the sum of squares.
+ */
+ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
+                             const ompk_tensor *alpha, const ompk_tensor *bias,
+                             const ompk_mhc_params *params, ompk_tensor *h_in, ompk_tensor *h_post,
+                             ompk_tensor *res_logits, ompk_tensor *comb, ompk_tensor *h_mix,
+                             ompk_tensor *inv_rms, ompk_tensor *h_pre);
+
+/* Sinkhorn-Knopp, forward (KERNELS.md 1.3): logits [B,S,n,n] f32 -> comb [B,S,n,n] f32.
+ * repeat in 1..1000, eps >= 0 and finite. */
+ompk_status ompk_sinkhorn_fwd(const ompk_tensor *logits, int repeat, float eps, ompk_tensor *comb);
+
+/* Sinkhorn-Knopp, backward (KERNELS.md 1.5): the exact gradient of the unrolled forward,
+ * recomputed from logits (no implicit-gradient shortcut). dcomb, dlogits [B,S,n,n] f32. */
+ompk_status ompk_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *dcomb, int repeat,
+                              float eps, ompk_tensor *dlogits);
+
+/* pre, backward (KERNELS.md 1.4), dW route.
+ * Inputs: x, phi, gamma (NULL = ones), alpha as in the forward; dh_in [B,S,D] f32|bf16 (unit
+ *   stride on D), dh_post [B,S,n] f32, dh_res [B,S,n,n] f32 (gradient of res_logits),
+ *   grad_x_post [B,S,n,D] f32|bf16 (unit stride on D) or NULL, added into dx before rounding;
+ *   saved: h_mix [T,M], inv_rms [T], h_pre [T,n], h_post [B,S,n] (all f32, all required).
+ * Outputs: dx [B,S,n,D] x's dtype (unit stride on D, rounded once), dphi [M,K] f32 (unit
+ *   stride on K), dalpha [3] f32, dbias [M] f32, dgamma [K] f32 (required when gamma is given,
+ *   must be NULL when it is not). Token sums are deterministic (fixed-order partials).
+ * params: hc_eps and post_mult are read (NULL = defaults). */
+ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
+                             const ompk_tensor *alpha, const ompk_mhc_params *params,
+                             const ompk_tensor *dh_in, const ompk_tensor *dh_post,
+                             const ompk_tensor *dh_res, const ompk_tensor *grad_x_post,
+                             const ompk_tensor *h_mix, const ompk_tensor *inv_rms,
+                             const ompk_tensor *h_pre, const ompk_tensor *h_post, ompk_tensor *dx,
+                             ompk_tensor *dphi, ompk_tensor *dalpha, ompk_tensor *dbias,
+                             ompk_tensor *dgamma);
+
+/* post, backward (KERNELS.md 1.6), with dout [B,S,n,D] the gradient of post_fwd's out:
+ *     dx[t,i,d] = sum_o comb[t,i,o]*dout[t,o,d]     df[t,d] = sum_o post[t,o]*dout[t,o,d]
+ *     dpost[t,o] = sum_d dout[t,o,d]*f[t,d]         dcomb[t,i,o] = sum_d x[t,i,d]*dout[t,o,d]
+ * x, dout, dx [B,S,n,D] and f, df [B,S,D] share one dtype f32|bf16 (unit stride on D);
+ * comb, dcomb [B,S,n,n] f32; post, dpost [B,S,n] f32. */
+ompk_status ompk_mhc_post_bwd(const ompk_tensor *x, const ompk_tensor *comb,
+                              const ompk_tensor *post, const ompk_tensor *f,
+                              const ompk_tensor *dout, ompk_tensor *dx, ompk_tensor *df,
+                              ompk_tensor *dpost, ompk_tensor *dcomb);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,194 @@
+/* Internal: argument blocks of the mHC pre / Sinkhorn / post-backward kernels, and helpers
+ * shared by their sources (header-only parts usable inside target regions). */
+#ifndef OMPK_MHC_KERN_H
+#define OMPK_MHC_KERN_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "bf16.h"
+#include "route.h"
+#include "vec8.h"
+
+/* Make n a compile-time constant for an always-inline body: register arrays sized by it are
+ * then only ever indexed by constants once loops unroll. */
+#define MHC_SWITCH_N(n, CALL)                                                                      \
+    switch (n) {                                                                                   \
+    case 1:                                                                                        \
+        CALL(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        CALL(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        CALL(3);                                                                                   \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        CALL(4);                                                                                   \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        CALL(5);                                                                                   \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        CALL(6);                                                                                   \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        CALL(7);                                                                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(8);                                                                                   \
+        break;                                                                                     \
+    }
+
+#define MHC_INLINE static inline __attribute__((always_inline))
+
+/* Row width of the padded [.., M] workspaces: a multiple of 4 floats so rows load as 16 bytes. */
+static inline int mhc_mw(int n) {
+    return (2 * n + n * n + 3) & ~3;
+}
+
+/* 16 consecutive elements (f32|bf16) into v: as 16-byte words when vec (the caller checked
+ * alignment), else one by one. */
+MHC_INLINE void mhc_load16(const char *p, int bf16, int vec, float v[16]) {
+    if (vec) {
+        ompk_load8(p, bf16, v);
+        ompk_load8(p + (bf16 ? 16 : 32), bf16, v + 8);
+    } else {
+        for (int e = 0; e < 16; e++) v[e] = ompk_load_f(p, e, bf16);
+    }
+}
+
+MHC_INLINE void mhc_store16(char *p, int bf16, int vec, const float v[16]) {
+    if (vec) {
+        ompk_store8(p, bf16, v);
+        ompk_store8(p + (bf16 ? 16 : 32), bf16, v + 8);
+    } else {
+        for (int e = 0; e < 16; e++) ompk_store_f(p, e, v[e], bf16);
+    }
+}
+
+/* Sinkhorn forward on a register matrix c (logits in, comb out); when st is non-NULL every
+ * intermediate is stored: state s at st + s*sstride, element i*N+j (state 0 = the softmax,
+ * 2r+1 after round r's column step, 2r after round r's row step). */
+MHC_INLINE void mhc_sk_fwd(const int N, int repeat, float eps, float c[8][8], float *st,
+                           int64_t sstride) {
+    for (int i = 0; i < 8; i++) {
+        if (i >= N) continue;
+        float mx = c[i][0];
+        for (int j = 1; j < 8; j++)
+            if (j < N) mx = c[i][j] > mx ? c[i][j] : mx;
+        float s = 0;
+        for (int j = 0; j < 8; j++)
+            if (j < N) {
+                c[i][j] = expf(c[i][j] - mx);
+                s += c[i][j];
+            }
+        for (int j = 0; j < 8; j++)
+            if (j < N) c[i][j] = c[i][j] / s;
+    }
+    if (st)
+        for (int e = 0; e < 64; e++)
+            if (e < N * N) st[e] = c[e / N][e % N];
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++) c[i][j] += eps;
+    for (int r = 0; r < repeat; r++) {
+        if (r > 0) {
+            for (int i = 0; i < 8; i++) {
+                if (i >= N) continue;
+                float s = 0;
+                for (int j = 0; j < 8; j++)
+                    if (j < N) s += c[i][j];
+                s += eps;
+                for (int j = 0; j < 8; j++)
+                    if (j < N) c[i][j] = c[i][j] / s;
+            }
+            if (st)
+                for (int e = 0; e < 64; e++)
+                    if (e < N * N) st[2 * r * sstride + e] = c[e / N][e % N];
+        }
+        for (int j = 0; j < 8; j++) {
+            if (j >= N) continue;
+            float s = 0;
+            for (int i = 0; i < 8; i++)
+                if (i < N) s += c[i][j];
+            s += eps;
+            for (int i = 0; i < 8; i++)
+                if (i < N) c[i][j] = c[i][j] / s;
+        }
+        if (st)
+            for (int e = 0; e < 64; e++)
+                if (e < N * N) st[(2 * r + 1) * sstride + e] = c[e / N][e % N];
+    }
+}
+
+/* ---- pre forward ------------------------------------------------------------------------ */
+typedef struct mhc_pre_fwd_args {
+    const void *x;
+    int64_t B, S, D;
+    int n, bf16;
+    int64_t sx[4];
+    const float *phi, *gamma, *alpha, *bias; /* gamma may be NULL */
+    int64_t sphi, salpha, sbias;
+    void *h_in;
+    int64_t shin[3];
+    float *h_post, *logits, *comb, *h_mix, *inv_rms, *h_pre; /* only h_post always present */
+    int64_t shpost[3], slog[4], scomb[4], shmix[2], sinv, shpre[2];
+    float norm_eps, hc_eps, post_mult, sk_eps;
+    int repeat;
+} mhc_pre_fwd_args;
+
+/* Workspace bytes the pre forward needs on the call's device. */
+int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a);
+void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws);
+
+/* ---- Sinkhorn ------------------------------------------------------------------------------ */
+typedef struct mhc_sk_args {
+    const float *logits, *dcomb; /* dcomb only for the backward */
+    float *out;                  /* comb (forward) or dlogits (backward) */
+    int64_t B, S;
+    int n, repeat;
+    float eps;
+    int64_t sl[4], sd[4], so[4];
+} mhc_sk_args;
+
+void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a);
+/* Tokens per backward batch and the workspace bytes a batch needs. */
+int64_t mhc_sk_bwd_batch(const mhc_sk_args *a);
+int64_t mhc_sk_bwd_workspace(const mhc_sk_args *a);
+void mhc_sk_bwd_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws);
+
+/* ---- pre backward -------------------------------------------------------------------------- */
+typedef struct mhc_pre_bwd_args {
+    const void *x, *dh_in, *gxp; /* gxp (grad_x_post) may be NULL */
+    int64_t B, S, D;
+    int n, bf16, dh_bf16, gxp_bf16;
+    int64_t sx[4], sdh[3], sgxp[4];
+    const float *phi, *gamma, *alpha; /* gamma may be NULL */
+    int64_t sphi, salpha;
+    const float *dh_post, *dh_res, *h_mix, *inv_rms, *h_pre, *h_post;
+    int64_t sdpost[3], sdres[4], shmix[2], sinv, shpre[2], shpost[3];
+    float hc_eps, post_mult;
+    void *dx;
+    int64_t sdx[4];
+    float *dphi, *dalpha, *dbias, *dgamma; /* dgamma NULL when gamma is */
+    int64_t sdphi, sdalpha, sdbias;
+} mhc_pre_bwd_args;
+
+int64_t mhc_pre_bwd_workspace(const mhc_pre_bwd_args *a);
+void mhc_pre_bwd_kernel(ompk_exec ex, const mhc_pre_bwd_args *a, void *ws);
+
+/* ---- post backward ------------------------------------------------------------------------- */
+typedef struct mhc_post_bwd_args {
+    const void *x, *f, *dout;
+    const float *comb, *post;
+    void *dx, *df;
+    float *dpost, *dcomb;
+    int64_t B, S, D;
+    int n, bf16;
+    int64_t sx[4], sf[3], sg[4], sc[4], sp[3], sdx[4], sdf[3], sdp[3], sdc[4];
+} mhc_post_bwd_args;
+
+int64_t mhc_post_bwd_workspace(const mhc_post_bwd_args *a);
+void mhc_post_bwd_kernel(ompk_exec ex, const mhc_post_bwd_args *a, void *ws);
+
+#endif

@@ -1,0 +1,261 @@
+/* mHC pre, forward (KERNELS.md 1.1), Sinkhorn (1.3) optionally fused; one OpenMP source for
+ * GPU and host. Three launches:
+ *  1. GEMM + sum of squares in one pass over x. Work item = (K chunk, TPT tokens); adjacent
+ *     GPU lanes take adjacent tokens of the same chunk, so the gamma-scaled, transposed phi row
+ *     they read is one broadcast per warp, and each lane's x reads are whole 32-byte sectors.
+ *     The M+1 sums of a token live in registers (n is a compile-time constant per switch arm);
+ *     each item writes its partial sums.
+ *  2. Per token: the partials summed in fixed chunk order (deterministic), then rms, sigmoids,
+ *     logits and the Sinkhorn iterations in registers.
+ *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x.
+ * Splitting K over items keeps every SM busy for any T; the partials cost (M+1) floats per
+ * token and chunk, which is small next to x. */
+#include "mhc_kern.h"
+
+#define NMAX 8
+#define MMAX (2 * NMAX + NMAX * NMAX)
+
+/* tokens per work item: amortises the phi broadcast loads over more FMAs where the register
+ * budget allows it */
+#define MHC_TPT(N) ((2 * (N) + (N) * (N)) <= 24 ? 2 : 1)
+
+typedef struct pre_geom {
+    int64_t T, K, CD, NCD, NC, MP; /* chunk width, chunks per stream, chunks, partial row */
+    int MW, TPT;
+} pre_geom;
+
+static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
+    pre_geom g;
+    const int n = a->n, M = 2 * n + n * n;
+    g.T = a->B * a->S;
+    g.K = (int64_t)n * a->D;
+    g.MW = mhc_mw(n);
+    g.MP = M + 1;
+    g.TPT = MHC_TPT(n);
+    /* about 2^17 work items in all: enough to fill a GPU, few enough partials */
+    int64_t items_tok = (g.T + g.TPT - 1) / g.TPT;
+    if (items_tok < 1) items_tok = 1;
+    int64_t want = ((int64_t)1 << 17) / items_tok;
+    int64_t ncd = (want + n - 1) / n;
+    int64_t max_ncd = (a->D + 15) / 16;
+    if (ncd < 1) ncd = 1;
+    if (ncd > max_ncd) ncd = max_ncd;
+    if (max_ncd < 1) ncd = 1;
+    int64_t cd = (a->D + ncd - 1) / ncd;
+    cd = (cd + 15) & ~(int64_t)15;
+    if (cd < 16) cd = 16;
+    g.CD = cd;
+    g.NCD = a->D > 0 ? (a->D + cd - 1) / cd : 1;
+    g.NC = g.NCD * n;
+    return g;
+}
+
+int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
+    pre_geom g = pre_geometry(a);
+    return (int64_t)sizeof(float) * (g.K * g.MW + g.NC * g.T * g.MP + g.T * a->n) + 64;
+}
+
+static int pre_vec_ok(const mhc_pre_fwd_args *a) {
+    if (a->sx[3] != 1 || a->shin[2] != 1) return 0;
+    for (int k = 0; k < 3; k++)
+        if (a->sx[k] % 8) return 0;
+    if (a->shin[0] % 8 || a->shin[1] % 8) return 0;
+    if (((uintptr_t)a->x | (uintptr_t)a->h_in) & 15) return 0;
+    return 1;
+}
+
+/* Stage 1 body: partial GEMM rows and sum of squares of tokens t0.. (TPT of them, clamped to
+ * T-1 for loads) over d in [d0, d1) of stream i. */
+MHC_INLINE void pre_part(const int N, const int TPT, const char *x, int64_t sx0, int64_t sx1,
+                         int64_t sx2, int64_t S, int64_t T, int64_t t0, int i, int64_t D,
+                         int64_t d0, int64_t d1, const float *wt, int MW, float *part, int64_t c,
+                         int bf16, int vec) {
+    const int M = 2 * N + N * N;
+    const int esz = bf16 ? 2 : 4;
+    float acc[2][MMAX + 1];
+    const char *row[2] = {x, x};
+    for (int u = 0; u < 2; u++) {
+        if (u >= TPT) continue;
+        int64_t t = t0 + u < T ? t0 + u : T - 1;
+        row[u] = x + ((t / S) * sx0 + (t % S) * sx1 + (int64_t)i * sx2) * esz;
+        for (int m = 0; m <= MMAX; m++)
+            if (m <= M) acc[u][m] = 0.f;
+    }
+    const float *w = wt + ((int64_t)i * D + d0) * MW;
+    int64_t d = d0;
+    for (; d + 16 <= d1; d += 16) {
+        float xv[2][16];
+        for (int u = 0; u < 2; u++)
+            if (u < TPT) mhc_load16(row[u] + d * esz, bf16, vec, xv[u]);
+        for (int e = 0; e < 16; e++) {
+            for (int m = 0; m < MMAX; m++) {
+                if (m >= M) continue;
+                float wm = w[m];
+                for (int u = 0; u < 2; u++)
+                    if (u < TPT) acc[u][m] += xv[u][e] * wm;
+            }
+            for (int u = 0; u < 2; u++)
+                if (u < TPT) acc[u][M] += xv[u][e] * xv[u][e];
+            w += MW;
+        }
+    }
+    for (; d < d1; d++) {
+        for (int u = 0; u < 2; u++) {
+            if (u >= TPT) continue;
+            float xv = ompk_load_f(row[u], d, bf16);
+            for (int m = 0; m < MMAX; m++)
+                if (m < M) acc[u][m] += xv * w[m];
+            acc[u][M] += xv * xv;
+        }
+        w += MW;
+    }
+    for (int u = 0; u < 2; u++) {
+        if (u >= TPT || t0 + u >= T) continue;
+        float *p = part + (c * T + t0 + u) * (M + 1);
+        for (int m = 0; m <= MMAX; m++)
+            if (m <= M) p[m] = acc[u][m];
+    }
+}
+
+static inline float sigmoidf(float z) {
+    return 1.f / (1.f + expf(-z));
+}
+
+/* Stage 2 body: one token's sums -> h_mix, inv_rms, h_pre, h_post, logits, comb. */
+MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t T,
+                          const float *part, int64_t K, const mhc_pre_fwd_args *a,
+                          const float *alpha, const float *bias, float *hp_ws, float *h_post,
+                          float *logits, float *comb, float *h_mix, float *inv_rms, float *h_pre) {
+    const int M = 2 * N + N * N;
+    float acc[MMAX + 1];
+    for (int m = 0; m <= MMAX; m++)
+        if (m <= M) acc[m] = 0.f;
+    for (int64_t c = 0; c < NC; c++) {
+        const float *p = part + (c * T + t) * (M + 1);
+        for (int m = 0; m <= MMAX; m++)
+            if (m <= M) acc[m] += p[m];
+    }
+    const int64_t b = t / S, s = t % S;
+    const float r = 1.f / sqrtf(acc[M] / (float)K + a->norm_eps);
+    const float a0 = alpha[0], a1 = alpha[a->salpha], a2 = alpha[2 * a->salpha];
+    if (inv_rms) inv_rms[t * a->sinv] = r;
+    if (h_mix)
+        for (int m = 0; m < MMAX; m++)
+            if (m < M) h_mix[t * a->shmix[0] + m * a->shmix[1]] = acc[m];
+    for (int i = 0; i < NMAX; i++) {
+        if (i >= N) continue;
+        float hp = sigmoidf(a0 * (acc[i] * r) + bias[i * a->sbias]) + a->hc_eps;
+        hp_ws[t * N + i] = hp;
+        if (h_pre) h_pre[t * a->shpre[0] + i * a->shpre[1]] = hp;
+        h_post[b * a->shpost[0] + s * a->shpost[1] + i * a->shpost[2]] =
+            a->post_mult * sigmoidf(a1 * (acc[N + i] * r) + bias[(N + i) * a->sbias]);
+    }
+    float c[8][8];
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++) {
+            if (i >= N || j >= N) continue;
+            const int m = 2 * N + i * N + j;
+            c[i][j] = a2 * (acc[m] * r) + bias[m * a->sbias];
+            if (logits)
+                logits[b * a->slog[0] + s * a->slog[1] + i * a->slog[2] + j * a->slog[3]] = c[i][j];
+        }
+    if (comb) {
+        mhc_sk_fwd(N, a->repeat, a->sk_eps, c, (float *)0, 0);
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 8; j++)
+                if (i < N && j < N)
+                    comb[b * a->scomb[0] + s * a->scomb[1] + i * a->scomb[2] + j * a->scomb[3]] =
+                        c[i][j];
+    }
+}
+
+/* Stage 3 body: h_in for 16 consecutive d (fewer at the tail) of token t. */
+MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float *hp, char *out,
+                        int64_t nd, int bf16, int vec) {
+    const int esz = bf16 ? 2 : 4;
+    if (nd == 16) {
+        float acc[16], xv[16];
+        for (int e = 0; e < 16; e++) acc[e] = 0.f;
+        for (int i = 0; i < NMAX; i++) {
+            if (i >= N) continue;
+            mhc_load16(xrow + i * sx2 * esz, bf16, vec, xv);
+            const float h = hp[i];
+            for (int e = 0; e < 16; e++) acc[e] += h * xv[e];
+        }
+        mhc_store16(out, bf16, vec, acc);
+        return;
+    }
+    for (int64_t e = 0; e < nd; e++) {
+        float acc = 0.f;
+        for (int i = 0; i < NMAX; i++)
+            if (i < N) acc += hp[i] * ompk_load_f(xrow + i * sx2 * esz, e, bf16);
+        ompk_store_f(out, e, acc, bf16);
+    }
+}
+
+void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
+    const pre_geom g = pre_geometry(a);
+    const int n = a->n, M = 2 * n + n * n, MW = g.MW, TPT = g.TPT, bf16 = a->bf16;
+    const int vec = pre_vec_ok(a);
+    const int64_t T = g.T, K = g.K, D = a->D, S = a->S, CD = g.CD, NCD = g.NCD, NC = g.NC;
+    const char *x = (const char *)a->x;
+    const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];
+    const float *phi = a->phi, *gamma = a->gamma, *alpha = a->alpha, *bias = a->bias;
+    const int64_t sphi = a->sphi;
+    float *wt = (float *)ws;
+    float *part = wt + K * MW;
+    float *hp_ws = part + NC * T * g.MP;
+    char *h_in = (char *)a->h_in;
+    float *h_post = a->h_post, *logits = a->logits, *comb = a->comb, *h_mix = a->h_mix;
+    float *inv_rms = a->inv_rms, *h_pre = a->h_pre;
+    const mhc_pre_fwd_args args = *a;
+    if (T == 0) return;
+
+    /* gamma folded into phi, transposed to [K][MW] (zero padded) */
+#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
+    device(ex.device) is_device_ptr(phi, gamma, wt) thread_limit(256)
+    for (int64_t k = 0; k < K; k++)
+        for (int m = 0; m < MW; m++)
+            wt[k * MW + m] = m < M ? phi[m * sphi + k] * (gamma ? gamma[k] : 1.f) : 0.f;
+
+    const int64_t NTP = (T + TPT - 1) / TPT;
+#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
+    device(ex.device) is_device_ptr(x, wt, part) thread_limit(256)
+    for (int64_t c = 0; c < NC; c++)
+        for (int64_t tp = 0; tp < NTP; tp++) {
+            const int i = (int)(c / NCD);
+            const int64_t d0 = (c % NCD) * CD, d1 = d0 + CD < D ? d0 + CD : D;
+#define MHC_PART(N)                                                                                \
+    pre_part(N, MHC_TPT(N), x, sx0, sx1, sx2, S, T, tp *TPT, i, D, d0, d1, wt, MW, part, c, bf16,  \
+             vec)
+            MHC_SWITCH_N(n, MHC_PART)
+#undef MHC_PART
+        }
+
+#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
+    is_device_ptr(part, alpha, bias, hp_ws, h_post, logits, comb, h_mix, inv_rms, h_pre)           \
+    firstprivate(args) thread_limit(128)
+    for (int64_t t = 0; t < T; t++) {
+#define MHC_TOK(N)                                                                                 \
+    pre_token(N, t, S, NC, T, part, K, &args, alpha, bias, hp_ws, h_post, logits, comb, h_mix,     \
+              inv_rms, h_pre)
+        MHC_SWITCH_N(n, MHC_TOK)
+#undef MHC_TOK
+    }
+
+    const int esz = bf16 ? 2 : 4;
+    const int64_t sh0 = a->shin[0], sh1 = a->shin[1];
+    const int64_t NCH = (D + 15) / 16;
+#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
+    device(ex.device) is_device_ptr(x, hp_ws, h_in) thread_limit(256)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t ch = 0; ch < NCH; ch++) {
+            const int64_t b = t / S, s = t % S, d = ch * 16;
+            const int64_t nd = D - d < 16 ? D - d : 16;
+            const char *xrow = x + (b * sx0 + s * sx1 + d) * esz;
+            char *out = h_in + (b * sh0 + s * sh1 + d) * esz;
+#define MHC_HIN(N) pre_hin(N, xrow, sx2, hp_ws + t * N, out, nd, bf16, vec)
+            MHC_SWITCH_N(n, MHC_HIN)
+#undef MHC_HIN
+        }
+}

@@ -1,0 +1,143 @@
+/* Sinkhorn-Knopp forward and backward (KERNELS.md 1.3, 1.5), one token per work item with the
+ * n x n matrix in registers (n a compile-time constant per switch arm).
+ * The backward is the exact reverse of the unrolled forward: the forward is recomputed once and
+ * its 2*repeat intermediate matrices stored in a device workspace laid out [state][token][n*n]
+ * (adjacent lanes, adjacent tokens), then walked in reverse. Tokens go in batches so that the
+ * workspace stays bounded for any T. */
+#include "mhc_kern.h"
+
+#define SK_WS_BYTES ((int64_t)64 << 20)
+
+MHC_INLINE void sk_fwd_token(const int N, const float *lg, const int64_t *sl, float *out,
+                             const int64_t *so, int repeat, float eps) {
+    float c[8][8];
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++) c[i][j] = (i < N && j < N) ? lg[i * sl[2] + j * sl[3]] : 0.f;
+    mhc_sk_fwd(N, repeat, eps, c, (float *)0, 0);
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++)
+            if (i < N && j < N) out[i * so[2] + j * so[3]] = c[i][j];
+}
+
+void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
+    const float *lg = a->logits;
+    float *out = a->out;
+    const int64_t B = a->B, S = a->S;
+    const int n = a->n, repeat = a->repeat;
+    const float eps = a->eps;
+    const int64_t sl[4] = {a->sl[0], a->sl[1], a->sl[2], a->sl[3]};
+    const int64_t so[4] = {a->so[0], a->so[1], a->so[2], a->so[3]};
+#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
+    device(ex.device) is_device_ptr(lg, out) firstprivate(sl, so) thread_limit(128)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++) {
+            const float *lp = lg + b * sl[0] + s * sl[1];
+            float *op = out + b * so[0] + s * so[1];
+#define SK_FWD(N) sk_fwd_token(N, lp, sl, op, so, repeat, eps)
+            MHC_SWITCH_N(n, SK_FWD)
+#undef SK_FWD
+        }
+}
+
+static int64_t sk_state_floats(const mhc_sk_args *a) {
+    return (int64_t)2 * a->repeat * a->n * a->n;
+}
+
+int64_t mhc_sk_bwd_batch(const mhc_sk_args *a) {
+    int64_t T = a->B * a->S;
+    int64_t per = sk_state_floats(a) * (int64_t)sizeof(float);
+    int64_t tb = SK_WS_BYTES / (per > 0 ? per : 1);
+    if (tb < 1) tb = 1;
+    return tb < T ? tb : (T > 0 ? T : 1);
+}
+
+int64_t mhc_sk_bwd_workspace(const mhc_sk_args *a) {
+    return mhc_sk_bwd_batch(a) * sk_state_floats(a) * (int64_t)sizeof(float);
+}
+
+/* y = z/(sum_axis z + eps) backward: g <- (g - sum_axis(g*z)/(s+eps)) / (s+eps), z read from
+ * state zs (+ add: eps for the first column step, whose input is the softmax + eps). */
+MHC_INLINE void sk_step_bwd(const int N, float g[8][8], const float *zs, int col, float add,
+                            float eps) {
+    float z[8][8];
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++) z[i][j] = (i < N && j < N) ? zs[i * N + j] + add : 0.f;
+    if (col) {
+        for (int j = 0; j < 8; j++) {
+            if (j >= N) continue;
+            float s = 0.f, gz = 0.f;
+            for (int i = 0; i < 8; i++)
+                if (i < N) {
+                    s += z[i][j];
+                    gz += g[i][j] * z[i][j];
+                }
+            const float den = s + eps, q = gz / den;
+            for (int i = 0; i < 8; i++)
+                if (i < N) g[i][j] = (g[i][j] - q) / den;
+        }
+    } else {
+        for (int i = 0; i < 8; i++) {
+            if (i >= N) continue;
+            float s = 0.f, gz = 0.f;
+            for (int j = 0; j < 8; j++)
+                if (j < N) {
+                    s += z[i][j];
+                    gz += g[i][j] * z[i][j];
+                }
+            const float den = s + eps, q = gz / den;
+            for (int j = 0; j < 8; j++)
+                if (j < N) g[i][j] = (g[i][j] - q) / den;
+        }
+    }
+}
+
+MHC_INLINE void sk_bwd_token(const int N, const float *lg, const int64_t *sl, const float *dc,
+                             const int64_t *sd, float *out, const int64_t *so, int repeat,
+                             float eps, float *st, int64_t sstride) {
+    float c[8][8], g[8][8];
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++) {
+            c[i][j] = (i < N && j < N) ? lg[i * sl[2] + j * sl[3]] : 0.f;
+            g[i][j] = (i < N && j < N) ? dc[i * sd[2] + j * sd[3]] : 0.f;
+        }
+    mhc_sk_fwd(N, repeat, eps, c, st, sstride);
+    for (int s = 2 * repeat - 1; s >= 1; s--)
+        sk_step_bwd(N, g, st + (s - 1) * sstride, s & 1, s == 1 ? eps : 0.f, eps);
+    /* softmax: dlogit = (g - sum_j g*p) * p, p = state 0 */
+    for (int i = 0; i < 8; i++) {
+        if (i >= N) continue;
+        float gp = 0.f;
+        for (int j = 0; j < 8; j++)
+            if (j < N) gp += g[i][j] * st[i * N + j];
+        for (int j = 0; j < 8; j++)
+            if (j < N) out[i * so[2] + j * so[3]] = (g[i][j] - gp) * st[i * N + j];
+    }
+}
+
+void mhc_sk_bwd_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws) {
+    const float *lg = a->logits, *dc = a->dcomb;
+    float *out = a->out, *st = (float *)ws;
+    const int64_t S = a->S, T = a->B * a->S;
+    const int n = a->n, repeat = a->repeat;
+    const float eps = a->eps;
+    const int64_t sl[4] = {a->sl[0], a->sl[1], a->sl[2], a->sl[3]};
+    const int64_t sd[4] = {a->sd[0], a->sd[1], a->sd[2], a->sd[3]};
+    const int64_t so[4] = {a->so[0], a->so[1], a->so[2], a->so[3]};
+    const int64_t TB = mhc_sk_bwd_batch(a);
+    for (int64_t t0 = 0; t0 < T; t0 += TB) {
+        const int64_t nt = T - t0 < TB ? T - t0 : TB;
+        const int64_t sstride = nt * n * n; /* one state of the whole batch */
+#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
+    is_device_ptr(lg, dc, out, st) firstprivate(sl, sd, so) thread_limit(128)
+        for (int64_t u = 0; u < nt; u++) {
+            const int64_t t = t0 + u, b = t / S, s = t % S;
+            const float *lp = lg + b * sl[0] + s * sl[1];
+            const float *dp = dc + b * sd[0] + s * sd[1];
+            float *op = out + b * so[0] + s * so[1];
+            float *sp = st + u * n * n;
+#define SK_BWD(N) sk_bwd_token(N, lp, sl, dp, sd, op, so, repeat, eps, sp, sstride)
+            MHC_SWITCH_N(n, SK_BWD)
+#undef SK_BWD
+        }
+    }
+}
