@@ -65,6 +65,15 @@ static inline double tt_cmp(const char *what, tt *r, const double *ref, double l
     return tu_compare(what, &r->b, ref, r->b.numel, tol.atol * loose, tol.rtol * loose);
 }
 
+/* the same with an explicit magnitude (e.g. the incoming gradient's, where the output may be
+ * ~0 because it was squashed, like a saturated softmax) */
+static inline double tt_cmp_scale(const char *what, tt *r, const double *ref, double scale) {
+    tu_buf_download(&r->b);
+    scale = fmax(scale, dmax(ref, r->b.numel));
+    ompk_tol tol = ompk_tol_for(r->b.dtype, scale > 0 ? scale : 1);
+    return tu_compare(what, &r->b, ref, r->b.numel, tol.atol, tol.rtol);
+}
+
 #define EXPECT_CLOSE(what, r, ref, loose)                                                          \
     do {                                                                                           \
         double w_ = tt_cmp(what, r, ref, loose);                                                   \
