@@ -2,11 +2,14 @@
 set(OMPK_OFFLOAD_ACTIVE OFF)
 set(OMPK_LLVM_LIBDIR "")
 
-if(OMPK_OFFLOAD AND CMAKE_C_COMPILER_ID STREQUAL "Clang" AND CMAKE_C_COMPILER_VERSION VERSION_GREATER_EQUAL 19)
+if(CMAKE_C_COMPILER_ID STREQUAL "Clang")
   get_filename_component(_cc_real "${CMAKE_C_COMPILER}" REALPATH)
   get_filename_component(_llvm_bin "${_cc_real}" DIRECTORY)
   get_filename_component(OMPK_LLVM_ROOT "${_llvm_bin}" DIRECTORY)
   set(OMPK_LLVM_LIBDIR "${OMPK_LLVM_ROOT}/lib")
+endif()
+
+if(OMPK_OFFLOAD AND CMAKE_C_COMPILER_ID STREQUAL "Clang" AND CMAKE_C_COMPILER_VERSION VERSION_GREATER_EQUAL 19)
   if(NOT EXISTS "${OMPK_CUDA_PATH}/bin/ptxas")
     message(WARNING "ompk: no ptxas under ${OMPK_CUDA_PATH}: building host-only")
   else()

@@ -16,6 +16,31 @@ static int device_ok(ompk_device d, const char *fn) {
     return 0;
 }
 
+/* LLVM >= 18 keeps the device memory API in libomptarget, which host-only clang builds do not
+ * link (and which crashes when no image registered it); there, no target device exists, so
+ * these paths are unreachable and compiled out. GCC's libgomp always has the API. */
+#if defined(OMPK_OFFLOAD_BUILD) || !defined(__clang__)
+static void *tgt_alloc(size_t n, int dev) {
+    return omp_target_alloc(n, dev);
+}
+static void tgt_free(void *p, int dev) {
+    omp_target_free(p, dev);
+}
+static int tgt_memcpy(void *d, const void *s, size_t n, int dd, int sd) {
+    return omp_target_memcpy(d, s, n, 0, 0, dd, sd);
+}
+#else
+static void *tgt_alloc(size_t n, int dev) {
+    return (void)n, (void)dev, NULL;
+}
+static void tgt_free(void *p, int dev) {
+    (void)p, (void)dev;
+}
+static int tgt_memcpy(void *d, const void *s, size_t n, int dd, int sd) {
+    return (void)d, (void)s, (void)n, (void)dd, (void)sd, -1;
+}
+#endif
+
 static int omp_id(ompk_device d) {
     return d.type == OMPK_HOST ? omp_get_initial_device() : d.id;
 }
@@ -28,7 +53,7 @@ void *ompk_malloc(ompk_device device, size_t bytes) {
     static const char fn[] = "ompk_malloc";
     if (!device_ok(device, fn)) return NULL;
     size_t n = bytes ? bytes : 1;
-    void *p = device.type == OMPK_HOST ? malloc(n) : omp_target_alloc(n, device.id);
+    void *p = device.type == OMPK_HOST ? malloc(n) : tgt_alloc(n, device.id);
     if (!p)
         ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "%zu bytes on %s %d", bytes,
                   device.type == OMPK_HOST ? "host" : "device", device.id);
@@ -40,7 +65,7 @@ void ompk_free(ompk_device device, void *ptr) {
     if (device.type == OMPK_HOST)
         free(ptr);
     else if (device.id >= 0 && device.id < omp_get_num_devices())
-        omp_target_free(ptr, device.id);
+        tgt_free(ptr, device.id);
 }
 
 ompk_status ompk_memcpy(void *dst, ompk_device dst_device, const void *src, ompk_device src_device,
@@ -53,7 +78,7 @@ ompk_status ompk_memcpy(void *dst, ompk_device dst_device, const void *src, ompk
         memmove(dst, src, bytes);
         return OMPK_OK;
     }
-    if (omp_target_memcpy(dst, src, bytes, 0, 0, omp_id(dst_device), omp_id(src_device)) != 0)
+    if (tgt_memcpy(dst, src, bytes, omp_id(dst_device), omp_id(src_device)) != 0)
         return ompk_fail(OMPK_ERR_RUNTIME, fn, "omp_target_memcpy of %zu bytes failed", bytes);
     return OMPK_OK;
 }
