@@ -265,6 +265,157 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
     }
 }
 
+/* Host forward for ATT_LANES rows with a compile-time head dim. The rows sit in vector lanes:
+ * q is transposed once per block (qT[d][row]), so a score column s[key][row] is DH vector FMAs
+ * with the key element broadcast, softmax statistics are lane-wise, and P*V accumulates into
+ * accT[d][row] four d at a time. No transposition inside the key loop. */
+#define ATT_LANES 16
+ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const void *k,
+                                const void *v, void *out, float *lse, int64_t b, int64_t h,
+                                int64_t i0, const int DH, const int bf) {
+    enum { L = ATT_LANES, BK = ATT_BK };
+    const int64_t N = g->N, M = g->M;
+    const int64_t hk = h / (g->Hq / g->Hkv);
+    const int rb = (int)(N - i0 < L ? N - i0 : L);
+    const float qs = g->scale * ATT_LOG2E;
+    float qT[ATT_DMAX][L], accT[ATT_DMAX][L], st[BK][L], kr[BK][ATT_DMAX];
+    float mrow[L], lrow[L], limf[L], alpha[L];
+    int64_t jmax = 0;
+    for (int r = 0; r < L; r++) {
+        int64_t lim = r < rb ? att_key_limit(g->mask, i0 + r, N, M) : 0;
+        limf[r] = (float)lim;
+        jmax = lim > jmax ? lim : jmax;
+        mrow[r] = -INFINITY;
+        lrow[r] = 0.f;
+    }
+    for (int r = 0; r < L; r++) {
+        int64_t qo = att_row(g->qs, b, h, i0 + (r < rb ? r : 0));
+        for (int d = 0; d < DH; d++) qT[d][r] = r < rb ? att_ld(q, qo + d, bf) * qs : 0.f;
+    }
+    for (int d = 0; d < DH; d++)
+        for (int r = 0; r < L; r++) accT[d][r] = 0.f;
+    for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
+        const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
+        if (bf) {
+            for (int jj = 0; jj < jn; jj++) {
+                int64_t ko = att_row(g->ks, b, hk, j0 + jj);
+                for (int d = 0; d < DH; d++) kr[jj][d] = att_ld(k, ko + d, bf);
+            }
+        }
+        /* scores, four keys at a time */
+        for (int jj = 0; jj < jn; jj += 4) {
+            const float *k4[4];
+            for (int u = 0; u < 4; u++) {
+                int j = jj + u < jn ? jj + u : jj;
+                k4[u] = bf ? kr[j] : (const float *)k + att_row(g->ks, b, hk, j0 + j);
+            }
+            float s0[L], s1[L], s2[L], s3[L];
+            for (int r = 0; r < L; r++) s0[r] = s1[r] = s2[r] = s3[r] = 0.f;
+            for (int d = 0; d < DH; d++) {
+                const float a0 = k4[0][d], a1 = k4[1][d], a2 = k4[2][d], a3 = k4[3][d];
+                for (int r = 0; r < L; r++) {
+                    s0[r] += qT[d][r] * a0;
+                    s1[r] += qT[d][r] * a1;
+                    s2[r] += qT[d][r] * a2;
+                    s3[r] += qT[d][r] * a3;
+                }
+            }
+            for (int r = 0; r < L; r++) {
+                st[jj][r] = s0[r];
+                if (jj + 1 < BK) st[jj + 1][r] = s1[r];
+                if (jj + 2 < BK) st[jj + 2][r] = s2[r];
+                if (jj + 3 < BK) st[jj + 3][r] = s3[r];
+            }
+        }
+        /* online softmax, lane-wise */
+        float mx[L];
+        for (int r = 0; r < L; r++) mx[r] = mrow[r];
+        for (int jj = 0; jj < jn; jj++) {
+            const float jf = (float)(j0 + jj);
+            for (int r = 0; r < L; r++) {
+                float x = jf < limf[r] ? st[jj][r] : -INFINITY;
+                st[jj][r] = x;
+                mx[r] = x > mx[r] ? x : mx[r];
+            }
+        }
+        for (int r = 0; r < L; r++) {
+            /* a row with nothing visible yet keeps m = -inf: its p and alpha are forced to 0 */
+            float m = mx[r] == -INFINITY ? 0.f : mx[r];
+            alpha[r] = att_exp2(mrow[r] - m);
+            mx[r] = m;
+        }
+        float sum[L];
+        for (int r = 0; r < L; r++) sum[r] = 0.f;
+        for (int jj = 0; jj < jn; jj++)
+            for (int r = 0; r < L; r++) {
+                float p = att_exp2(st[jj][r] - mx[r]);
+                st[jj][r] = p;
+                sum[r] += p;
+            }
+        for (int r = 0; r < L; r++) {
+            lrow[r] = lrow[r] * alpha[r] + sum[r];
+            mrow[r] = lrow[r] > 0.f ? mx[r] : -INFINITY;
+        }
+        /* P * V, four d at a time */
+        for (int d = 0; d < DH; d += 4) {
+            float c0[L], c1[L], c2[L], c3[L];
+            for (int r = 0; r < L; r++) {
+                c0[r] = accT[d][r] * alpha[r];
+                c1[r] = accT[d + 1][r] * alpha[r];
+                c2[r] = accT[d + 2][r] * alpha[r];
+                c3[r] = accT[d + 3][r] * alpha[r];
+            }
+            for (int jj = 0; jj < jn; jj++) {
+                int64_t vo = att_row(g->vs, b, hk, j0 + jj) + d;
+                const float v0 = att_ld(v, vo, bf), v1 = att_ld(v, vo + 1, bf);
+                const float v2 = att_ld(v, vo + 2, bf), v3 = att_ld(v, vo + 3, bf);
+                for (int r = 0; r < L; r++) {
+                    c0[r] += st[jj][r] * v0;
+                    c1[r] += st[jj][r] * v1;
+                    c2[r] += st[jj][r] * v2;
+                    c3[r] += st[jj][r] * v3;
+                }
+            }
+            for (int r = 0; r < L; r++) {
+                accT[d][r] = c0[r];
+                accT[d + 1][r] = c1[r];
+                accT[d + 2][r] = c2[r];
+                accT[d + 3][r] = c3[r];
+            }
+        }
+    }
+    for (int r = 0; r < rb; r++) {
+        float inv = lrow[r] > 0.f ? 1.f / lrow[r] : 0.f;
+        int64_t ooff = att_row(g->os, b, h, i0 + r);
+        for (int d = 0; d < DH; d++) att_st(out, ooff + d, accT[d][r] * inv, bf);
+        if (lse)
+            lse[att_row(g->ls, b, h, i0 + r)] =
+                lrow[r] > 0.f ? (mrow[r] + log2f(lrow[r])) * ATT_LN2 : -INFINITY;
+    }
+}
+
+#define ATT_SWITCH_DH(dh, CALL)                                                                    \
+    switch (dh) {                                                                                  \
+    case 32:                                                                                       \
+        CALL(32);                                                                                  \
+        break;                                                                                     \
+    case 64:                                                                                       \
+        CALL(64);                                                                                  \
+        break;                                                                                     \
+    case 80:                                                                                       \
+        CALL(80);                                                                                  \
+        break;                                                                                     \
+    case 96:                                                                                       \
+        CALL(96);                                                                                  \
+        break;                                                                                     \
+    case 128:                                                                                      \
+        CALL(128);                                                                                 \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(256);                                                                                 \
+        break;                                                                                     \
+    }
+
 /* Host work items: cloned for AVX-512 and baseline x86-64 (picked at load time), since the
  * library is built for baseline x86-64. The GPU image compiles them too but never calls them. */
 #if defined(__x86_64__) && !defined(__NVPTX__) && !defined(__AMDGCN__)
@@ -276,11 +427,16 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
 ATT_HOST_CLONES static void att_fwd_host(const ompk_attn_geom *g, const void *q, const void *k,
                                          const void *v, void *out, float *lse, int64_t w,
                                          int64_t nblk) {
-    int64_t i0 = (w % nblk) * ATT_RB_HOST, bh = w / nblk;
-    if (g->bf16)
-        att_fwd_block(g, q, k, v, out, lse, bh / g->Hq, bh % g->Hq, i0, ATT_RB_HOST, 1);
-    else
-        att_fwd_block(g, q, k, v, out, lse, bh / g->Hq, bh % g->Hq, i0, ATT_RB_HOST, 0);
+    int64_t i0 = (w % nblk) * ATT_LANES, bh = w / nblk, b = bh / g->Hq, h = bh % g->Hq;
+#define ATT_FWD_H1(D) att_fwd_block_h(g, q, k, v, out, lse, b, h, i0, D, 1)
+#define ATT_FWD_H0(D) att_fwd_block_h(g, q, k, v, out, lse, b, h, i0, D, 0)
+    if (g->bf16) {
+        ATT_SWITCH_DH(g->dh, ATT_FWD_H1)
+    } else {
+        ATT_SWITCH_DH(g->dh, ATT_FWD_H0)
+    }
+#undef ATT_FWD_H1
+#undef ATT_FWD_H0
 }
 
 ATT_HOST_CLONES static void att_dq_host(const ompk_attn_geom *g, const void *dout, const void *q,
@@ -324,7 +480,7 @@ void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
                 att_fwd_block(&g, q, k, v, out, lse, bh / g.Hq, bh % g.Hq, i, 1, 0);
         }
     } else {
-        int64_t nblk = (g.N + ATT_RB_HOST - 1) / ATT_RB_HOST, items = g.B * g.Hq * nblk;
+        int64_t nblk = (g.N + ATT_LANES - 1) / ATT_LANES, items = g.B * g.Hq * nblk;
         int nt = ompk_host_teams();
 #pragma omp target teams distribute parallel for num_teams(nt)                                     \
     dist_schedule(static, 1) if (target : 0) device(ex.device) is_device_ptr(q, k, v, out, lse)    \
