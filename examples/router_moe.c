@@ -106,6 +106,9 @@ int main(void) {
         for (int r = 0; r < K; r++)
             gate_w[t * K + r] = (float)(exp(score[t * K + r] - score[t * K]) / z);
     }
+    printf("token 0 -> experts");
+    for (int r = 0; r < K; r++) printf(" %d (gate %.3f)", idx[r], gate_w[r]);
+    printf("\n");
 
 #ifndef OMPK_HAVE_MOE
     printf("experts: this build has no MoE family (OMPK_HAVE_MOE undefined); stopping after "

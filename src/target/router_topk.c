@@ -19,6 +19,8 @@
  * token's contributions added in slot order, so the result does not depend on the device or on
  * the thread count. */
 #include <omp.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "bf16.h"
 #include "router_topk.h"
@@ -163,6 +165,288 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
     }
 }
 
+/* GPU variant for k <= 32 and N <= 256: one warp per token, everything in registers.
+ * Keys pack (value, index) into one uint64 whose unsigned order is the contract's order (value
+ * descending through an order-preserving map of the float with -0 folded onto +0, then the lower
+ * index through its complement), so a warp arg-max is two redux.sync.max instructions.
+ *  - each lane loads 8 strided values per axis (coalesced), sorts them with a network, and the
+ *    warp extracts the top L of each axis in L rounds; rank r lands in lane r % 32;
+ *  - the candidates (a+1)(b+1) <= k (at most 119) are spread over the lanes, 4 each, their sums
+ *    formed from shuffled list entries, and the k best extracted the same way;
+ *  - the exact-count check of the portable kernel decides whether ties at tau need the full scan;
+ *    such tokens (and any token holding NaN or +inf) are finished by lane 0 with the portable
+ *    per-token routine, so both paths give identical results.
+ * OMPK_ROUTER_VARIANT=portable forces the portable kernel. */
+#if defined(RT_WARP_EMULATE)
+/* tests/test_router_warp.c: the warp code on 32 host threads, collectives through memory */
+#define RT_HAVE_WARP 1
+static unsigned rt_emu_u[32];
+static int rt_emu_i[32];
+static inline unsigned rt_wmax(unsigned v) {
+#pragma omp barrier
+    rt_emu_u[omp_get_thread_num()] = v;
+#pragma omp barrier
+    unsigned m = 0;
+    for (int l = 0; l < 32; l++) m = rt_emu_u[l] > m ? rt_emu_u[l] : m;
+    return m;
+}
+static inline int rt_wadd(int v) {
+#pragma omp barrier
+    rt_emu_i[omp_get_thread_num()] = v;
+#pragma omp barrier
+    int s = 0;
+    for (int l = 0; l < 32; l++) s += rt_emu_i[l];
+    return s;
+}
+static inline unsigned rt_wshfl(unsigned v, int src) {
+#pragma omp barrier
+    rt_emu_u[omp_get_thread_num()] = v;
+#pragma omp barrier
+    return rt_emu_u[src];
+}
+#elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#include <ompx.h>
+#define RT_HAVE_WARP 1
+#define RT_HAVE_BARE 1
+
+/* Host bodies only satisfy the host compilation of the region; the kernel launches on GPUs. */
+static inline unsigned rt_wmax(unsigned v) {
+    return v;
+}
+static inline int rt_wadd(int v) {
+    return v;
+}
+static inline unsigned rt_wshfl(unsigned v, int src) {
+    (void)src;
+    return v;
+}
+#pragma omp begin declare variant match(device = {arch(nvptx64)})
+static inline __attribute__((unused)) unsigned rt_wmax(unsigned v) {
+    return __nvvm_redux_sync_umax(v, (int)0xffffffff);
+}
+static inline __attribute__((unused)) int rt_wadd(int v) {
+    return __nvvm_redux_sync_add(v, (int)0xffffffff);
+}
+static inline __attribute__((unused)) unsigned rt_wshfl(unsigned v, int src) {
+    return (unsigned)__nvvm_shfl_sync_idx_i32(0xffffffffu, (int)v, src, 0x1f);
+}
+#pragma omp end declare variant
+#endif
+
+#ifdef RT_HAVE_WARP
+#define RT_BARE_KMAX 32
+#define RT_BARE_NMAX 256
+#define RT_WARPS 4
+
+static inline unsigned rt_ord(float v) {
+    ompk_f32_bits b;
+    b.f = v == 0.0f ? 0.0f : v;
+    return (b.u & 0x80000000u) ? ~b.u : (b.u | 0x80000000u);
+}
+
+static inline float rt_unord(unsigned o) {
+    ompk_f32_bits b;
+    b.u = (o & 0x80000000u) ? (o & 0x7fffffffu) : ~o;
+    return b.f;
+}
+
+static inline uint64_t rt_key(float v, int32_t idx) {
+    return ((uint64_t)rt_ord(v) << 32) | (uint32_t)~(uint32_t)idx;
+}
+
+/* the warp's best key (every lane gets it) */
+static inline uint64_t rt_warp_best(uint64_t mine) {
+    const unsigned hi = rt_wmax((unsigned)(mine >> 32));
+    const unsigned lo = rt_wmax((unsigned)(mine >> 32) == hi ? (unsigned)mine : 0u);
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* list entry r (held by lane r % 32 in slot r / 32), fetched by every lane for its own r */
+static inline uint64_t rt_fetch(uint64_t s0, uint64_t s1, int r, int two_slots) {
+    const int src = r & 31;
+    unsigned hi = rt_wshfl((unsigned)(s0 >> 32), src), lo = rt_wshfl((unsigned)s0, src);
+    if (two_slots) {
+        const unsigned hi1 = rt_wshfl((unsigned)(s1 >> 32), src);
+        const unsigned lo1 = rt_wshfl((unsigned)s1, src);
+        if (r >= 32) hi = hi1, lo = lo1;
+    }
+    return ((uint64_t)hi << 32) | lo;
+}
+
+#define RT_CE(v, i, j)                                                                             \
+    do {                                                                                           \
+        if (v[i] < v[j]) {                                                                         \
+            const uint64_t t_ = v[i];                                                              \
+            v[i] = v[j];                                                                           \
+            v[j] = t_;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static inline void rt_sort8(uint64_t *v) {
+    RT_CE(v, 0, 1);
+    RT_CE(v, 2, 3);
+    RT_CE(v, 4, 5);
+    RT_CE(v, 6, 7);
+    RT_CE(v, 0, 2);
+    RT_CE(v, 1, 3);
+    RT_CE(v, 4, 6);
+    RT_CE(v, 5, 7);
+    RT_CE(v, 1, 2);
+    RT_CE(v, 5, 6);
+    RT_CE(v, 0, 4);
+    RT_CE(v, 3, 7);
+    RT_CE(v, 1, 5);
+    RT_CE(v, 2, 6);
+    RT_CE(v, 1, 4);
+    RT_CE(v, 3, 6);
+    RT_CE(v, 2, 4);
+    RT_CE(v, 3, 5);
+    RT_CE(v, 3, 4);
+}
+
+static inline void rt_sort4(uint64_t *v) {
+    RT_CE(v, 0, 1);
+    RT_CE(v, 2, 3);
+    RT_CE(v, 0, 2);
+    RT_CE(v, 1, 3);
+    RT_CE(v, 1, 2);
+}
+
+/* Top L of one axis: lane r % 32 receives rank r in slot r / 32. */
+static inline void rt_warp_axis(const void *p, int64_t off, int64_t st, int N, int bf16, int L,
+                                int lane, int *bad, uint64_t *s0, uint64_t *s1) {
+    uint64_t v[8];
+    for (int m = 0; m < 8; m++) {
+        const int i = lane + 32 * m;
+        v[m] = 0; /* below every real key */
+        if (i < N) {
+            const float f = ompk_load_f(p, off + i * st, bf16);
+            if (!(f < __builtin_inff()) && f != -__builtin_inff()) *bad = 1; /* NaN, +inf */
+            v[m] = rt_key(f, i);
+        }
+    }
+    rt_sort8(v);
+    *s0 = *s1 = 0;
+    for (int r = 0; r < L; r++) {
+        const uint64_t w = rt_warp_best(v[0]);
+        if (lane == (r & 31)) {
+            if (r < 32)
+                *s0 = w;
+            else
+                *s1 = w;
+        }
+        if (v[0] == w) {
+            for (int m = 0; m < 7; m++) v[m] = v[m + 1];
+            v[7] = 0;
+        }
+    }
+}
+
+static inline void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
+                                 int64_t ys, int bf16, int N, int k, int L, int lane, float *sc,
+                                 int64_t sc1, int32_t *ix, int64_t ix1) {
+    int bad = 0;
+    uint64_t x0, x1, y0, y1;
+    rt_warp_axis(sx, xo, xs, N, bf16, L, lane, &bad, &x0, &x1);
+    rt_warp_axis(sy, yo, ys, N, bf16, L, lane, &bad, &y0, &y1);
+    const int two = L > 32;
+
+    /* candidates c = lane + 32 s, in row-major order over rows a of length min(L, k/(a+1)) */
+    int ca[4], cb[4];
+    for (int s = 0; s < 4; s++) ca[s] = -1, cb[s] = 0;
+    for (int a = 0, base = 0; a < L; a++) {
+        int len = k / (a + 1);
+        len = len > L ? L : len;
+        if (len == 0) break;
+        for (int s = 0; s < 4; s++) {
+            const int c = lane + 32 * s;
+            if (c >= base && c < base + len) ca[s] = a, cb[s] = c - base;
+        }
+        base += len;
+    }
+    uint64_t cand[4];
+    for (int s = 0; s < 4; s++) {
+        const uint64_t kx = rt_fetch(x0, x1, ca[s] < 0 ? 0 : ca[s], two);
+        const uint64_t ky = rt_fetch(y0, y1, cb[s], two);
+        const float sum = rt_unord((unsigned)(kx >> 32)) + rt_unord((unsigned)(ky >> 32));
+        const int32_t i = (int32_t)~(uint32_t)kx, j = (int32_t)~(uint32_t)ky;
+        cand[s] = ca[s] < 0 ? 0 : rt_key(sum, i * N + j);
+    }
+    rt_sort4(cand);
+    uint64_t mine = 0, w = 0;
+    for (int r = 0; r < k; r++) {
+        w = rt_warp_best(cand[0]);
+        if (lane == r) mine = w;
+        if (cand[0] == w) cand[0] = cand[1], cand[1] = cand[2], cand[2] = cand[3], cand[3] = 0;
+    }
+    const float tau = rt_unord((unsigned)(w >> 32));
+
+    /* exact count of sums >= tau on the L x L rank grid (rows are lanes) */
+    const float xa0 = rt_unord((unsigned)(x0 >> 32)), xa1 = rt_unord((unsigned)(x1 >> 32));
+    int rc0 = 0, rc1 = 0;
+    for (int b = 0; b < L; b++) {
+        const float yb = rt_unord((unsigned)(rt_fetch(y0, y1, b, two) >> 32));
+        rc0 += lane < L && xa0 + yb >= tau;
+        rc1 += lane + 32 < L && xa1 + yb >= tau;
+    }
+    const int last = L - 1;
+    int unsure =
+        N > L && (rc0 == L || rc1 == L || (lane == (last & 31) && (last < 32 ? rc0 : rc1) > 0));
+    unsure = rt_wadd(unsure) > 0 || rt_wadd(bad) > 0;
+    const int total = rt_wadd(rc0 + rc1);
+    if (!unsure && total == k) {
+        if (lane < k) {
+            const int32_t p = (int32_t)~(uint32_t)mine, i = p / N, j = p % N;
+            sc[lane * sc1] =
+                ompk_load_f(sx, xo + i * xs, bf16) + ompk_load_f(sy, yo + j * ys, bf16);
+            ix[lane * ix1] = p;
+        }
+        return;
+    }
+    if (lane == 0) {
+        float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
+        int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
+        rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1);
+        for (int r = 0; r < k; r++) {
+            sc[r * sc1] = lhv[r];
+            ix[r * ix1] = lhi[r];
+        }
+    }
+}
+
+#endif
+
+#ifdef RT_HAVE_BARE
+static int rt_use_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
+    if (!ex.on_target || a->k > RT_BARE_KMAX || a->N > RT_BARE_NMAX) return 0;
+    const char *v = getenv("OMPK_ROUTER_VARIANT");
+    return !(v && strcmp(v, "portable") == 0);
+}
+
+static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
+    const void *sx = a->sx, *sy = a->sy;
+    float *sc = a->scores;
+    int32_t *ix = a->indices;
+    const int64_t T = a->T;
+    const int N = (int)a->N, k = (int)a->k, L = k + 1 < N ? k + 1 : N, bf16 = a->is_bf16;
+    const int64_t sx0 = a->sx0, sx1 = a->sx1, sy0 = a->sy0, sy1 = a->sy1;
+    const int64_t sc0 = a->sc0, sc1 = a->sc1, ix0 = a->ix0, ix1 = a->ix1;
+    const int64_t want = (T + RT_WARPS - 1) / RT_WARPS;
+    const int teams = (int)(want < 65536 ? want : 65536);
+#pragma omp target teams ompx_bare num_teams(teams) thread_limit(32 * RT_WARPS) device(ex.device)  \
+    is_device_ptr(sx, sy, sc, ix)                                                                  \
+    firstprivate(T, N, k, L, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)
+    {
+        const int lane = ompx_thread_id_x() & 31, warp = ompx_thread_id_x() >> 5;
+        const int64_t stride = (int64_t)ompx_grid_dim_x() * RT_WARPS;
+        for (int64_t t = (int64_t)ompx_block_id_x() * RT_WARPS + warp; t < T; t += stride)
+            rt_warp_token(sx, t * sx0, sx1, sy, t * sy0, sy1, bf16, N, k, L, lane, sc + t * sc0,
+                          sc1, ix + t * ix0, ix1);
+    }
+}
+#endif
+
+#ifndef RT_WARP_EMULATE
 ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args *a) {
     const void *sx = a->sx, *sy = a->sy;
     float *sc = a->scores;
@@ -172,6 +456,12 @@ ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args
     const int64_t sx0 = a->sx0, sx1 = a->sx1, sy0 = a->sy0, sy1 = a->sy1;
     const int64_t sc0 = a->sc0, sc1 = a->sc1, ix0 = a->ix0, ix1 = a->ix1;
     const int heap_out = k > RT_LOCAL_K;
+#ifdef RT_HAVE_BARE
+    if (rt_use_bare(ex, a)) {
+        rt_fwd_bare(ex, a);
+        return OMPK_OK;
+    }
+#endif
 
     /* axis lists: 2 floats + 2 ints per rank */
     const int64_t per_tok = L > RT_LOCAL_L ? 4 * L : 0;
@@ -291,3 +581,4 @@ void ompk_router_topk_bwd_kernel(ompk_exec ex, const ompk_router_bwd_args *a) {
             ompk_store_f(dy, t * dy0 + i * dy1, ay, 1);
         }
 }
+#endif
