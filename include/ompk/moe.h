@@ -1,0 +1,142 @@
+/* MoE experts (SwiGLU), host path (KERNELS.md section 3, forward).
+ *
+ * A layer object owns the experts' weights, packed once at load into the tile layout the
+ * kernels read (VNNI tiles for AMX; the AVX-512 and portable paths read the same bytes), split
+ * across NUMA partitions along the intermediate dimension I, plus one scratch arena sized for
+ * max_tokens. Per token t and top-k slot j with expert e = expert_ids[t,j] (-1 = padding):
+ *     g = gate_w[e] x_t,  u = up_w[e] x_t,  a = silu(g)*u,  y_t = sum_j weights[t,j] down_w[e] a
+ *
+ * Operand precision (what the matrix units consume; every sum is fp32, y is rounded once):
+ * - OMPK_MOE_BF16: x and a are rounded to bf16 before their matmul (a after SiLU*up in fp32).
+ * - int formats (W8A8 / W4A8): x and a are quantized per row, symmetric int8 with
+ *   scale = max|row| / 127 and q = rint(v * 127 / max|row|); the integer dot products are exact
+ *   and the scales are applied in fp32. The quantization of a uses the whole row of a (all of
+ *   I), so a NUMA split does not change the result beyond fp32 reassociation.
+ * Weight formats (dequantized w):
+ * - INT8: per output row symmetric, w = q * scale[row], q in -128..127.
+ * - INT4: k-groups of group_size along the input dimension, w = q * scale[row, group], q -8..7.
+ * - INT4_ZP: k-groups with an integer zero point, w = (q - zero[row, group]) * scale[row, group],
+ *   q and zero in 0..15.
+ *
+ * Threads: a forward runs one OpenMP parallel region of `threads` threads; partition p gets a
+ * contiguous share of them, pinned (hwloc) to the cores of its NUMA node unless no_pin is set;
+ * the caller's own thread binding is restored on return. Results do not depend on the thread
+ * count: every output element is produced by one thread in a fixed order, and partition partials
+ * are summed in partition order. */
+#ifndef OMPK_MOE_H
+#define OMPK_MOE_H
+
+#include "ompk/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ompk_moe_format {
+    OMPK_MOE_BF16 = 0,
+    OMPK_MOE_INT8 = 1,   /* per output row symmetric */
+    OMPK_MOE_INT4 = 2,   /* k-group symmetric */
+    OMPK_MOE_INT4_ZP = 3 /* k-group with zero point */
+} ompk_moe_format;
+
+typedef enum ompk_moe_numa {
+    OMPK_MOE_NUMA_AUTO = 0,  /* one partition per NUMA node (hwloc) */
+    OMPK_MOE_NUMA_FORCED = 1 /* numa_split partitions, mapped round-robin onto the nodes */
+} ompk_moe_numa;
+
+typedef enum ompk_moe_isa {
+    OMPK_MOE_ISA_AUTO = 0, /* OMPK_ISA env var if set, else the best available */
+    OMPK_MOE_ISA_AMX = 1,  /* AMX tiles for experts with >= amx_min_rows rows, AVX-512 below */
+    OMPK_MOE_ISA_AVX512BF16 = 2,  /* AVX-512 BF16 + VNNI */
+    OMPK_MOE_ISA_PORTABLE = 3,    /* plain C */
+    OMPK_MOE_ISA_AMX_EMULATED = 4 /* the AMX tile code on a C emulation of the tiles (tests) */
+} ompk_moe_isa;
+
+typedef struct ompk_moe_config {
+    int64_t experts;      /* E >= 1 */
+    int64_t hidden;       /* H >= 1 (even for int4 formats) */
+    int64_t intermediate; /* I >= 1 (even for int4 formats) */
+    int top_k;            /* 1..64 */
+    int64_t max_tokens;   /* >= 1: scratch is sized for it */
+    ompk_moe_format format;
+    int group_size; /* int4 k-group length, multiple of 64; 0 = 128 */
+    ompk_moe_numa numa;
+    int numa_split; /* partitions for OMPK_MOE_NUMA_FORCED, 1..64 */
+    int threads;    /* 0 = omp_get_max_threads() */
+    int no_pin;     /* 1: leave thread affinity alone */
+    ompk_moe_isa isa;
+    int amx_min_rows; /* experts with fewer routed rows use AVX-512; 0 = 4 */
+} ompk_moe_config;
+
+typedef struct ompk_moe ompk_moe;
+
+/* Timings of the last successful forward (ms). stage_* are the copies of x/ids/weights to host
+ * buffers and of y back (0 for host tensors). */
+typedef struct ompk_moe_stats {
+    double stage_in_ms;
+    double compute_ms;
+    double stage_out_ms;
+    int experts_amx;    /* active experts that ran on AMX tiles in that forward */
+    int experts_vector; /* active experts that ran on AVX-512 / portable code */
+} ompk_moe_stats;
+
+typedef struct ompk_moe_info {
+    ompk_moe_isa isa; /* the path this object runs */
+    int partitions;   /* NUMA partitions of I */
+    int numa_nodes;   /* NUMA nodes hwloc reports */
+    int threads;
+    size_t weight_bytes; /* packed weights, all partitions */
+    size_t arena_bytes;  /* scratch arena */
+} ompk_moe_info;
+
+/* Name of an ISA ("amx", "avx512bf16", "portable", "amx-emulated", "auto"). */
+const char *ompk_moe_isa_name(ompk_moe_isa isa);
+/* 1 when this machine (CPUID, and for AMX the kernel's XTILEDATA permission) can run it. */
+int ompk_moe_isa_available(ompk_moe_isa isa);
+
+/* OMPK_ERR_INVALID_ARGUMENT for a bad config; OMPK_ERR_UNSUPPORTED when the ISA asked for (in
+ * the config or by OMPK_ISA=amx|avx512bf16|portable|amx-emulated) cannot run here. */
+ompk_status ompk_moe_create(const ompk_moe_config *config, ompk_moe **out);
+void ompk_moe_destroy(ompk_moe *moe);
+ompk_status ompk_moe_get_info(const ompk_moe *moe, ompk_moe_info *info);
+ompk_status ompk_moe_get_stats(const ompk_moe *moe, ompk_moe_stats *stats);
+
+/* gate [E,I,H], up [E,I,H], down [E,H,I], f32 or bf16, on any device (copied to the host
+ * first), any strides. Quantized at load for the int formats (scales from max|row| or
+ * max|group|; INT4_ZP from the group's min and max). May be called again to replace. */
+ompk_status ompk_moe_load_weights(ompk_moe *moe, const ompk_tensor *gate, const ompk_tensor *up,
+                                  const ompk_tensor *down);
+
+/* Pre-quantized weights, host tensors.
+ * INT8: q i8 [E,N,K]; scale f32 [E,N]; zero NULL.
+ * INT4: q i4 [E,N,K] (signed nibbles); scale f32 [E,N,ceil(K/group_size)]; zero NULL.
+ * INT4_ZP: q i4 [E,N,K] whose nibbles are read as unsigned 0..15; scale as INT4;
+ * zero i8 [E,N,ceil(K/group_size)] with values 0..15.
+ * (N,K) = (I,H) for gate and up, (H,I) for down. */
+typedef struct ompk_moe_quantized {
+    const ompk_tensor *q;
+    const ompk_tensor *scale;
+    const ompk_tensor *zero;
+} ompk_moe_quantized;
+
+ompk_status ompk_moe_load_quantized(ompk_moe *moe, const ompk_moe_quantized *gate,
+                                    const ompk_moe_quantized *up, const ompk_moe_quantized *down);
+
+/* The dequantized weights the kernels use (what a reference must compute with), read back
+ * from the packed layout: which = 0 gate [E,I,H], 1 up [E,I,H], 2 down [E,H,I]; out is a
+ * contiguous host f32 tensor of that shape. */
+ompk_status ompk_moe_get_weights(const ompk_moe *moe, int which, ompk_tensor *out);
+
+/* x [T,H] f32|bf16 (unit inner stride), expert_ids [T,k] i32|i64, weights [T,k] f32,
+ * y [T,H] f32|bf16 (unit inner stride, no overlap with any input). T <= max_tokens, k = top_k.
+ * All on the host, or all on one GPU device (then contiguous; staged through host buffers).
+ * Errors (y untouched): OMPK_ERR_INVALID_ARGUMENT (shapes, dtypes, strides, T > max_tokens,
+ * weights not loaded), OMPK_ERR_DEVICE_MISMATCH, OMPK_ERR_INDEX_OUT_OF_RANGE (an id outside
+ * [-1, E)). Tokens whose slots are all -1 get y = 0. Not thread-safe per object. */
+ompk_status ompk_moe_forward(ompk_moe *moe, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                             const ompk_tensor *weights, ompk_tensor *y);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,106 @@
+/* The AMX tile kernel, written once and compiled twice: moe_kern_amx.c maps the T_* macros to
+ * the AMX intrinsics, moe_kern_amx_emu.c to a C emulation of the tile registers, so CI (no AMX)
+ * runs exactly this code: tile configuration, tile shapes, strides, packed B addressing, the
+ * int4 unpack and the group flushes; only the instructions themselves differ.
+ *
+ * Tiles (palette 1, all 16 rows x 64 bytes): C0 rows 0-15 stream 0, C1 rows 0-15 stream 1,
+ * C2 rows 16-31 stream 0, C3 rows 16-31 stream 1; A4 rows 0-15, A5 rows 16-31 (k-tile t at
+ * byte t*64 of each activation row, stride lda); B6 stream 0, B7 stream 1 (a packed tile,
+ * stride 64). bf16: TDPBF16PS (16x32 by 16x(16x2)); int: TDPBSSD (16x64 by 16x(16x4)).
+ * Required macros: MOE_AMX_FN, MOE_AMX_NAME, MOE_AMX_FLUSH, T_CFG, T_LOAD, T_STORE, T_ZERO,
+ * T_DPBF16, T_DPBSSD, T_UNPACK4. */
+
+/* Add the int32 C tiles of group g, scaled per column, into out (fp32), and clear them. */
+MOE_AMX_FN static void MOE_AMX_FLUSH(const moe_kargs *k, int g, int two, int32_t *cst) {
+    T_STORE(0, cst, 64);
+    T_STORE(1, cst + 256, 64);
+    if (two) {
+        T_STORE(2, cst + 512, 64);
+        T_STORE(3, cst + 768, 64);
+    }
+    T_ZERO(0);
+    T_ZERO(1);
+    T_ZERO(2);
+    T_ZERO(3);
+    for (int s = 0; s < 2; s++) {
+        const float *sc = k->s[s] + (size_t)g * k->sstride;
+        for (int h = 0; h <= two; h++) {
+            const int32_t *c = cst + (h * 2 + s) * 256;
+            float *o = k->out + (s * 32 + h * 16) * 16;
+            for (int i = 0; i < 256; i++) o[i] = fmaf(sc[i & 15], (float)c[i], o[i]);
+        }
+    }
+}
+
+MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
+    uint8_t cfg[64] __attribute__((aligned(64)));
+    for (int i = 0; i < 64; i++) cfg[i] = 0;
+    cfg[0] = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg[16 + 2 * i] = 64;
+        cfg[48 + i] = 16;
+    }
+    T_CFG(cfg);
+    const int two = k->m > 16;
+    const int64_t lda = k->lda, bs = k->bstride;
+    const uint8_t *a0 = k->a, *a1 = k->a + 16 * lda;
+    float *o = k->out;
+    T_ZERO(0);
+    T_ZERO(1);
+    T_ZERO(2);
+    T_ZERO(3);
+    if (k->fmt == OMPK_MOE_BF16) {
+        for (int t = 0; t < k->kt; t++) {
+            T_LOAD(4, a0 + t * 64, lda);
+            T_LOAD(6, k->b[0] + t * bs, 64);
+            T_LOAD(7, k->b[1] + t * bs, 64);
+            T_DPBF16(0, 4, 6);
+            T_DPBF16(1, 4, 7);
+            if (two) {
+                T_LOAD(5, a1 + t * 64, lda);
+                T_DPBF16(2, 5, 6);
+                T_DPBF16(3, 5, 7);
+            }
+        }
+        T_STORE(0, o, 64);
+        T_STORE(1, o + 512, 64);
+        if (two) {
+            T_STORE(2, o + 256, 64);
+            T_STORE(3, o + 768, 64);
+        }
+        return;
+    }
+    uint8_t *u0 = k->scratch, *u1 = k->scratch + 1024;
+    int32_t *cst = (int32_t *)(k->scratch + 2048);
+    for (int i = 0; i < 2 * 32 * 16; i++) o[i] = 0.0f;
+    const int is4 = k->fmt != OMPK_MOE_INT8;
+    int g0 = k->ktg0 / k->ktpg, gcur = 0;
+    for (int t = 0; t < k->kt; t++) {
+        int g = (k->ktg0 + t) / k->ktpg - g0;
+        if (g != gcur) {
+            MOE_AMX_FLUSH(k, gcur, two, cst);
+            gcur = g;
+        }
+        const uint8_t *b0 = k->b[0] + t * bs, *b1 = k->b[1] + t * bs;
+        if (is4) {
+            T_UNPACK4(u0, b0, k->z[0] + (size_t)g * k->zstride);
+            T_UNPACK4(u1, b1, k->z[1] + (size_t)g * k->zstride);
+            b0 = u0;
+            b1 = u1;
+        }
+        T_LOAD(4, a0 + t * 64, lda);
+        T_LOAD(6, b0, 64);
+        T_LOAD(7, b1, 64);
+        T_DPBSSD(0, 4, 6);
+        T_DPBSSD(1, 4, 7);
+        if (two) {
+            T_LOAD(5, a1 + t * 64, lda);
+            T_DPBSSD(2, 5, 6);
+            T_DPBSSD(3, 5, 7);
+        }
+    }
+    MOE_AMX_FLUSH(k, gcur, two, cst);
+    for (int s = 0; s < 2; s++)
+        for (int r = 0; r < k->m; r++)
+            for (int n = 0; n < 16; n++) o[(s * 32 + r) * 16 + n] *= k->ascale[r];
+}

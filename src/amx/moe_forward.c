@@ -1,0 +1,401 @@
+/* The MoE forward driver: routing (token grouping per expert), the scratch arena, and the four
+ * phases of one parallel region (gather/quantize x; gate+up with SiLU*up fused in fp32; down
+ * accumulated into per-partition fp32 partials; the fixed-order sum and single rounding of y).
+ *
+ * Determinism: every value is computed by exactly one thread with a fixed operation order.
+ * Gate/up tasks (expert, block of 4 n-blocks) are claimed dynamically but write disjoint
+ * columns; down work is split by output columns, each thread walking all active experts in
+ * ascending order, so y partial rows are accumulated in the same order for any thread count. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "error.h"
+#include "moe_internal.h"
+#include "ref/moe_ref.h"
+
+#define CANARY 64
+
+static size_t align_up(size_t x, size_t a) {
+    return (x + a - 1) / a * a;
+}
+
+static uint8_t canary_byte(int id, size_t i) {
+    return (uint8_t)(0xA5u ^ (unsigned)(id * 31) ^ (unsigned)i);
+}
+
+ompk_status moe_arena_create(ompk_moe *m) {
+    int64_t Tm = m->cfg.max_tokens, R = Tm * m->k, Rp = R + MOE_ROW_PAD;
+    int isint = m->fmt != OMPK_MOE_BF16;
+    size_t es = isint ? 1 : 2;
+    m->rows_max = R;
+    int64_t rowmax = m->Hk > m->Ipad ? m->Hk : m->Ipad;
+    m->tscr_bytes = align_up(MOE_KSCRATCH + 2 * 32 * 16 * 4 + (size_t)rowmax * 4, 64);
+    m->len[MB_OFFS] = (size_t)(m->E + 1) * 8;
+    m->len[MB_CURSOR] = (size_t)m->E * 8;
+    m->len[MB_ACTIVE] = (size_t)m->E * 4;
+    m->len[MB_ROWTOK] = (size_t)R * 4;
+    m->len[MB_ROWW] = (size_t)R * 4;
+    m->len[MB_IDS] = (size_t)R * 8;
+    m->len[MB_XG] = (size_t)Rp * (size_t)m->Hk * es;
+    m->len[MB_SX] = isint ? (size_t)R * 4 : 0;
+    m->len[MB_A] = (size_t)Rp * (size_t)m->Ipad * es;
+    m->len[MB_AF] = isint ? (size_t)R * (size_t)m->Ipad * 4 : 0;
+    m->len[MB_SA] = isint ? (size_t)R * 4 : 0;
+    m->len[MB_YP] = (size_t)m->P * (size_t)Tm * (size_t)m->Hn * 4;
+    m->len[MB_TSCR] = (size_t)m->threads * m->tscr_bytes;
+    m->len[MB_STX] = (size_t)Tm * (size_t)m->H * 4;
+    m->len[MB_STIDS] = (size_t)R * 8;
+    m->len[MB_STW] = (size_t)R * 4;
+    m->len[MB_STY] = (size_t)Tm * (size_t)m->H * 4;
+    size_t off = 0;
+    for (int i = 0; i < MB_COUNT_; i++) {
+        m->off[i] = off;
+        off = align_up(off + m->len[i], 64) + CANARY;
+    }
+    m->arena_bytes = off;
+    m->arena = aligned_alloc(4096, align_up(off, 4096));
+    if (!m->arena)
+        return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_moe_create", "scratch arena of %zu bytes",
+                         off);
+    for (int i = 0; i < MB_COUNT_; i++) {
+        uint8_t *c = m->arena + align_up(m->off[i] + m->len[i], 64);
+        for (size_t j = 0; j < CANARY; j++) c[j] = canary_byte(i, j);
+    }
+    return OMPK_OK;
+}
+
+int moe_arena_check(const ompk_moe *m) {
+    for (int i = 0; i < MB_COUNT_; i++) {
+        const uint8_t *c = m->arena + align_up(m->off[i] + m->len[i], 64);
+        for (size_t j = 0; j < CANARY; j++)
+            if (c[j] != canary_byte(i, j)) return i + 1;
+    }
+    return 0;
+}
+
+#define BUF(m, id, type) ((type *)((m)->arena + (m)->off[id]))
+
+/* Thread tid of nth belongs to partition p's group [lo, hi); with fewer threads than
+ * partitions a thread serves several partitions alone. */
+static int group_of(int p, int P, int nth, int *lo, int *hi) {
+    *lo = (int)((int64_t)p * nth / P);
+    *hi = (int)((int64_t)(p + 1) * nth / P);
+    if (*hi == *lo) *hi = *lo + 1;
+    return *hi - *lo;
+}
+
+static void pin_thread(const ompk_moe *m, int tid, int nth) {
+    if (m->ncores <= 0) return;
+    int p = 0, lo = 0, hi = 0;
+    for (p = 0; p < m->P; p++) {
+        group_of(p, m->P, nth, &lo, &hi);
+        if (tid >= lo && tid < hi) break;
+    }
+    if (p == m->P) return;
+    int node = m->part[p].node, rank = tid - lo;
+    for (int q = 0; q < p; q++) {
+        int l2, h2;
+        if (m->part[q].node == node) rank += group_of(q, m->P, nth, &l2, &h2);
+    }
+    int nn = 0;
+    for (int c = 0; c < m->ncores; c++) nn += m->core_node[c] == node;
+    if (nn == 0) return;
+    int want = rank % nn;
+    for (int c = 0; c < m->ncores; c++)
+        if (m->core_node[c] == node && want-- == 0) {
+            hwloc_set_cpubind(m->topo, m->core_set[c], HWLOC_CPUBIND_THREAD);
+            return;
+        }
+}
+
+enum { K_PORTABLE, K_AVX512, K_AMX, K_AMX_EMU };
+
+static int pick_kernel(const ompk_moe *m, int64_t rows) {
+    int vec = moe_cpu_has_avx512() ? K_AVX512 : K_PORTABLE;
+    switch (m->isa) {
+    case OMPK_MOE_ISA_AMX:
+        return rows >= m->amx_min_rows ? K_AMX : K_AVX512;
+    case OMPK_MOE_ISA_AMX_EMULATED:
+        return rows >= m->amx_min_rows ? K_AMX_EMU : vec;
+    case OMPK_MOE_ISA_AVX512BF16:
+        return K_AVX512;
+    default:
+        return K_PORTABLE;
+    }
+}
+
+static void run_kernel(int kind, const moe_kargs *k) {
+    switch (kind) {
+    case K_AMX:
+        moe_kern_amx(k);
+        break;
+    case K_AMX_EMU:
+        moe_kern_amx_emu(k);
+        break;
+    case K_AVX512:
+        moe_kern_avx512(k);
+        break;
+    default:
+        moe_kern_portable(k);
+        break;
+    }
+}
+
+static float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dtype xdt,
+                    const int64_t *ids, const float *w, void *yd, int64_t ys, ompk_dtype ydt) {
+    const int64_t E = m->E, H = m->H, Hk = m->Hk, Hn = m->Hn, Ipad = m->Ipad,
+                  Tm = m->cfg.max_tokens;
+    const int k = m->k, P = m->P, isint = m->fmt != OMPK_MOE_BF16;
+    const size_t es = isint ? 1 : 2;
+    int64_t *offs = BUF(m, MB_OFFS, int64_t), *cur = BUF(m, MB_CURSOR, int64_t);
+    int32_t *active = BUF(m, MB_ACTIVE, int32_t), *rowtok = BUF(m, MB_ROWTOK, int32_t);
+    float *roww = BUF(m, MB_ROWW, float);
+    uint8_t *xg = BUF(m, MB_XG, uint8_t), *abuf = BUF(m, MB_A, uint8_t);
+    float *sx = BUF(m, MB_SX, float), *af = BUF(m, MB_AF, float), *sa = BUF(m, MB_SA, float);
+    float *yp = BUF(m, MB_YP, float);
+    uint8_t *tscr = BUF(m, MB_TSCR, uint8_t);
+
+    /* counting sort of (token, slot) pairs by expert: rows of one expert are contiguous and in
+     * token order */
+    for (int64_t e = 0; e <= E; e++) offs[e] = 0;
+    for (int64_t i = 0; i < T * k; i++)
+        if (ids[i] >= 0) offs[ids[i] + 1]++;
+    int nact = 0, n_amx = 0;
+    for (int64_t e = 0; e < E; e++) {
+        if (offs[e + 1] > 0) {
+            active[nact++] = (int32_t)e;
+            int kind = pick_kernel(m, offs[e + 1]);
+            n_amx += kind == K_AMX || kind == K_AMX_EMU;
+        }
+        offs[e + 1] += offs[e];
+        cur[e] = offs[e];
+    }
+    const int64_t R = offs[E];
+    for (int64_t t = 0; t < T; t++)
+        for (int j = 0; j < k; j++) {
+            int64_t e = ids[t * k + j];
+            if (e < 0) continue;
+            int64_t r = cur[e]++;
+            rowtok[r] = (int32_t)t;
+            roww[r] = w[t * k + j];
+        }
+    m->stats.experts_amx = n_amx;
+    m->stats.experts_vector = nact - n_amx;
+
+    int ctr[MOE_MAX_PARTS];
+    for (int p = 0; p < P; p++) ctr[p] = 0;
+    const int64_t ldx = Hk * (int64_t)es, lda = Ipad * (int64_t)es;
+    hwloc_bitmap_t saved = NULL;
+    if (!m->cfg.no_pin && m->ncores > 0) {
+        saved = hwloc_bitmap_alloc();
+        if (saved && hwloc_get_cpubind(m->topo, saved, HWLOC_CPUBIND_THREAD) != 0) {
+            hwloc_bitmap_free(saved);
+            saved = NULL;
+        }
+    }
+    const int pin = saved != NULL;
+
+#pragma omp parallel num_threads(m->threads)
+    {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        if (pin) pin_thread(m, tid, nth);
+        uint8_t *kscr = tscr + (size_t)tid * m->tscr_bytes;
+        float *kout = (float *)(kscr + MOE_KSCRATCH);
+        float *rowf = kout + 2 * 32 * 16;
+        int used_amx = 0;
+
+        /* phase 0: gather (and quantize) activation rows, clear the partials */
+#pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < R + MOE_ROW_PAD; r++) {
+            uint8_t *dst = xg + r * ldx;
+            if (r >= R) {
+                memset(dst, 0, (size_t)ldx);
+                memset(abuf + r * lda, 0, (size_t)lda);
+                continue;
+            }
+            int64_t t = rowtok[r];
+            const uint8_t *src =
+                (const uint8_t *)xd + (size_t)(t * xs) * (xdt == OMPK_BF16 ? 2 : 4);
+            if (!isint) {
+                uint16_t *d16 = (uint16_t *)dst;
+                if (xdt == OMPK_BF16)
+                    memcpy(d16, src, (size_t)H * 2);
+                else
+                    for (int64_t h = 0; h < H; h++)
+                        d16[h] = ompk_f32_to_bf16(((const float *)src)[h]);
+                for (int64_t h = H; h < Hk; h++) d16[h] = 0;
+            } else {
+                for (int64_t h = 0; h < H; h++) rowf[h] = ompk_load_f(src, h, xdt == OMPK_BF16);
+                for (int64_t h = H; h < Hk; h++) rowf[h] = 0.0f;
+                sx[r] = ompk_moe_quant_row(rowf, Hk, (int8_t *)dst);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < P * T; i++)
+            memset(yp + ((i / T) * Tm + i % T) * Hn, 0, (size_t)Hn * 4);
+
+        /* phase 1: gate and up, SiLU*up in fp32 */
+        for (int p = 0; p < P; p++) {
+            int lo, hi;
+            group_of(p, P, nth, &lo, &hi);
+            const moe_part *pp = &m->part[p];
+            if (tid < lo || tid >= hi || pp->ip == 0) continue;
+            const int nch = pp->nbg / 4;
+            for (;;) {
+                int task;
+#pragma omp atomic capture
+                task = ctr[p]++;
+                if (task >= nact * nch) break;
+                const int64_t e = active[task / nch];
+                const int c = task % nch;
+                const int64_t cnt = offs[e + 1] - offs[e];
+                const int kind = pick_kernel(m, cnt);
+                used_amx |= kind == K_AMX;
+                for (int64_t rb = 0; rb < cnt; rb += 32) {
+                    const int64_t row0 = offs[e] + rb;
+                    const int mr = (int)(cnt - rb < 32 ? cnt - rb : 32);
+                    for (int nb = c * 4; nb < c * 4 + 4; nb++) {
+                        moe_kargs ka;
+                        memset(&ka, 0, sizeof ka);
+                        ka.fmt = m->fmt;
+                        ka.m = mr;
+                        ka.kt = m->ktg;
+                        ka.a = xg + row0 * ldx;
+                        ka.lda = ldx;
+                        const uint8_t *b =
+                            pp->gu + (((size_t)e * pp->nbg + nb) * m->ktg) * 2 * m->tb;
+                        ka.b[0] = b;
+                        ka.b[1] = b + m->tb;
+                        ka.bstride = 2 * m->tb;
+                        if (isint) {
+                            ka.ascale = sx + row0;
+                            ka.ktg0 = 0;
+                            ka.ktpg = m->ktpg;
+                            ka.sstride = pp->ip;
+                            ka.zstride = (int64_t)pp->nbg * 64;
+                            for (int s = 0; s < 2; s++) {
+                                size_t so = (size_t)(e * 2 + s) * m->gg * pp->ip + (size_t)nb * 16;
+                                ka.s[s] = pp->gu_scale + so;
+                                ka.ws[s] = pp->gu_ws + so;
+                                if (pp->gu_z)
+                                    ka.z[s] = pp->gu_z +
+                                              ((size_t)(e * 2 + s) * m->gg * pp->nbg + nb) * 64;
+                            }
+                        }
+                        ka.out = kout;
+                        ka.scratch = kscr;
+                        run_kernel(kind, &ka);
+                        const int64_t col = pp->i0 + nb * 16;
+                        for (int r = 0; r < mr; r++) {
+                            const float *g = kout + r * 16, *u = kout + (32 + r) * 16;
+                            if (isint) {
+                                float *d = af + (row0 + r) * Ipad + col;
+                                for (int n = 0; n < 16; n++) d[n] = silu_mul(g[n], u[n]);
+                            } else {
+                                uint16_t *d = (uint16_t *)(abuf + (row0 + r) * lda) + col;
+                                for (int n = 0; n < 16; n++)
+                                    d[n] = ompk_f32_to_bf16(silu_mul(g[n], u[n]));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+#pragma omp barrier
+        if (isint) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < R; r++)
+                sa[r] = ompk_moe_quant_row(af + r * Ipad, Ipad, (int8_t *)(abuf + r * lda));
+        }
+
+        /* phase 2: down projection into the partition's fp32 partial of y */
+        for (int p = 0; p < P; p++) {
+            int lo, hi;
+            int gsz = group_of(p, P, nth, &lo, &hi);
+            const moe_part *pp = &m->part[p];
+            if (tid < lo || tid >= hi || pp->ip == 0) continue;
+            const int npairs = m->nbd / 2, rank = tid - lo;
+            const int pr0 = (int)((int64_t)rank * npairs / gsz),
+                      pr1 = (int)((int64_t)(rank + 1) * npairs / gsz);
+            if (pr0 == pr1) continue;
+            float *ypp = yp + (size_t)p * Tm * Hn;
+            for (int ai = 0; ai < nact; ai++) {
+                const int64_t e = active[ai];
+                const int64_t cnt = offs[e + 1] - offs[e];
+                const int kind = pick_kernel(m, cnt);
+                used_amx |= kind == K_AMX;
+                for (int64_t rb = 0; rb < cnt; rb += 32) {
+                    const int64_t row0 = offs[e] + rb;
+                    const int mr = (int)(cnt - rb < 32 ? cnt - rb : 32);
+                    for (int pr = pr0; pr < pr1; pr++) {
+                        const int nb = 2 * pr;
+                        moe_kargs ka;
+                        memset(&ka, 0, sizeof ka);
+                        ka.fmt = m->fmt;
+                        ka.m = mr;
+                        ka.kt = pp->ktd;
+                        ka.a = abuf + row0 * lda + pp->i0 * (int64_t)es;
+                        ka.lda = lda;
+                        ka.b[0] = pp->dn + ((size_t)e * m->nbd + nb) * pp->ktd * m->tb;
+                        ka.b[1] = ka.b[0] + (size_t)pp->ktd * m->tb;
+                        ka.bstride = m->tb;
+                        if (isint) {
+                            ka.ascale = sa + row0;
+                            ka.ktg0 = (int)(pp->i0 / 64);
+                            ka.ktpg = m->ktpg;
+                            ka.sstride = m->Hn;
+                            ka.zstride = (int64_t)m->nbd * 64;
+                            size_t so = (size_t)e * pp->gd * m->Hn + (size_t)nb * 16;
+                            ka.s[0] = pp->dn_scale + so;
+                            ka.s[1] = ka.s[0] + 16;
+                            ka.ws[0] = pp->dn_ws + so;
+                            ka.ws[1] = ka.ws[0] + 16;
+                            if (pp->dn_z) {
+                                ka.z[0] = pp->dn_z + ((size_t)e * pp->gd * m->nbd + nb) * 64;
+                                ka.z[1] = ka.z[0] + 64;
+                            }
+                        }
+                        ka.out = kout;
+                        ka.scratch = kscr;
+                        run_kernel(kind, &ka);
+                        for (int r = 0; r < mr; r++) {
+                            const float wt = roww[row0 + r];
+                            float *yr = ypp + (size_t)rowtok[row0 + r] * Hn + nb * 16;
+                            for (int n = 0; n < 16; n++) yr[n] += wt * kout[r * 16 + n];
+                            for (int n = 0; n < 16; n++) yr[16 + n] += wt * kout[(32 + r) * 16 + n];
+                        }
+                    }
+                }
+            }
+        }
+        if (used_amx) moe_amx_release();
+#pragma omp barrier
+
+        /* phase 3: y = sum of the partials in partition order, rounded once */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            uint8_t *yrow = (uint8_t *)yd + (size_t)(t * ys) * (ydt == OMPK_BF16 ? 2 : 4);
+            for (int64_t h = 0; h < H; h++) {
+                float s = 0.0f;
+                for (int p = 0; p < P; p++) s += yp[((size_t)p * Tm + t) * Hn + h];
+                ompk_store_f(yrow, h, s, ydt == OMPK_BF16);
+            }
+        }
+    }
+    if (saved) {
+        hwloc_set_cpubind(m->topo, saved, HWLOC_CPUBIND_THREAD);
+        hwloc_bitmap_free(saved);
+    }
+    int bad = moe_arena_check(m);
+    if (bad)
+        return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_forward",
+                         "scratch arena canary after buffer %d overwritten", bad - 1);
+    return OMPK_OK;
+}

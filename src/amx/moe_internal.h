@@ -1,0 +1,163 @@
+/* Internal: the MoE layer object, its packed weight layout and the kernel interface.
+ *
+ * Packed weights (per NUMA partition p, which owns intermediate columns [i0, i0+iw), padded to
+ * ip = roundup(iw, 64) so every partition but the last is exactly 64-aligned):
+ *   gate/up  gu[e][nb][kt][2][tile]  nb over ip/16 output blocks, kt over Hk/kte k-tiles,
+ *            [2] = gate, up (one k-step of the kernel reads both from adjacent bytes)
+ *   down     dn[e][nb][kt][tile]     nb over Hn/16 (H padded to 32), kt over ip/kte
+ * A tile is the B operand of one AMX instruction for 16 output rows of W:
+ *   bf16  (kte = 32): 16 rows kp x 16 n x 2 k, element (n, k) at ((k/2)*16 + n)*2 + k%2
+ *   int8  (kte = 64): 16 rows kq x 16 n x 4 k, element (n, k) at ((k/4)*16 + n)*4 + k%4
+ *   int4  (kte = 64): the int8 tile with byte j of row kq in nibble (j < 32 ? low : high) of
+ *         byte kq*32 + j%32; codes are unsigned 0..15 and w_int8 = code - z[n] (z = 8 for the
+ *         symmetric format), so unpacking is one subtract of a 64-byte zero vector per row.
+ * Padding (k beyond K, n beyond N) holds w = 0 (int4: code = z). Int formats carry per
+ * (matrix, group, n) fp32 scales, int32 sums of w (for the u8*s8 VNNI trick) and the int4 zero
+ * vectors. A group is ktpg k-tiles (group_size/64); int8 has one group per row. */
+#ifndef OMPK_MOE_INTERNAL_H
+#define OMPK_MOE_INTERNAL_H
+
+#include <hwloc.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ompk/moe.h"
+
+#define MOE_MAX_PARTS 64
+#define MOE_ROW_PAD 32          /* readable rows after the last activation row (tile overrun) */
+#define MOE_KSCRATCH 8192       /* per-thread kernel scratch: unpacked int4 tiles + C tile stores */
+#define MOE_ONE_GROUP (1 << 28) /* ktpg of a format with one group per row */
+
+typedef struct moe_part {
+    int node;   /* hwloc NUMA node logical index */
+    int64_t i0; /* first intermediate column */
+    int64_t iw; /* columns owned */
+    int64_t ip; /* padded to 64 */
+    int nbg;    /* ip/16 */
+    int ktd;    /* ip/kte */
+    int gd0;    /* first global k-group of the down slice */
+    int gd;     /* k-groups the down slice touches */
+    uint8_t *mem;
+    size_t mem_bytes;
+    uint8_t *gu, *dn;
+    float *gu_scale; /* [E][2][Gg][ip] */
+    float *dn_scale; /* [E][gd][Hn] */
+    int32_t *gu_ws;  /* same shape as gu_scale */
+    int32_t *dn_ws;  /* same shape as dn_scale */
+    uint8_t *gu_z;   /* [E][2][Gg][nbg][64] */
+    uint8_t *dn_z;   /* [E][gd][NBd][64] */
+} moe_part;
+
+/* One call of a matmul kernel: rows 0..m-1 (m <= 32) of the activations times two 16-column
+ * weight streams, fp32 result out[s][r][n] (s stream, r row, n column), int formats fully
+ * scaled (weight scale per group, then row scale). Rows m..31 of out are unspecified. */
+typedef struct moe_kargs {
+    int fmt;
+    int m;
+    int kt;              /* k-tiles */
+    const uint8_t *a;    /* row r, k-tile t at a + r*lda + t*64 */
+    int64_t lda;         /* bytes; rows up to 32 must be readable */
+    const uint8_t *b[2]; /* stream s, k-tile t at b[s] + t*bstride */
+    int64_t bstride;
+    const float *ascale; /* [m] row scales (int formats) */
+    int ktg0, ktpg;      /* group of k-tile t: (ktg0+t)/ktpg - ktg0/ktpg */
+    const float *s[2];   /* group g: 16 scales at s[st] + g*sstride */
+    int64_t sstride;
+    const int32_t *ws[2]; /* group g: 16 weight sums at ws[st] + g*sstride */
+    const uint8_t *z[2];  /* group g: 64-byte int4 zero vector at z[st] + g*zstride */
+    int64_t zstride;
+    float *out;       /* [2][32][16] */
+    uint8_t *scratch; /* MOE_KSCRATCH bytes, 64-aligned, private to the thread */
+} moe_kargs;
+
+typedef void (*moe_kernel_fn)(const moe_kargs *k);
+
+void moe_kern_portable(const moe_kargs *k);
+void moe_kern_avx512(const moe_kargs *k);
+void moe_kern_amx(const moe_kargs *k);
+void moe_kern_amx_emu(const moe_kargs *k);
+void moe_amx_release(void);
+
+/* CPU features (CPUID + XCR0; AMX also the XTILEDATA permission, requested once). */
+int moe_cpu_has_avx512(void);
+int moe_cpu_has_amx(void);
+
+enum moe_buf_id {
+    MB_OFFS,
+    MB_CURSOR,
+    MB_ACTIVE,
+    MB_ROWTOK,
+    MB_ROWW,
+    MB_IDS,
+    MB_XG,
+    MB_SX,
+    MB_A,
+    MB_AF,
+    MB_SA,
+    MB_YP,
+    MB_TSCR,
+    MB_STX,
+    MB_STIDS,
+    MB_STW,
+    MB_STY,
+    MB_COUNT_
+};
+
+struct ompk_moe {
+    ompk_moe_config cfg; /* normalized */
+    ompk_moe_isa isa;
+    int fmt;
+    int64_t E, H, I;
+    int k;
+    int kte;    /* k elements per tile: 32 bf16, 64 int */
+    int tb;     /* bytes per packed tile */
+    int64_t Hk; /* H padded to kte (gate/up K) */
+    int64_t Hn; /* H padded to 32 (down N) */
+    int64_t Ipad;
+    int ktg;  /* Hk/kte */
+    int nbd;  /* Hn/16 */
+    int gs;   /* group size (int4), 0 otherwise */
+    int ktpg; /* k-tiles per group */
+    int gg;   /* groups along H */
+    int P;
+    moe_part part[MOE_MAX_PARTS];
+    int nnodes;
+    hwloc_topology_t topo;
+    int ncores;
+    hwloc_cpuset_t *core_set; /* [ncores] */
+    int *core_node;           /* [ncores] NUMA node logical index of each core */
+    int threads;
+    int loaded;
+    int amx_min_rows;
+    /* scratch arena: one allocation, explicit offsets, a canary after every buffer */
+    uint8_t *arena;
+    size_t arena_bytes;
+    size_t off[MB_COUNT_];
+    size_t len[MB_COUNT_];
+    int64_t rows_max;
+    size_t tscr_bytes; /* per thread */
+    ompk_moe_stats stats;
+};
+
+/* moe_pack.c */
+ompk_status moe_parts_alloc(ompk_moe *m);
+void moe_parts_free(ompk_moe *m);
+/* Place one weight code: which 0 gate, 1 up, 2 down; (n, k) in W's own [N,K] coordinates
+ * (k may run into the padding, up to Hk or Ipad). code: bf16 bits, int8 value, int4 0..15 or
+ * MOE_CODE_ZERO (the zero point of its group: decodes to 0). Put scales before codes. */
+#define MOE_CODE_ZERO (-1)
+void moe_put(ompk_moe *m, int which, int64_t e, int64_t n, int64_t k, int code);
+/* Scale (and int4 zero point) of (which, e, n, global group g). */
+void moe_put_scale(ompk_moe *m, int which, int64_t e, int64_t n, int g, float scale, int zero);
+float moe_get_deq(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k);
+
+/* moe_forward.c */
+ompk_status moe_arena_create(ompk_moe *m);
+/* Runs the layer on host data: x rows at xd (row stride xs elements, dtype xdt), ids64 [T,k]
+ * (validated), w [T,k] contiguous f32, y rows at yd (row stride ys, dtype ydt). */
+ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dtype xdt,
+                    const int64_t *ids, const float *w, void *yd, int64_t ys, ompk_dtype ydt);
+/* 0 when every canary is intact, else the index of the first damaged buffer + 1. */
+int moe_arena_check(const ompk_moe *m);
+
+#endif

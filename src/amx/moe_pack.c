@@ -1,0 +1,178 @@
+/* Packed weight storage: per-partition allocation (bound to the partition's NUMA node) and
+ * placement / read-back of single weights in the tile layout described in moe_internal.h. */
+#include <string.h>
+
+#include "bf16.h"
+#include "error.h"
+#include "moe_internal.h"
+
+static size_t align64(size_t x) {
+    return (x + 63) & ~(size_t)63;
+}
+
+ompk_status moe_parts_alloc(ompk_moe *m) {
+    int isint = m->fmt != OMPK_MOE_BF16, is4 = m->fmt >= OMPK_MOE_INT4;
+    for (int p = 0; p < m->P; p++) {
+        moe_part *pp = &m->part[p];
+        size_t E = (size_t)m->E;
+        size_t gu = E * (size_t)pp->nbg * (size_t)m->ktg * 2 * (size_t)m->tb;
+        size_t dn = E * (size_t)m->nbd * (size_t)pp->ktd * (size_t)m->tb;
+        size_t gus = isint ? E * 2 * (size_t)m->gg * (size_t)pp->ip : 0;
+        size_t dns = isint ? E * (size_t)pp->gd * (size_t)m->Hn : 0;
+        size_t guz = is4 ? E * 2 * (size_t)m->gg * (size_t)pp->nbg * 64 : 0;
+        size_t dnz = is4 ? E * (size_t)pp->gd * (size_t)m->nbd * 64 : 0;
+        size_t o_gu = 0, o_dn = align64(o_gu + gu), o_gus = align64(o_dn + dn);
+        size_t o_dns = align64(o_gus + gus * 4), o_guw = align64(o_dns + dns * 4);
+        size_t o_dnw = align64(o_guw + gus * 4), o_guz = align64(o_dnw + dns * 4);
+        size_t o_dnz = align64(o_guz + guz), total = align64(o_dnz + dnz) + 64;
+        void *mem = NULL;
+        if (m->nnodes > 1) {
+            hwloc_obj_t node =
+                hwloc_get_obj_by_type(m->topo, HWLOC_OBJ_NUMANODE, (unsigned)pp->node);
+            if (node)
+                mem = hwloc_alloc_membind(m->topo, total, node->nodeset, HWLOC_MEMBIND_BIND,
+                                          HWLOC_MEMBIND_BYNODESET);
+        }
+        if (!mem) mem = hwloc_alloc(m->topo, total);
+        if (!mem) {
+            moe_parts_free(m);
+            return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_moe_create",
+                             "packed weights of partition %d: %zu bytes", p, total);
+        }
+        memset(mem, 0, total);
+        pp->mem = mem;
+        pp->mem_bytes = total;
+        uint8_t *b = mem;
+        pp->gu = b + o_gu;
+        pp->dn = b + o_dn;
+        pp->gu_scale = (float *)(b + o_gus);
+        pp->dn_scale = (float *)(b + o_dns);
+        pp->gu_ws = (int32_t *)(b + o_guw);
+        pp->dn_ws = (int32_t *)(b + o_dnw);
+        pp->gu_z = is4 ? b + o_guz : NULL;
+        pp->dn_z = is4 ? b + o_dnz : NULL;
+        if (!isint) pp->gu_scale = pp->dn_scale = NULL, pp->gu_ws = pp->dn_ws = NULL;
+    }
+    return OMPK_OK;
+}
+
+void moe_parts_free(ompk_moe *m) {
+    for (int p = 0; p < m->P; p++) {
+        if (m->part[p].mem) hwloc_free(m->topo, m->part[p].mem, m->part[p].mem_bytes);
+        m->part[p].mem = NULL;
+    }
+}
+
+static int part_of(const ompk_moe *m, int64_t i) {
+    for (int p = 0; p < m->P; p++)
+        if (i >= m->part[p].i0 && i < m->part[p].i0 + m->part[p].ip) return p;
+    return -1;
+}
+
+/* Byte offset of element (n%16, k%kte) inside its tile; *hi says which int4 nibble. */
+static size_t in_tile(const ompk_moe *m, int64_t nn, int64_t kk, int *hi) {
+    *hi = 0;
+    if (m->fmt == OMPK_MOE_BF16) return (size_t)((((kk >> 1) * 16 + nn) * 2 + (kk & 1)) * 2);
+    int64_t pos = nn * 4 + (kk & 3), row = kk >> 2;
+    if (m->fmt == OMPK_MOE_INT8) return (size_t)(row * 64 + pos);
+    *hi = pos >= 32;
+    return (size_t)(row * 32 + (pos & 31));
+}
+
+typedef struct loc {
+    uint8_t *tile; /* tile base */
+    float *scale;  /* scale slot (int) */
+    int32_t *ws;   /* weight-sum slot (int) */
+    uint8_t *z;    /* zero vector slot, 4 bytes of n (int4) */
+    int64_t nn, kk;
+} loc;
+
+static int locate(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k, loc *l) {
+    int g = m->fmt == OMPK_MOE_BF16 ? 0 : (int)((k / m->kte) / m->ktpg);
+    if (which < 2) {
+        int p = part_of(m, n);
+        if (p < 0 || k >= m->Hk) return 0;
+        const moe_part *pp = &m->part[p];
+        int64_t nl = n - pp->i0, nb = nl / 16, kt = k / m->kte;
+        l->tile = pp->gu + ((((size_t)e * pp->nbg + nb) * m->ktg + kt) * 2 + which) * m->tb;
+        size_t si = ((size_t)(e * 2 + which) * m->gg + g) * pp->ip + nl;
+        l->scale = pp->gu_scale ? pp->gu_scale + si : NULL;
+        l->ws = pp->gu_ws ? pp->gu_ws + si : NULL;
+        l->z = pp->gu_z ? pp->gu_z + ((((size_t)(e * 2 + which) * m->gg + g) * pp->nbg + nb) * 64 +
+                                      (nl % 16) * 4)
+                        : NULL;
+        l->nn = nl % 16;
+        l->kk = k % m->kte;
+        return 1;
+    }
+    int p = part_of(m, k);
+    if (p < 0 || n >= m->Hn) return 0;
+    const moe_part *pp = &m->part[p];
+    int64_t kl = k - pp->i0, nb = n / 16, kt = kl / m->kte;
+    int gl = m->fmt == OMPK_MOE_BF16 ? 0 : (int)(((pp->i0 / 64) + kl / 64) / m->ktpg) - pp->gd0;
+    if (m->fmt == OMPK_MOE_INT8) gl = 0;
+    l->tile = pp->dn + (((size_t)e * m->nbd + nb) * pp->ktd + kt) * m->tb;
+    size_t si = ((size_t)e * pp->gd + gl) * m->Hn + n;
+    l->scale = pp->dn_scale ? pp->dn_scale + si : NULL;
+    l->ws = pp->dn_ws ? pp->dn_ws + si : NULL;
+    l->z = pp->dn_z ? pp->dn_z + ((((size_t)e * pp->gd + gl) * m->nbd + nb) * 64 + (n % 16) * 4)
+                    : NULL;
+    l->nn = n % 16;
+    l->kk = kl % m->kte;
+    return 1;
+}
+
+void moe_put(ompk_moe *m, int which, int64_t e, int64_t n, int64_t k, int code) {
+    loc l;
+    if (!locate(m, which, e, n, k, &l)) return;
+    int hi;
+    size_t o = in_tile(m, l.nn, l.kk, &hi);
+    if (m->fmt == OMPK_MOE_BF16) {
+        memcpy(l.tile + o, &(uint16_t){(uint16_t)code}, 2);
+    } else if (m->fmt == OMPK_MOE_INT8) {
+        l.tile[o] = (uint8_t)(int8_t)code;
+        *l.ws += code;
+    } else {
+        uint8_t c = code == MOE_CODE_ZERO ? l.z[0] : (uint8_t)(code & 15);
+        l.tile[o] =
+            hi ? (uint8_t)((l.tile[o] & 0x0f) | (c << 4)) : (uint8_t)((l.tile[o] & 0xf0) | c);
+        *l.ws += (int)c - (int)l.z[0];
+    }
+}
+
+void moe_put_scale(ompk_moe *m, int which, int64_t e, int64_t n, int g, float scale, int zero) {
+    int64_t kg = m->fmt == OMPK_MOE_INT8 ? 0 : (int64_t)g * m->gs;
+    if (which < 2) {
+        loc l;
+        if (!locate(m, which, e, n, kg, &l)) return;
+        *l.scale = scale;
+        if (l.z) memset(l.z, zero, 4);
+        return;
+    }
+    for (int p = 0; p < m->P; p++) {
+        const moe_part *pp = &m->part[p];
+        if (pp->ip == 0) continue;
+        int gl = m->fmt == OMPK_MOE_INT8 ? 0 : g - pp->gd0;
+        if (gl < 0 || gl >= pp->gd) continue;
+        size_t si = ((size_t)e * pp->gd + gl) * m->Hn + n;
+        pp->dn_scale[si] = scale;
+        if (pp->dn_z)
+            memset(pp->dn_z + (((size_t)e * pp->gd + gl) * m->nbd + n / 16) * 64 + (n % 16) * 4,
+                   zero, 4);
+    }
+}
+
+float moe_get_deq(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k) {
+    loc l;
+    if (!locate(m, which, e, n, k, &l)) return 0.0f;
+    int hi;
+    size_t o = in_tile(m, l.nn, l.kk, &hi);
+    if (m->fmt == OMPK_MOE_BF16) {
+        uint16_t v;
+        memcpy(&v, l.tile + o, 2);
+        return ompk_bf16_to_f32(v);
+    }
+    if (m->fmt == OMPK_MOE_INT8) return (float)(int8_t)l.tile[o] * *l.scale;
+    int c = hi ? l.tile[o] >> 4 : l.tile[o] & 15;
+    return (float)(c - (int)l.z[0]) * *l.scale;
+}

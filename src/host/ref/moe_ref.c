@@ -1,0 +1,65 @@
+/* MoE experts reference: one token and one slot at a time, double sums. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "moe_ref.h"
+
+static void present(const double *v, int64_t n, ompk_moe_ref_act act, double *out, float *tmpf,
+                    int8_t *tmpq) {
+    if (act == OMPK_MOE_REF_ACT_EXACT) {
+        memcpy(out, v, (size_t)n * sizeof *out);
+    } else if (act == OMPK_MOE_REF_ACT_BF16) {
+        for (int64_t i = 0; i < n; i++) out[i] = ompk_round_bf16((float)v[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++) tmpf[i] = (float)v[i];
+        float s = ompk_moe_quant_row(tmpf, n, tmpq);
+        for (int64_t i = 0; i < n; i++) out[i] = (double)tmpq[i] * (double)s;
+    }
+}
+
+void ompk_moe_ref_forward(int64_t T, int64_t E, int64_t H, int64_t I, int k, const float *x,
+                          const int64_t *ids, const float *w, const float *gate, const float *up,
+                          const float *down, ompk_moe_ref_act act, double *y) {
+    (void)E;
+    int64_t nmax = H > I ? H : I;
+    double *xv = malloc((size_t)nmax * sizeof *xv);
+    double *xp = malloc((size_t)nmax * sizeof *xp);
+    double *av = malloc((size_t)I * sizeof *av);
+    double *ap = malloc((size_t)I * sizeof *ap);
+    float *tf = malloc((size_t)nmax * sizeof *tf);
+    int8_t *tq = malloc((size_t)nmax);
+    for (int64_t t = 0; t < T; t++) {
+        double *yt = y + t * H;
+        for (int64_t h = 0; h < H; h++) yt[h] = 0.0;
+        for (int64_t h = 0; h < H; h++) xv[h] = x[t * H + h];
+        present(xv, H, act, xp, tf, tq);
+        for (int j = 0; j < k; j++) {
+            int64_t e = ids[t * k + j];
+            if (e < 0) continue;
+            for (int64_t i = 0; i < I; i++) {
+                const float *gr = gate + (e * I + i) * H, *ur = up + (e * I + i) * H;
+                double g = 0.0, u = 0.0;
+                for (int64_t h = 0; h < H; h++) {
+                    g += (double)gr[h] * xp[h];
+                    u += (double)ur[h] * xp[h];
+                }
+                av[i] = g / (1.0 + exp(-g)) * u;
+            }
+            present(av, I, act, ap, tf, tq);
+            double wt = w[t * k + j];
+            for (int64_t h = 0; h < H; h++) {
+                const float *dr = down + (e * H + h) * I;
+                double s = 0.0;
+                for (int64_t i = 0; i < I; i++) s += (double)dr[i] * ap[i];
+                yt[h] += wt * s;
+            }
+        }
+    }
+    free(xv);
+    free(xp);
+    free(av);
+    free(ap);
+    free(tf);
+    free(tq);
+}
