@@ -240,17 +240,19 @@ static int64_t mat_kpad(const ompk_moe *m, int which) {
     return which < 2 ? m->Hk : m->Ipad;
 }
 
-/* Quantize one row v[K] and place it (with its scales) for matrix `which`. */
-static void pack_row(ompk_moe *m, int which, int64_t e, int64_t n, const float *v, int8_t *q) {
+/* Quantize one row v[K] into codes crow[Kp] (padding included) and set its scales. */
+static void code_row(ompk_moe *m, int which, int64_t e, int64_t n, const float *v, int8_t *q,
+                     uint16_t *crow) {
     const int64_t K = mat_k(m, which), Kp = mat_kpad(m, which);
+    for (int64_t kk = K; kk < Kp; kk++) crow[kk] = 0;
     if (m->fmt == OMPK_MOE_BF16) {
-        for (int64_t kk = 0; kk < K; kk++) moe_put(m, which, e, n, kk, ompk_f32_to_bf16(v[kk]));
+        for (int64_t kk = 0; kk < K; kk++) crow[kk] = ompk_f32_to_bf16(v[kk]);
         return;
     }
     if (m->fmt == OMPK_MOE_INT8) {
         float s = ompk_moe_quant_row(v, K, q);
         moe_put_scale(m, which, e, n, 0, s, 0);
-        for (int64_t kk = 0; kk < K; kk++) moe_put(m, which, e, n, kk, q[kk]);
+        for (int64_t kk = 0; kk < K; kk++) crow[kk] = (uint16_t)(uint8_t)q[kk];
         return;
     }
     const int64_t gs = m->gs;
@@ -278,10 +280,12 @@ static void pack_row(ompk_moe *m, int which, int64_t e, int64_t n, const float *
                 float r = rintf(v[kk] / s) + (float)z;
                 c = (int)fminf(fmaxf(r, m->fmt == OMPK_MOE_INT4 ? 1.0f : 0.0f), 15.0f);
             }
-            moe_put(m, which, e, n, kk, c);
+            crow[kk] = (uint16_t)c;
         }
+        /* padding (inside the last group, as Kp <= roundup(K, gs)) decodes to 0: its zero point */
+        if (g1 == K)
+            for (int64_t kk = K; kk < Kp; kk++) crow[kk] = (uint16_t)z;
     }
-    for (int64_t kk = K; kk < Kp; kk++) moe_put(m, which, e, n, kk, MOE_CODE_ZERO);
 }
 
 static ompk_status weights_from_float(ompk_moe *m, const ompk_tensor *mats[3]) {
@@ -291,24 +295,29 @@ static ompk_status weights_from_float(ompk_moe *m, const ompk_tensor *mats[3]) {
         const ompk_tensor *t = mats[which];
         const int64_t N = mat_n(m, which), K = mat_k(m, which);
         const int isbf = t->dtype == OMPK_BF16;
+        const int64_t Kp = mat_kpad(m, which);
 #pragma omp parallel num_threads(m->threads) reduction(| : fail)
         {
             float *row = malloc((size_t)K * sizeof *row);
             int8_t *q = malloc((size_t)K);
-            if (!row || !q) fail = 1;
+            uint16_t *codes = malloc((size_t)(N * Kp) * sizeof *codes);
+            if (!row || !q || !codes) fail = 1;
             /* by expert: an int4 byte holds nibbles of two rows, so rows of one expert stay
              * with one thread */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t e = 0; e < m->E; e++)
+            for (int64_t e = 0; e < m->E; e++) {
+                if (!row || !q || !codes) continue;
                 for (int64_t n = 0; n < N; n++) {
-                    if (!row || !q) continue;
                     int64_t base = e * t->strides[0] + n * t->strides[1];
                     for (int64_t kk = 0; kk < K; kk++)
                         row[kk] = ompk_load_f(t->data, base + kk * t->strides[2], isbf);
-                    pack_row(m, which, e, n, row, q);
+                    code_row(m, which, e, n, row, q, codes + n * Kp);
                 }
+                moe_pack_expert(m, which, e, codes, Kp);
+            }
             free(row);
             free(q);
+            free(codes);
         }
     }
     if (fail) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_moe_load_weights", "row buffers");
@@ -418,31 +427,48 @@ ompk_status ompk_moe_load_quantized(ompk_moe *m, const ompk_moe_quantized *gate,
         }
     }
     clear_weights(m);
+    int fail = 0;
     for (int i = 0; i < 3; i++) {
         const int64_t N = mat_n(m, i), K = mat_k(m, i), Kp = mat_kpad(m, i);
         const ompk_moe_quantized *qw = w[i];
-#pragma omp parallel for num_threads(m->threads) schedule(dynamic, 1)
-        for (int64_t e = 0; e < m->E; e++)
-            for (int64_t n = 0; n < N; n++) {
-                if (!is4) {
-                    moe_put_scale(m, i, e, n, 0, read_f(qw->scale, e, n, 0), 0);
-                    for (int64_t kk = 0; kk < K; kk++)
-                        moe_put(m, i, e, n, kk, read_code(qw->q, e, n, kk, 0));
-                    continue;
+        const ompk_tensor *zt = qw->zero;
+#pragma omp parallel num_threads(m->threads) reduction(| : fail)
+        {
+            uint16_t *codes = calloc((size_t)(N * Kp), sizeof *codes);
+            if (!codes) fail = 1;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t e = 0; e < m->E; e++) {
+                if (!codes) continue;
+                for (int64_t n = 0; n < N; n++) {
+                    uint16_t *crow = codes + n * Kp;
+                    if (!is4) {
+                        moe_put_scale(m, i, e, n, 0, read_f(qw->scale, e, n, 0), 0);
+                        for (int64_t kk = 0; kk < K; kk++)
+                            crow[kk] = (uint16_t)(uint8_t)read_code(qw->q, e, n, kk, 0);
+                        continue;
+                    }
+                    int z = 8;
+                    for (int64_t g = 0; g * m->gs < K; g++) {
+                        if (zp)
+                            z = ((const int8_t *)zt->data)[e * zt->strides[0] + n * zt->strides[1] +
+                                                           g * zt->strides[2]];
+                        moe_put_scale(m, i, e, n, (int)g, read_f(qw->scale, e, n, g), z);
+                    }
+                    for (int64_t kk = 0; kk < K; kk++) {
+                        int v = read_code(qw->q, e, n, kk, zp);
+                        crow[kk] = (uint16_t)(zp ? v : v + 8);
+                    }
+                    /* padding (in the last group) decodes to 0: that group's zero point */
+                    for (int64_t kk = K; kk < Kp; kk++) crow[kk] = (uint16_t)z;
                 }
-                for (int64_t g = 0; g * m->gs < K; g++) {
-                    int z = zp ? ((const int8_t *)qw->zero
-                                      ->data)[e * qw->zero->strides[0] + n * qw->zero->strides[1] +
-                                              g * qw->zero->strides[2]]
-                               : 8;
-                    moe_put_scale(m, i, e, n, (int)g, read_f(qw->scale, e, n, g), z);
-                }
-                for (int64_t kk = 0; kk < K; kk++) {
-                    int v = read_code(qw->q, e, n, kk, zp);
-                    moe_put(m, i, e, n, kk, zp ? v : v + 8);
-                }
-                for (int64_t kk = K; kk < Kp; kk++) moe_put(m, i, e, n, kk, MOE_CODE_ZERO);
+                moe_pack_expert(m, i, e, codes, Kp);
             }
+            free(codes);
+        }
+    }
+    if (fail) {
+        clear_weights(m);
+        return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "code buffers");
     }
     m->loaded = 1;
     return OMPK_OK;

@@ -142,11 +142,10 @@ struct ompk_moe {
 /* moe_pack.c */
 ompk_status moe_parts_alloc(ompk_moe *m);
 void moe_parts_free(ompk_moe *m);
-/* Place one weight code: which 0 gate, 1 up, 2 down; (n, k) in W's own [N,K] coordinates
- * (k may run into the padding, up to Hk or Ipad). code: bf16 bits, int8 value, int4 0..15 or
- * MOE_CODE_ZERO (the zero point of its group: decodes to 0). Put scales before codes. */
-#define MOE_CODE_ZERO (-1)
-void moe_put(ompk_moe *m, int which, int64_t e, int64_t n, int64_t k, int code);
+/* Pack expert e of matrix `which` (0 gate, 1 up, 2 down) from codes [N][ldc] covering k up to
+ * Hk (gate/up) or Ipad (down): bf16 bits, int8 values (as int16 bits) or int4 codes 0..15, with
+ * padding columns holding 0 (int4: the group's zero point). Set scales and zero points first. */
+void moe_pack_expert(ompk_moe *m, int which, int64_t e, const uint16_t *codes, int64_t ldc);
 /* Scale (and int4 zero point) of (which, e, n, global group g). */
 void moe_put_scale(ompk_moe *m, int which, int64_t e, int64_t n, int g, float scale, int zero);
 float moe_get_deq(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k);

@@ -122,21 +122,71 @@ static int locate(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k,
     return 1;
 }
 
-void moe_put(ompk_moe *m, int which, int64_t e, int64_t n, int64_t k, int code) {
-    loc l;
-    if (!locate(m, which, e, n, k, &l)) return;
+/* Bytes of one packed element: its tile (n-block, k-tile) and in-tile offset, from codes. */
+static void put_code(const ompk_moe *m, uint8_t *tile, int64_t nn, int64_t kk, int code) {
     int hi;
-    size_t o = in_tile(m, l.nn, l.kk, &hi);
+    size_t o = in_tile(m, nn, kk, &hi);
     if (m->fmt == OMPK_MOE_BF16) {
-        memcpy(l.tile + o, &(uint16_t){(uint16_t)code}, 2);
+        memcpy(tile + o, &(uint16_t){(uint16_t)code}, 2);
     } else if (m->fmt == OMPK_MOE_INT8) {
-        l.tile[o] = (uint8_t)(int8_t)code;
-        *l.ws += code;
+        tile[o] = (uint8_t)(int8_t)code;
     } else {
-        uint8_t c = code == MOE_CODE_ZERO ? l.z[0] : (uint8_t)(code & 15);
-        l.tile[o] =
-            hi ? (uint8_t)((l.tile[o] & 0x0f) | (c << 4)) : (uint8_t)((l.tile[o] & 0xf0) | c);
-        *l.ws += (int)c - (int)l.z[0];
+        uint8_t c = (uint8_t)(code & 15);
+        tile[o] = hi ? (uint8_t)((tile[o] & 0x0f) | (c << 4)) : (uint8_t)((tile[o] & 0xf0) | c);
+    }
+}
+
+static int code_value(const ompk_moe *m, uint16_t c) {
+    return m->fmt == OMPK_MOE_INT8 ? (int)(int8_t)(uint8_t)c : (int)c;
+}
+
+void moe_pack_expert(ompk_moe *m, int which, int64_t e, const uint16_t *codes, int64_t ldc) {
+    const int isint = m->fmt != OMPK_MOE_BF16, is4 = m->fmt >= OMPK_MOE_INT4;
+    const int64_t N = which < 2 ? m->I : m->H;
+    for (int p = 0; p < m->P; p++) {
+        const moe_part *pp = &m->part[p];
+        if (pp->ip == 0) continue;
+        const int nbs = which < 2 ? pp->nbg : m->nbd, kts = which < 2 ? m->ktg : pp->ktd;
+        const int64_t n0 = which < 2 ? pp->i0 : 0, k0 = which < 2 ? 0 : pp->i0;
+        for (int nb = 0; nb < nbs; nb++)
+            for (int kt = 0; kt < kts; kt++) {
+                uint8_t *tile =
+                    which < 2
+                        ? pp->gu + ((((size_t)e * pp->nbg + nb) * m->ktg + kt) * 2 + which) * m->tb
+                        : pp->dn + (((size_t)e * m->nbd + nb) * pp->ktd + kt) * m->tb;
+                /* group of this k-tile, local to the partition's scale / zero / sum arrays */
+                int g = 0;
+                if (isint && which < 2) g = kt / m->ktpg;
+                if (isint && which == 2) g = (int)((pp->i0 / 64 + kt) / m->ktpg) - pp->gd0;
+                for (int nn = 0; nn < 16; nn++) {
+                    int64_t n = n0 + nb * 16 + nn;
+                    if (n >= N || (which < 2 && n >= pp->i0 + pp->ip)) continue;
+                    const uint16_t *row = codes + n * ldc + k0 + (int64_t)kt * m->kte;
+                    int32_t sum = 0;
+                    int z = 0;
+                    int32_t *ws = NULL;
+                    if (isint) {
+                        size_t si = which < 2 ? ((size_t)(e * 2 + which) * m->gg + g) * pp->ip +
+                                                    (size_t)(n - pp->i0)
+                                              : ((size_t)e * pp->gd + g) * m->Hn + (size_t)n;
+                        ws = (which < 2 ? pp->gu_ws : pp->dn_ws) + si;
+                        if (is4)
+                            z = which < 2
+                                    ? pp->gu_z[(((size_t)(e * 2 + which) * m->gg + g) * pp->nbg +
+                                                nb) *
+                                                   64 +
+                                               nn * 4]
+                                    : pp->dn_z[(((size_t)e * pp->gd + g) * m->nbd + nb) * 64 +
+                                               nn * 4];
+                    }
+                    for (int kk = 0; kk < m->kte; kk++) {
+                        int c = code_value(m, row[kk]);
+                        put_code(m, tile, nn, kk, c);
+                        sum += c - z;
+                    }
+                    if (ws) *ws += sum;
+                }
+            }
     }
 }
 
