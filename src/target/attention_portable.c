@@ -17,7 +17,6 @@
 
 #define ATT_DMAX 256
 #define ATT_BK 32
-#define ATT_RB_HOST 8
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 
@@ -265,11 +264,103 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
     }
 }
 
+/* Host blocks: ATT_LANES rows (or keys) sit in vector lanes with a compile-time head dim. The
+ * lane-side operand is transposed once per block (xT[d][lane]); the other side is staged per
+ * tile as fp32 rows. Every product is then one of two shapes, both plain loops over the lanes
+ * that the compiler turns into vector FMAs with a broadcast operand:
+ *   att_tile_dot:   out[t][lane] = sum_d xT[d][lane] * rows[t][d]       (4 rows at a time)
+ *   att_tile_accum: accT[d][lane] += sum_t w[t][lane] * rows[t][d]       (4 d at a time)
+ * There is no transposition inside the key loop and softmax statistics are lane-wise. */
+#define ATT_LANES 16
+
+ATT_INLINE void att_tile_dot(float (*restrict out)[ATT_LANES],
+                             const float (*restrict xT)[ATT_LANES], const float *restrict rows,
+                             const int64_t rs, const int n, const int DH) {
+    enum { L = ATT_LANES };
+    for (int t = 0; t < n; t += 4) {
+        const float *r0 = rows + t * rs, *r1 = rows + (t + 1 < n ? t + 1 : t) * rs;
+        const float *r2 = rows + (t + 2 < n ? t + 2 : t) * rs;
+        const float *r3 = rows + (t + 3 < n ? t + 3 : t) * rs;
+        float s0[L], s1[L], s2[L], s3[L];
+        for (int l = 0; l < L; l++) s0[l] = s1[l] = s2[l] = s3[l] = 0.f;
+        for (int d = 0; d < DH; d++) {
+            const float a0 = r0[d], a1 = r1[d], a2 = r2[d], a3 = r3[d];
+            for (int l = 0; l < L; l++) {
+                s0[l] += xT[d][l] * a0;
+                s1[l] += xT[d][l] * a1;
+                s2[l] += xT[d][l] * a2;
+                s3[l] += xT[d][l] * a3;
+            }
+        }
+        for (int l = 0; l < L; l++) {
+            out[t][l] = s0[l];
+            out[t + 1][l] = s1[l];
+            out[t + 2][l] = s2[l];
+            out[t + 3][l] = s3[l];
+        }
+    }
+}
+
+ATT_INLINE void att_tile_accum(float (*restrict accT)[ATT_LANES],
+                               const float (*restrict w)[ATT_LANES], const float *restrict rows,
+                               const int64_t rs, const int n, const int DH) {
+    enum { L = ATT_LANES };
+    for (int d = 0; d < DH; d += 4) {
+        float c0[L], c1[L], c2[L], c3[L];
+        for (int l = 0; l < L; l++) {
+            c0[l] = accT[d][l];
+            c1[l] = accT[d + 1][l];
+            c2[l] = accT[d + 2][l];
+            c3[l] = accT[d + 3][l];
+        }
+        for (int t = 0; t < n; t++) {
+            const float *rt = rows + t * rs + d;
+            const float v0 = rt[0], v1 = rt[1], v2 = rt[2], v3 = rt[3];
+            for (int l = 0; l < L; l++) {
+                c0[l] += w[t][l] * v0;
+                c1[l] += w[t][l] * v1;
+                c2[l] += w[t][l] * v2;
+                c3[l] += w[t][l] * v3;
+            }
+        }
+        for (int l = 0; l < L; l++) {
+            accT[d][l] = c0[l];
+            accT[d + 1][l] = c1[l];
+            accT[d + 2][l] = c2[l];
+            accT[d + 3][l] = c3[l];
+        }
+    }
+}
+
+/* n rows of a [.., L, dh] tensor from row r0 (row stride rs, offset base) as fp32 rows:
+ * f32 rows are used in place (*ors = rs), bf16 rows widened into dst (*ors = ATT_DMAX). */
+ATT_INLINE const float *att_stage_rows(float (*restrict dst)[ATT_DMAX], const void *src,
+                                       int64_t base, int64_t rs, int64_t r0, const int n,
+                                       const int DH, const int bf, int64_t *ors) {
+    if (!bf) {
+        *ors = rs;
+        return (const float *)src + base + r0 * rs;
+    }
+    for (int t = 0; t < n; t++)
+        for (int d = 0; d < DH; d++) dst[t][d] = att_ld(src, base + (r0 + t) * rs + d, bf);
+    *ors = ATT_DMAX;
+    return dst[0];
+}
+
+/* xT[d][lane] = row (r0 + lane) * mul, zero lanes past n. */
+ATT_INLINE void att_stage_T(float (*restrict xT)[ATT_LANES], const void *src, int64_t base,
+                            int64_t rs, int64_t r0, const int n, const int DH, float mul,
+                            const int bf) {
+    for (int l = 0; l < ATT_LANES; l++) {
+        int64_t o = base + (r0 + (l < n ? l : 0)) * rs;
+        for (int d = 0; d < DH; d++) xT[d][l] = l < n ? att_ld(src, o + d, bf) * mul : 0.f;
+    }
+}
+
 /* Host forward for ATT_LANES rows with a compile-time head dim. The rows sit in vector lanes:
  * q is transposed once per block (qT[d][row]), so a score column s[key][row] is DH vector FMAs
  * with the key element broadcast, softmax statistics are lane-wise, and P*V accumulates into
  * accT[d][row] four d at a time. No transposition inside the key loop. */
-#define ATT_LANES 16
 ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const void *k,
                                 const void *v, void *out, float *lse, int64_t b, int64_t h,
                                 int64_t i0, const int DH, const int bf) {
@@ -394,6 +485,108 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
     }
 }
 
+/* dq for ATT_LANES query rows of head (b, h). */
+ATT_INLINE void att_dq_block_h(const ompk_attn_geom *g, const void *dout, const void *q,
+                               const void *k, const void *v, const float *lse, const float *dsum,
+                               void *dq, int64_t b, int64_t h, int64_t i0, const int DH,
+                               const int bf) {
+    enum { L = ATT_LANES, BK = ATT_BK };
+    const int64_t N = g->N, M = g->M;
+    const int64_t hk = h / (g->Hq / g->Hkv);
+    const int rb = (int)(N - i0 < L ? N - i0 : L);
+    float qT[ATT_DMAX][L], doT[ATT_DMAX][L], dqT[ATT_DMAX][L], st[BK][L], pt[BK][L];
+    float kr[BK][ATT_DMAX], vr[BK][ATT_DMAX], l2[L], Di[L], limf[L];
+    int64_t jmax = 0;
+    for (int r = 0; r < L; r++) {
+        int64_t i = i0 + (r < rb ? r : 0);
+        float l = r < rb ? lse[att_row(g->ls, b, h, i)] : -INFINITY;
+        int64_t lim = l == -INFINITY ? 0 : att_key_limit(g->mask, i, N, M);
+        limf[r] = (float)lim;
+        jmax = lim > jmax ? lim : jmax;
+        l2[r] = l == -INFINITY ? 0.f : l * ATT_LOG2E;
+        Di[r] = r < rb ? dsum[(b * g->Hq + h) * N + i] : 0.f;
+    }
+    att_stage_T(qT, q, att_row(g->qs, b, h, 0), g->qs[2], i0, rb, DH, g->scale * ATT_LOG2E, bf);
+    att_stage_T(doT, dout, att_row(g->dos, b, h, 0), g->dos[2], i0, rb, DH, 1.f, bf);
+    for (int d = 0; d < DH; d++)
+        for (int r = 0; r < L; r++) dqT[d][r] = 0.f;
+    const int64_t kb = att_row(g->ks, b, hk, 0), vb = att_row(g->vs, b, hk, 0);
+    for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
+        const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
+        int64_t krs, vrs;
+        const float *kp = att_stage_rows(kr, k, kb, g->ks[2], j0, jn, DH, bf, &krs);
+        const float *vp = att_stage_rows(vr, v, vb, g->vs[2], j0, jn, DH, bf, &vrs);
+        att_tile_dot(st, qT, kp, krs, jn, DH);
+        att_tile_dot(pt, doT, vp, vrs, jn, DH);
+        for (int jj = 0; jj < jn; jj++) {
+            const float jf = (float)(j0 + jj);
+            for (int r = 0; r < L; r++) {
+                float p = jf < limf[r] ? att_exp2(st[jj][r] - l2[r]) : 0.f;
+                st[jj][r] = p * (pt[jj][r] - Di[r]);
+            }
+        }
+        att_tile_accum(dqT, st, kp, krs, jn, DH);
+    }
+    for (int r = 0; r < rb; r++) {
+        int64_t off = att_row(g->dqs, b, h, i0 + r);
+        for (int d = 0; d < DH; d++) att_st(dq, off + d, dqT[d][r] * g->scale, bf);
+    }
+}
+
+/* dk, dv for ATT_LANES keys of kv head (b, hk): the group's query heads in increasing order,
+ * their rows in increasing order, each lane summing its own key (deterministic). */
+ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, const void *q,
+                                 const void *k, const void *v, const float *lse, const float *dsum,
+                                 void *dk, void *dv, int64_t b, int64_t hk, int64_t j0,
+                                 const int DH, const int bf) {
+    enum { L = ATT_LANES, BQ = ATT_BK };
+    const int64_t N = g->N, M = g->M, G = g->Hq / g->Hkv;
+    const int cb = (int)(M - j0 < L ? M - j0 : L);
+    float kT[ATT_DMAX][L], vT[ATT_DMAX][L], dkT[ATT_DMAX][L], dvT[ATT_DMAX][L];
+    float st[BQ][L], pt[BQ][L], qr[BQ][ATT_DMAX], dr[BQ][ATT_DMAX];
+    float l2[BQ], Di[BQ], limf[BQ], jf[L];
+    att_stage_T(kT, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, cb, DH, g->scale * ATT_LOG2E, bf);
+    att_stage_T(vT, v, att_row(g->vs, b, hk, 0), g->vs[2], j0, cb, DH, 1.f, bf);
+    for (int d = 0; d < DH; d++)
+        for (int c = 0; c < L; c++) dkT[d][c] = dvT[d][c] = 0.f;
+    /* lanes past the last key get an index no row sees */
+    for (int c = 0; c < L; c++) jf[c] = c < cb ? (float)(j0 + c) : (float)M + 1.f;
+    const int64_t ifirst = att_first_row(g->mask, j0, N, M);
+    for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
+        const int64_t qb = att_row(g->qs, b, h, 0), ob = att_row(g->dos, b, h, 0);
+        for (int64_t ii0 = ifirst; ii0 < N; ii0 += BQ) {
+            const int in = (int)(N - ii0 < BQ ? N - ii0 : BQ);
+            for (int t = 0; t < in; t++) {
+                int64_t i = ii0 + t;
+                float l = lse[att_row(g->ls, b, h, i)];
+                limf[t] = l == -INFINITY ? 0.f : (float)att_key_limit(g->mask, i, N, M);
+                l2[t] = l == -INFINITY ? 0.f : l * ATT_LOG2E;
+                Di[t] = dsum[(b * g->Hq + h) * N + i];
+            }
+            int64_t qrs, drs;
+            const float *qp = att_stage_rows(qr, q, qb, g->qs[2], ii0, in, DH, bf, &qrs);
+            const float *dp = att_stage_rows(dr, dout, ob, g->dos[2], ii0, in, DH, bf, &drs);
+            att_tile_dot(st, kT, qp, qrs, in, DH);
+            att_tile_dot(pt, vT, dp, drs, in, DH);
+            for (int t = 0; t < in; t++)
+                for (int c = 0; c < L; c++) {
+                    float p = jf[c] < limf[t] ? att_exp2(st[t][c] - l2[t]) : 0.f;
+                    st[t][c] = p;
+                    pt[t][c] = p * (pt[t][c] - Di[t]);
+                }
+            att_tile_accum(dvT, st, dp, drs, in, DH);
+            att_tile_accum(dkT, pt, qp, qrs, in, DH);
+        }
+    }
+    for (int c = 0; c < cb; c++) {
+        int64_t ko = att_row(g->dks, b, hk, j0 + c), vo = att_row(g->dvs, b, hk, j0 + c);
+        for (int d = 0; d < DH; d++) {
+            att_st(dk, ko + d, dkT[d][c] * g->scale, bf);
+            att_st(dv, vo + d, dvT[d][c], bf);
+        }
+    }
+}
+
 #define ATT_SWITCH_DH(dh, CALL)                                                                    \
     switch (dh) {                                                                                  \
     case 32:                                                                                       \
@@ -442,24 +635,32 @@ ATT_HOST_CLONES static void att_fwd_host(const ompk_attn_geom *g, const void *q,
 ATT_HOST_CLONES static void att_dq_host(const ompk_attn_geom *g, const void *dout, const void *q,
                                         const void *k, const void *v, const float *lse,
                                         const float *dsum, void *dq, int64_t w, int64_t nblk) {
-    int64_t i0 = (w % nblk) * ATT_RB_HOST, bh = w / nblk;
-    if (g->bf16)
-        att_dq_block(g, dout, q, k, v, lse, dsum, dq, bh / g->Hq, bh % g->Hq, i0, ATT_RB_HOST, 1);
-    else
-        att_dq_block(g, dout, q, k, v, lse, dsum, dq, bh / g->Hq, bh % g->Hq, i0, ATT_RB_HOST, 0);
+    int64_t i0 = (w % nblk) * ATT_LANES, bh = w / nblk, b = bh / g->Hq, h = bh % g->Hq;
+#define ATT_DQ_H1(D) att_dq_block_h(g, dout, q, k, v, lse, dsum, dq, b, h, i0, D, 1)
+#define ATT_DQ_H0(D) att_dq_block_h(g, dout, q, k, v, lse, dsum, dq, b, h, i0, D, 0)
+    if (g->bf16) {
+        ATT_SWITCH_DH(g->dh, ATT_DQ_H1)
+    } else {
+        ATT_SWITCH_DH(g->dh, ATT_DQ_H0)
+    }
+#undef ATT_DQ_H1
+#undef ATT_DQ_H0
 }
 
 ATT_HOST_CLONES static void att_dkdv_host(const ompk_attn_geom *g, const void *dout, const void *q,
                                           const void *k, const void *v, const float *lse,
                                           const float *dsum, void *dk, void *dv, int64_t w,
                                           int64_t nblk) {
-    int64_t j0 = (w % nblk) * ATT_RB_HOST, bh = w / nblk;
-    if (g->bf16)
-        att_dkdv_block(g, dout, q, k, v, lse, dsum, dk, dv, bh / g->Hkv, bh % g->Hkv, j0,
-                       ATT_RB_HOST, 1);
-    else
-        att_dkdv_block(g, dout, q, k, v, lse, dsum, dk, dv, bh / g->Hkv, bh % g->Hkv, j0,
-                       ATT_RB_HOST, 0);
+    int64_t j0 = (w % nblk) * ATT_LANES, bh = w / nblk, b = bh / g->Hkv, hk = bh % g->Hkv;
+#define ATT_DKDV_H1(D) att_dkdv_block_h(g, dout, q, k, v, lse, dsum, dk, dv, b, hk, j0, D, 1)
+#define ATT_DKDV_H0(D) att_dkdv_block_h(g, dout, q, k, v, lse, dsum, dk, dv, b, hk, j0, D, 0)
+    if (g->bf16) {
+        ATT_SWITCH_DH(g->dh, ATT_DKDV_H1)
+    } else {
+        ATT_SWITCH_DH(g->dh, ATT_DKDV_H0)
+    }
+#undef ATT_DKDV_H1
+#undef ATT_DKDV_H0
 }
 
 #pragma omp end declare target
@@ -497,8 +698,11 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
     const int on = ex.on_target;
     const int nt = on ? 0 : ompk_host_teams();
     int64_t rows = g.B * g.Hq * g.N;
-#pragma omp target teams distribute parallel for if (target : on) device(ex.device)                \
-    is_device_ptr(dout, out, dsum) firstprivate(g)
+    /* the host fallback runs one team unless told: one per host thread */
+    const int nt_rows = on ? (int)((rows + 255) / 256 < 65536 ? (rows + 255) / 256 : 65536) : nt;
+#pragma omp target teams distribute parallel for num_teams(nt_rows)                                \
+    thread_limit(256) if (target : on) device(ex.device) is_device_ptr(dout, out, dsum)            \
+    firstprivate(g)
     for (int64_t w = 0; w < rows; w++) {
         int64_t i = w % g.N, bh = w / g.N, b = bh / g.Hq, h = bh % g.Hq;
         int64_t oo = att_row(g.os, b, h, i), od = att_row(g.dos, b, h, i);
@@ -530,7 +734,7 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
                 att_dq_block(&g, dout, q, k, v, lse, dsum, dq, bh / g.Hq, bh % g.Hq, i, 1, 0);
         }
     } else {
-        const int RB = ATT_RB_HOST;
+        const int RB = ATT_LANES;
         int64_t kblk = (g.M + RB - 1) / RB, kitems = g.B * g.Hkv * kblk;
 #pragma omp target teams distribute parallel for num_teams(nt)                                     \
     dist_schedule(static, 1) if (target : 0) device(ex.device)                                     \
