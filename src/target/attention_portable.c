@@ -698,19 +698,27 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
     const int on = ex.on_target;
     const int nt = on ? 0 : ompk_host_teams();
     int64_t rows = g.B * g.Hq * g.N;
-    /* the host fallback runs one team unless told: one per host thread */
-    const int nt_rows = on ? (int)((rows + 255) / 256 < 65536 ? (rows + 255) / 256 : 65536) : nt;
-#pragma omp target teams distribute parallel for num_teams(nt_rows)                                \
-    thread_limit(256) if (target : on) device(ex.device) is_device_ptr(dout, out, dsum)            \
-    firstprivate(g)
-    for (int64_t w = 0; w < rows; w++) {
-        int64_t i = w % g.N, bh = w / g.N, b = bh / g.Hq, h = bh % g.Hq;
-        int64_t oo = att_row(g.os, b, h, i), od = att_row(g.dos, b, h, i);
-        float acc = 0.f;
-        for (int64_t d = 0; d < g.dh; d++)
-            acc += att_ld(dout, od + d, bf) * att_ld(out, oo + d, bf);
-        dsum[w] = acc;
+    /* D_i = rowsum(dout_i * out_i). On the host, one team per thread and no inner parallel
+     * (the host fallback otherwise runs a single team). */
+#define ATT_DSUM_BODY                                                                              \
+    {                                                                                              \
+        int64_t i = w % g.N, bh = w / g.N, b = bh / g.Hq, h = bh % g.Hq;                           \
+        int64_t oo = att_row(g.os, b, h, i), od = att_row(g.dos, b, h, i);                         \
+        float acc = 0.f;                                                                           \
+        for (int64_t d = 0; d < g.dh; d++)                                                         \
+            acc += att_ld(dout, od + d, bf) * att_ld(out, oo + d, bf);                             \
+        dsum[w] = acc;                                                                             \
     }
+    if (on) {
+#pragma omp target teams distribute parallel for thread_limit(256) device(ex.device)               \
+    is_device_ptr(dout, out, dsum) firstprivate(g)
+        for (int64_t w = 0; w < rows; w++) ATT_DSUM_BODY
+    } else {
+#pragma omp target teams distribute num_teams(nt) if (target : 0) device(ex.device)                \
+    is_device_ptr(dout, out, dsum) firstprivate(g)
+        for (int64_t w = 0; w < rows; w++) ATT_DSUM_BODY
+    }
+#undef ATT_DSUM_BODY
     if (on) {
         int64_t kitems = g.B * g.Hkv * g.M;
 #pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
