@@ -39,6 +39,8 @@ ompk_status moe_arena_create(ompk_moe *m) {
     m->len[MB_ROWTOK] = (size_t)R * 4;
     m->len[MB_ROWW] = (size_t)R * 4;
     m->len[MB_IDS] = (size_t)R * 8;
+    m->len[MB_XQT] = isint ? (size_t)Tm * (size_t)m->Hk : 0;
+    m->len[MB_SXT] = isint ? (size_t)Tm * 4 : 0;
     m->len[MB_XG] = (size_t)Rp * (size_t)m->Hk * es;
     m->len[MB_SX] = isint ? (size_t)R * 4 : 0;
     m->len[MB_A] = (size_t)Rp * (size_t)m->Ipad * es;
@@ -144,8 +146,22 @@ static void run_kernel(int kind, const moe_kargs *k) {
     }
 }
 
-static float silu_mul(float g, float u) {
-    return g / (1.0f + expf(-g)) * u;
+/* Portable epilogues (the AVX-512 ones in moe_kern_avx512.c do the same per element). */
+static void silu_rows(const float *out, int mr, void *dst, int64_t ld, int to_bf16) {
+    for (int r = 0; r < mr; r++)
+        for (int n = 0; n < 16; n++) {
+            float g = out[r * 16 + n], u = out[(32 + r) * 16 + n];
+            float a = g / (1.0f + expf(-g)) * u;
+            if (to_bf16)
+                ((uint16_t *)dst)[r * ld + n] = ompk_f32_to_bf16(a);
+            else
+                ((float *)dst)[r * ld + n] = a;
+        }
+}
+
+static void axpy_row(float *restrict y, const float *restrict out, int r, float w) {
+    for (int n = 0; n < 16; n++) y[n] += w * out[r * 16 + n];
+    for (int n = 0; n < 16; n++) y[16 + n] += w * out[(32 + r) * 16 + n];
 }
 
 ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dtype xdt,
@@ -160,7 +176,9 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
     uint8_t *xg = BUF(m, MB_XG, uint8_t), *abuf = BUF(m, MB_A, uint8_t);
     float *sx = BUF(m, MB_SX, float), *af = BUF(m, MB_AF, float), *sa = BUF(m, MB_SA, float);
     float *yp = BUF(m, MB_YP, float);
-    uint8_t *tscr = BUF(m, MB_TSCR, uint8_t);
+    uint8_t *tscr = BUF(m, MB_TSCR, uint8_t), *xqt = BUF(m, MB_XQT, uint8_t);
+    float *sxt = BUF(m, MB_SXT, float);
+    const int vec_epi = m->isa != OMPK_MOE_ISA_PORTABLE && moe_cpu_has_avx512();
 
     /* counting sort of (token, slot) pairs by expert: rows of one expert are contiguous and in
      * token order */
@@ -211,7 +229,17 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
         float *rowf = kout + 2 * 32 * 16;
         int used_amx = 0;
 
-        /* phase 0: gather (and quantize) activation rows, clear the partials */
+        /* phase 0: int formats quantize each token once; then rows are gathered per expert */
+        if (isint) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++) {
+                const uint8_t *src =
+                    (const uint8_t *)xd + (size_t)(t * xs) * (xdt == OMPK_BF16 ? 2 : 4);
+                for (int64_t h = 0; h < H; h++) rowf[h] = ompk_load_f(src, h, xdt == OMPK_BF16);
+                for (int64_t h = H; h < Hk; h++) rowf[h] = 0.0f;
+                sxt[t] = ompk_moe_quant_row(rowf, Hk, (int8_t *)(xqt + t * Hk));
+            }
+        }
 #pragma omp for schedule(static) nowait
         for (int64_t r = 0; r < R + MOE_ROW_PAD; r++) {
             uint8_t *dst = xg + r * ldx;
@@ -221,21 +249,19 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 continue;
             }
             int64_t t = rowtok[r];
+            if (isint) {
+                memcpy(dst, xqt + t * Hk, (size_t)Hk);
+                sx[r] = sxt[t];
+                continue;
+            }
             const uint8_t *src =
                 (const uint8_t *)xd + (size_t)(t * xs) * (xdt == OMPK_BF16 ? 2 : 4);
-            if (!isint) {
-                uint16_t *d16 = (uint16_t *)dst;
-                if (xdt == OMPK_BF16)
-                    memcpy(d16, src, (size_t)H * 2);
-                else
-                    for (int64_t h = 0; h < H; h++)
-                        d16[h] = ompk_f32_to_bf16(((const float *)src)[h]);
-                for (int64_t h = H; h < Hk; h++) d16[h] = 0;
-            } else {
-                for (int64_t h = 0; h < H; h++) rowf[h] = ompk_load_f(src, h, xdt == OMPK_BF16);
-                for (int64_t h = H; h < Hk; h++) rowf[h] = 0.0f;
-                sx[r] = ompk_moe_quant_row(rowf, Hk, (int8_t *)dst);
-            }
+            uint16_t *d16 = (uint16_t *)dst;
+            if (xdt == OMPK_BF16)
+                memcpy(d16, src, (size_t)H * 2);
+            else
+                for (int64_t h = 0; h < H; h++) d16[h] = ompk_f32_to_bf16(((const float *)src)[h]);
+            for (int64_t h = H; h < Hk; h++) d16[h] = 0;
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < P * T; i++)
@@ -293,17 +319,12 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.scratch = kscr;
                         run_kernel(kind, &ka);
                         const int64_t col = pp->i0 + nb * 16;
-                        for (int r = 0; r < mr; r++) {
-                            const float *g = kout + r * 16, *u = kout + (32 + r) * 16;
-                            if (isint) {
-                                float *d = af + (row0 + r) * Ipad + col;
-                                for (int n = 0; n < 16; n++) d[n] = silu_mul(g[n], u[n]);
-                            } else {
-                                uint16_t *d = (uint16_t *)(abuf + (row0 + r) * lda) + col;
-                                for (int n = 0; n < 16; n++)
-                                    d[n] = ompk_f32_to_bf16(silu_mul(g[n], u[n]));
-                            }
-                        }
+                        void *dst = isint ? (void *)(af + row0 * Ipad + col)
+                                          : (void *)((uint16_t *)(abuf + row0 * lda) + col);
+                        if (vec_epi)
+                            moe_epi_silu_avx512(kout, mr, dst, Ipad, !isint);
+                        else
+                            silu_rows(kout, mr, dst, Ipad, !isint);
                     }
                 }
             }
@@ -366,10 +387,11 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.scratch = kscr;
                         run_kernel(kind, &ka);
                         for (int r = 0; r < mr; r++) {
-                            const float wt = roww[row0 + r];
                             float *yr = ypp + (size_t)rowtok[row0 + r] * Hn + nb * 16;
-                            for (int n = 0; n < 16; n++) yr[n] += wt * kout[r * 16 + n];
-                            for (int n = 0; n < 16; n++) yr[16 + n] += wt * kout[(32 + r) * 16 + n];
+                            if (vec_epi)
+                                moe_epi_axpy_avx512(yr, kout, r, roww[row0 + r]);
+                            else
+                                axpy_row(yr, kout, r, roww[row0 + r]);
                         }
                     }
                 }

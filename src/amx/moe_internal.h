@@ -78,6 +78,11 @@ void moe_kern_amx(const moe_kargs *k);
 void moe_kern_amx_emu(const moe_kargs *k);
 void moe_amx_release(void);
 
+/* AVX-512 epilogues: a = silu(g)*u for rows 0..mr-1 of a kernel's out (16 columns) into dst
+ * (row stride ld elements, bf16 or f32); y[0..31] += w * out row r (both streams). */
+void moe_epi_silu_avx512(const float *out, int mr, void *dst, int64_t ld, int to_bf16);
+void moe_epi_axpy_avx512(float *y, const float *out, int r, float w);
+
 /* CPU features (CPUID + XCR0; AMX also the XTILEDATA permission, requested once). */
 int moe_cpu_has_avx512(void);
 int moe_cpu_has_amx(void);
@@ -89,6 +94,8 @@ enum moe_buf_id {
     MB_ROWTOK,
     MB_ROWW,
     MB_IDS,
+    MB_XQT, /* int formats: x quantized once per token */
+    MB_SXT,
     MB_XG,
     MB_SX,
     MB_A,

@@ -133,3 +133,54 @@ void moe_kern_avx512(const moe_kargs *k) {
     moe_kern_portable(k);
 }
 #endif
+
+/* ---- epilogues (AVX-512): SiLU*up and the weighted scatter into y partials ------------ */
+#if defined(__x86_64__)
+/* exp(x) for the SiLU: Cody-Waite reduction by ln2 and a degree-6 polynomial (about 1 ulp),
+ * 2^n applied with scalef so overflow gives inf and underflow 0 */
+AVX_INLINE __m512 exp512(__m512 x) {
+    const __m512 l2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 c1 = _mm512_set1_ps(0.693359375f), c2 = _mm512_set1_ps(-2.12194440e-4f);
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(100.0f)), _mm512_set1_ps(-100.0f));
+    __m512 n =
+        _mm512_roundscale_ps(_mm512_mul_ps(x, l2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, c1, x);
+    r = _mm512_fnmadd_ps(n, c2, r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+AVX_FN void moe_epi_silu_avx512(const float *out, int mr, void *dst, int64_t ld, int to_bf16) {
+    for (int r = 0; r < mr; r++) {
+        __m512 g = _mm512_loadu_ps(out + r * 16), u = _mm512_loadu_ps(out + (32 + r) * 16);
+        __m512 den =
+            _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+        __m512 a = _mm512_mul_ps(_mm512_div_ps(g, den), u);
+        if (to_bf16)
+            _mm256_storeu_si256((__m256i *)((uint16_t *)dst + r * ld),
+                                (__m256i)_mm512_cvtneps_pbh(a));
+        else
+            _mm512_storeu_ps((float *)dst + r * ld, a);
+    }
+}
+
+AVX_FN void moe_epi_axpy_avx512(float *y, const float *out, int r, float w) {
+    __m512 wv = _mm512_set1_ps(w);
+    _mm512_storeu_ps(y, _mm512_fmadd_ps(wv, _mm512_loadu_ps(out + r * 16), _mm512_loadu_ps(y)));
+    _mm512_storeu_ps(
+        y + 16, _mm512_fmadd_ps(wv, _mm512_loadu_ps(out + (32 + r) * 16), _mm512_loadu_ps(y + 16)));
+}
+#else
+void moe_epi_silu_avx512(const float *out, int mr, void *dst, int64_t ld, int to_bf16) {
+    (void)out, (void)mr, (void)dst, (void)ld, (void)to_bf16;
+}
+void moe_epi_axpy_avx512(float *y, const float *out, int r, float w) {
+    (void)y, (void)out, (void)r, (void)w;
+}
+#endif
