@@ -88,6 +88,10 @@ int main(void) {
     if (st != OMPK_OK) return fail("ompk_router_topk_fwd", st);
     ompk_memcpy(score, host, dsc, dev, bo);
     ompk_memcpy(idx, host, dix, dev, sizeof(int32_t) * T * K);
+    ompk_free(dev, dsx);
+    ompk_free(dev, dsy);
+    ompk_free(dev, dsc);
+    ompk_free(dev, dix);
     route_reference(sx, sy, ref_score, ref_idx);
     int bad = 0;
     for (int e = 0; e < T * K; e++) bad += idx[e] != ref_idx[e] || score[e] != ref_score[e];
@@ -209,10 +213,6 @@ int main(void) {
            "%.3g\n",
            ompk_moe_isa_name(info.isa), info.threads, worst);
     ompk_moe_destroy(moe);
-    ompk_free(dev, dsx);
-    ompk_free(dev, dsy);
-    ompk_free(dev, dsc);
-    ompk_free(dev, dix);
     /* same bf16 operands and fp32 sums: what is left is summation order, plus an occasional a
      * that lands on the other side of a bf16 rounding boundary (one ulp, 2^-8 relative) */
     if (!(worst < 1e-2)) {

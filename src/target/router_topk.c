@@ -173,9 +173,11 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
  *    warp extracts the top L of each axis in L rounds; rank r lands in lane r % 32;
  *  - the candidates (a+1)(b+1) <= k (at most 119) are spread over the lanes, 4 each, their sums
  *    formed from shuffled list entries, and the k best extracted the same way;
- *  - the exact-count check of the portable kernel decides whether ties at tau need the full scan;
- *    such tokens (and any token holding NaN or +inf) are finished by lane 0 with the portable
- *    per-token routine, so both paths give identical results.
+ *  - the exact-count check of the portable kernel decides whether ties at tau need the scan
+ *    for the lowest tied indices; the warp does that scan itself, 32 columns per step (a
+ *    single-thread scan there, latency-bound on global loads, cost ~1 ms per kernel when even a
+ *    handful of the 16384 tokens tied); a token holding NaN or +inf is finished by lane 0 with the
+ *    portable per-token routine.
  * OMPK_ROUTER_VARIANT=portable forces the portable kernel. */
 #if defined(RT_WARP_EMULATE)
 /* tests/test_router_warp.c: the warp code on 32 host threads, collectives through memory */
@@ -204,6 +206,14 @@ static inline unsigned rt_wshfl(unsigned v, int src) {
 #pragma omp barrier
     return rt_emu_u[src];
 }
+static inline unsigned rt_wballot(int pred) {
+#pragma omp barrier
+    rt_emu_i[omp_get_thread_num()] = pred != 0;
+#pragma omp barrier
+    unsigned m = 0;
+    for (int l = 0; l < 32; l++) m |= (unsigned)rt_emu_i[l] << l;
+    return m;
+}
 #elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
 #include <ompx.h>
 #define RT_HAVE_WARP 1
@@ -220,6 +230,9 @@ static inline unsigned rt_wshfl(unsigned v, int src) {
     (void)src;
     return v;
 }
+static inline unsigned rt_wballot(int pred) {
+    return pred != 0;
+}
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 static inline __attribute__((unused)) unsigned rt_wmax(unsigned v) {
     return __nvvm_redux_sync_umax(v, (int)0xffffffff);
@@ -229,6 +242,9 @@ static inline __attribute__((unused)) int rt_wadd(int v) {
 }
 static inline __attribute__((unused)) unsigned rt_wshfl(unsigned v, int src) {
     return (unsigned)__nvvm_shfl_sync_idx_i32(0xffffffffu, (int)v, src, 0x1f);
+}
+static inline __attribute__((unused)) unsigned rt_wballot(int pred) {
+    return __nvvm_vote_ballot_sync(0xffffffffu, pred != 0);
 }
 #pragma omp end declare variant
 #endif
@@ -392,24 +408,61 @@ static inline void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const v
     const int last = L - 1;
     int unsure =
         N > L && (rc0 == L || rc1 == L || (lane == (last & 31) && (last < 32 ? rc0 : rc1) > 0));
-    unsure = rt_wadd(unsure) > 0 || rt_wadd(bad) > 0;
-    const int total = rt_wadd(rc0 + rc1);
-    if (!unsure && total == k) {
-        if (lane < k) {
-            const int32_t p = (int32_t)~(uint32_t)mine, i = p / N, j = p % N;
-            sc[lane * sc1] =
-                ompk_load_f(sx, xo + i * xs, bf16) + ompk_load_f(sy, yo + j * ys, bf16);
-            ix[lane * ix1] = p;
+    if (rt_wadd(bad) > 0) {
+        /* NaN or +inf: no total order to exploit; the portable routine still writes valid pairs */
+        if (lane == 0) {
+            float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
+            int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
+            rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1);
+            for (int r = 0; r < k; r++) {
+                sc[r * sc1] = lhv[r];
+                ix[r * ix1] = lhi[r];
+            }
         }
         return;
     }
-    if (lane == 0) {
-        float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
-        int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
-        rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1);
-        for (int r = 0; r < k; r++) {
-            sc[r * sc1] = lhv[r];
-            ix[r * ix1] = lhi[r];
+    const int sure = rt_wadd(unsure) == 0 && rt_wadd(rc0 + rc1) == k;
+    /* slots kept from the extraction: all k, or those strictly above tau */
+    const int w0 = sure ? k : rt_wadd(lane < k && rt_unord((unsigned)(mine >> 32)) > tau);
+    if (lane < w0) {
+        const int32_t p = (int32_t)~(uint32_t)mine, i = p / N, j = p % N;
+        sc[lane * sc1] = ompk_load_f(sx, xo + i * xs, bf16) + ompk_load_f(sy, yo + j * ys, bf16);
+        ix[lane * ix1] = p;
+    }
+    if (sure) return;
+
+    /* Ties at tau: slots w0.. get the lowest flattened indices whose sum is tau, found by the
+     * whole warp scanning rows in ascending i (rows that cannot reach tau skipped) and, within a
+     * row, ascending j, 32 columns per step; a ballot orders the hits of one step. */
+    float xr[8], yr[8];
+    for (int m = 0; m < 8; m++) {
+        const int i = lane + 32 * m;
+        xr[m] = i < N ? ompk_load_f(sx, xo + i * xs, bf16) : 0.0f;
+        yr[m] = i < N ? ompk_load_f(sy, yo + i * ys, bf16) : 0.0f;
+    }
+    const float ymax = rt_unord(rt_wshfl((unsigned)(y0 >> 32), 0));
+    int fill = w0;
+    for (int mi = 0; mi < 8; mi++) {
+        unsigned rows = rt_wballot(lane + 32 * mi < N && xr[mi] + ymax >= tau);
+        while (rows && fill < k) {
+            const int src = __builtin_ctz(rows);
+            rows &= rows - 1;
+            ompk_f32_bits xb;
+            xb.f = xr[mi];
+            xb.u = rt_wshfl(xb.u, src);
+            const int32_t i = src + 32 * mi;
+            for (int mj = 0; mj < 8; mj++) {
+                const int j = lane + 32 * mj;
+                const float s = xb.f + yr[mj];
+                const int hit = j < N && s == tau;
+                const unsigned hm = rt_wballot(hit);
+                const int pos = fill + __builtin_popcount(hm & ((1u << lane) - 1u));
+                if (hit && pos < k) {
+                    sc[pos * sc1] = s;
+                    ix[pos * ix1] = i * N + j;
+                }
+                fill += __builtin_popcount(hm);
+            }
         }
     }
 }
