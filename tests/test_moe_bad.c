@@ -218,3 +218,38 @@ Test(moe_bad, load_inputs) {
     free(w);
     ompk_moe_destroy(m);
 }
+
+/* OMPK_ISA forces the path of a layer created with isa = AUTO; an unknown value is refused. */
+Test(moe_bad, isa_env) {
+    ompk_moe_config c;
+    memset(&c, 0, sizeof c);
+    c.experts = 2;
+    c.hidden = 64;
+    c.intermediate = 64;
+    c.top_k = 1;
+    c.max_tokens = 2;
+    const char *names[] = {"portable", "amx-emulated", "avx512bf16", "amx"};
+    const ompk_moe_isa isas[] = {OMPK_MOE_ISA_PORTABLE, OMPK_MOE_ISA_AMX_EMULATED,
+                                 OMPK_MOE_ISA_AVX512BF16, OMPK_MOE_ISA_AMX};
+    for (int i = 0; i < 4; i++) {
+        setenv("OMPK_ISA", names[i], 1);
+        ompk_moe *m = NULL;
+        ompk_status st = ompk_moe_create(&c, &m);
+        if (!ompk_moe_isa_available(isas[i])) {
+            cr_log_warn("moe: OMPK_ISA=%s is not available on this CPU: expecting a refusal",
+                        names[i]);
+            cr_expect_eq(st, OMPK_ERR_UNSUPPORTED, "%s", names[i]);
+            continue;
+        }
+        cr_assert_eq(st, OMPK_OK, "%s: %s", names[i], ompk_last_error());
+        ompk_moe_info info;
+        ompk_moe_get_info(m, &info);
+        cr_expect_eq(info.isa, isas[i], "OMPK_ISA=%s gave %s", names[i],
+                     ompk_moe_isa_name(info.isa));
+        ompk_moe_destroy(m);
+    }
+    setenv("OMPK_ISA", "sse2", 1);
+    ompk_moe *m = NULL;
+    cr_expect_eq(ompk_moe_create(&c, &m), OMPK_ERR_INVALID_ARGUMENT);
+    unsetenv("OMPK_ISA");
+}

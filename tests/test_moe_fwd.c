@@ -368,7 +368,11 @@ Test(moe_fwd, padding_slots) {
     double *y1 = malloc(T_ * H_ * 8), *y2 = malloc(T_ * H_ * 8);
     run_fwd(&L, &rt, ompk_device_host(), OMPK_F32, OMPK_F32, OMPK_I64, y1);
     run_fwd(&L, &rt2, ompk_device_host(), OMPK_F32, OMPK_F32, OMPK_I64, y2);
-    for (int64_t i = 0; i < T_ * H_; i++) cr_assert_eq(y1[i], y2[i], "element %lld", (long long)i);
+    /* not bitwise: the extra rows change expert 2's row blocking, hence fp32 summation order */
+    double sc = rms(y1, T_ * H_);
+    for (int64_t i = 0; i < T_ * H_; i++)
+        cr_assert(fabs(y1[i] - y2[i]) <= 1e-5 * sc + 1e-5 * fabs(y1[i]), "element %lld: %g vs %g",
+                  (long long)i, y1[i], y2[i]);
     for (int64_t h = 0; h < H_; h++) cr_assert_eq(y1[7 * H_ + h], 0.0);
     layer_free(&L);
     free(y1);

@@ -22,7 +22,9 @@
  * contiguous share of them, pinned (hwloc) to the cores of its NUMA node unless no_pin is set;
  * the caller's own thread binding is restored on return. Results do not depend on the thread
  * count: every output element is produced by one thread in a fixed order, and partition partials
- * are summed in partition order. */
+ * are summed in partition order. (The order does depend on the routing: a row's last bits can
+ * change with the number of rows its expert gets, which selects the kernel and the row blocking.)
+ */
 #ifndef OMPK_MOE_H
 #define OMPK_MOE_H
 

@@ -34,6 +34,42 @@ AVX_INLINE void bf16_rows(const moe_kargs *k, int r0, const int rn) {
     }
 }
 
+/* One activation row (decode): the weights stream from memory once, so the loop is about
+ * bytes in flight: four independent accumulators per stream (no add-latency chain) and a
+ * software prefetch a few k-tiles ahead. */
+#define MOE_PF_TILES 4
+AVX_INLINE void pf_tile(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
+}
+
+AVX_FN static void bf16_row1(const moe_kargs *k, int r0) {
+    __m512 a0[4], a1[4];
+    for (int i = 0; i < 4; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+    const int tb = 1024;
+    for (int t = 0; t < k->kt; t++) {
+        const uint8_t *b0 = k->b[0] + t * k->bstride, *b1 = k->b[1] + t * k->bstride;
+        if (t + MOE_PF_TILES < k->kt) {
+            pf_tile(b0 + MOE_PF_TILES * k->bstride, tb);
+            pf_tile(b1 + MOE_PF_TILES * k->bstride, tb);
+        }
+        const uint8_t *x = k->a + r0 * k->lda + t * 64;
+        for (int kp = 0; kp < 16; kp += 4)
+            for (int i = 0; i < 4; i++) {
+                int32_t x2;
+                __builtin_memcpy(&x2, x + (kp + i) * 4, 4);
+                __m512bh xb = (__m512bh)_mm512_set1_epi32(x2);
+                a0[i] = _mm512_dpbf16_ps(
+                    a0[i], xb, (__m512bh)_mm512_loadu_si512((const void *)(b0 + (kp + i) * 64)));
+                a1[i] = _mm512_dpbf16_ps(
+                    a1[i], xb, (__m512bh)_mm512_loadu_si512((const void *)(b1 + (kp + i) * 64)));
+            }
+    }
+    _mm512_storeu_ps(k->out + r0 * 16,
+                     _mm512_add_ps(_mm512_add_ps(a0[0], a0[1]), _mm512_add_ps(a0[2], a0[3])));
+    _mm512_storeu_ps(k->out + (32 + r0) * 16,
+                     _mm512_add_ps(_mm512_add_ps(a1[0], a1[1]), _mm512_add_ps(a1[2], a1[3])));
+}
+
 AVX_INLINE __m512i int4_row(const uint8_t *src, __m512i z) {
     __m256i v = _mm256_loadu_si256((const __m256i *)src);
     __m256i m = _mm256_set1_epi8(0x0f);
@@ -80,6 +116,10 @@ AVX_INLINE void int_rows(const moe_kargs *k, int r0, const int rn) {
             }
         }
         const uint8_t *b0 = k->b[0] + t * k->bstride, *b1 = k->b[1] + t * k->bstride;
+        if (rn <= 2 && t + MOE_PF_TILES < k->kt) {
+            pf_tile(b0 + MOE_PF_TILES * k->bstride, is4 ? 512 : 1024);
+            pf_tile(b1 + MOE_PF_TILES * k->bstride, is4 ? 512 : 1024);
+        }
         for (int kq = 0; kq < 16; kq++) {
             __m512i w0, w1;
             if (is4) {
@@ -119,7 +159,7 @@ AVX_FN void moe_kern_avx512(const moe_kargs *k) {
         for (; r + 8 <= k->m; r += 8) bf16_rows(k, r, 8);
         if (r + 4 <= k->m) bf16_rows(k, r, 4), r += 4;
         if (r + 2 <= k->m) bf16_rows(k, r, 2), r += 2;
-        if (r < k->m) bf16_rows(k, r, 1);
+        if (r < k->m) bf16_row1(k, r);
     } else {
         for (; r + 8 <= k->m; r += 8) int_rows(k, r, 8);
         if (r + 4 <= k->m) int_rows(k, r, 4), r += 4;
