@@ -2,6 +2,7 @@
  * kernels in src/target/attention_*.c. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attention_ref.h"
 #include "check.h"
@@ -17,6 +18,14 @@ ompk_attention_params ompk_attention_params_default(void) {
     p.scale = 0.f;
     p.mask = OMPK_ATTN_MASK_NONE;
     return p;
+}
+
+/* OMPK_ATTN_VARIANT=portable forces the portable kernel; unset or "fast" lets the tensor-core
+ * GPU kernel take the calls it can serve (like BLIS_ARCH_TYPE, a variant it cannot serve
+ * falls back rather than failing). */
+static int fwd_variant_fast(void) {
+    const char *v = getenv("OMPK_ATTN_VARIANT");
+    return !(v && strcmp(v, "portable") == 0);
 }
 
 static int dh_supported(int64_t dh) {
@@ -147,8 +156,11 @@ ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const
     if (g.B * g.Hq * g.N == 0) return OMPK_OK;
 
     ompk_exec ex = ompk_exec_for(c.device);
-    ompk_attn_fwd_portable(ex, &g, q->data, k->data, v->data, out->data,
-                           lse ? (float *)lse->data : NULL);
+    float *lsep = lse ? (float *)lse->data : NULL;
+    if (fwd_variant_fast() && ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data))
+        ompk_attn_fwd_fast(ex, &g, q->data, k->data, v->data, out->data, lsep);
+    else
+        ompk_attn_fwd_portable(ex, &g, q->data, k->data, v->data, out->data, lsep);
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) fwd_verify(q, k, v, out, lse, &g);
     return OMPK_OK;

@@ -25,4 +25,11 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *d
                             const void *k, const void *v, const void *out, const float *lse,
                             void *dq, void *dk, void *dv, float *dsum);
 
+/* GPU forward on tensor cores (attention_fast.c): whether it can serve this call (target
+ * tensors, bf16, dh in {32, 64, 80, 96, 128}, 16-byte aligned rows), and the kernel. */
+int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                          const void *v, const void *out);
+void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                        const void *v, void *out, float *lse);
+
 #endif

@@ -1,0 +1,317 @@
+/* Fast GPU forward for bf16 attention: an ompx_bare kernel in the FlashAttention-2 shape.
+ *
+ * One team of 4 warps owns 64 query rows of one (b, h); each warp owns 16 rows and keeps their
+ * Q fragments, the O accumulator and the softmax statistics (running max m, running sum l) in
+ * registers. Key/value tiles of 64 rows go through team-shared memory (34 KB, under LLVM 19's
+ * 48 KB cap); S = Q K^T and O += P V run on the tensor cores through mma.sync m16n8k16 bf16
+ * (fp32 accumulation); the S accumulator fragments are re-packed in registers as the A operand
+ * of P V, and V's B fragments come from ldmatrix.trans, so V needs no transposed copy. Scores
+ * live only in registers: no [N, M] matrix, no workspace.
+ *
+ * Used for target tensors when the shape fits (bf16, dh in {32, 64, 80, 96, 128}, rows 16-byte
+ * aligned); OMPK_ATTN_VARIANT=portable forces the portable kernel. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_kernels.h"
+
+#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#include <math.h>
+#include <omp.h>
+#include <ompx.h>
+#define ATTF_HAVE 1
+
+#define ATTF_BQ 64 /* query rows per team, 16 per warp */
+#define ATTF_BK 64 /* keys per shared tile */
+#define ATTF_PAD 8 /* bf16 elements of row padding: conflict-free fragment loads */
+#define ATTF_LD (128 + ATTF_PAD)
+#define ATTF_LOG2E 1.4426950408889634f
+#define ATTF_LN2 0.6931471805599453f
+#define ATTF_INLINE static inline __attribute__((always_inline))
+/* nvptx64 variants: referenced through the variant mechanism only */
+#define ATTF_DEVICE static inline __attribute__((always_inline, unused))
+
+/* Host bodies only satisfy the host compilation of the bare region; the dispatch launches it on
+ * target tensors only, where the nvptx64 variants below replace them. */
+ATTF_INLINE void attf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    (void)a, (void)b0, (void)b1, (void)c;
+}
+ATTF_INLINE void attf_ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
+    (void)p;
+    r[0] = r[1] = r[2] = r[3] = 0;
+}
+ATTF_INLINE float attf_xor(float v, int m) {
+    (void)m;
+    return v;
+}
+ATTF_INLINE float attf_ex2(float x) {
+    return exp2f(x);
+}
+
+#pragma omp begin declare variant match(device = {arch(nvptx64)})
+ATTF_DEVICE void attf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    __asm__ volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+ATTF_DEVICE void attf_ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
+    uint32_t addr;
+    __asm__("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(addr) : "l"(p));
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+}
+ATTF_DEVICE float attf_xor(float v, int m) {
+    return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, m, 0x1f);
+}
+ATTF_DEVICE float attf_ex2(float x) {
+    return __nvvm_ex2_approx_f(x);
+}
+#pragma omp end declare variant
+
+typedef struct attf_u4 {
+    uint32_t w[4];
+} __attribute__((aligned(16))) attf_u4;
+
+/* Round two floats to bf16 (nearest even) and pack them, lo in the low half. */
+ATTF_INLINE uint32_t attf_pack(float lo, float hi) {
+    union {
+        float f;
+        uint32_t u;
+    } a, b;
+    a.f = lo;
+    b.f = hi;
+    a.u += 0x7fffu + ((a.u >> 16) & 1u);
+    b.u += 0x7fffu + ((b.u >> 16) & 1u);
+    return (a.u >> 16) | (b.u & 0xffff0000u);
+}
+
+ATTF_INLINE int64_t attf_limit(int mask, int64_t i, int64_t n, int64_t m) {
+    int64_t lim = m;
+    if (mask == 1)
+        lim = i + 1;
+    else if (mask == 2)
+        lim = i + 1 + m - n;
+    lim = lim > m ? m : lim;
+    return lim < 0 ? 0 : lim;
+}
+
+/* One team: 64 query rows (block qb of head (b, h)), DH a compile-time constant. */
+ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, uint16_t *out, float *lse, uint16_t *sk,
+                               uint16_t *sv, const int DH) {
+    const int tid = ompx_thread_id_x(), lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, t4 = lane & 3;
+    const int64_t N = g->N, M = g->M;
+    const int64_t nqb = (N + ATTF_BQ - 1) / ATTF_BQ;
+    const int64_t blk = ompx_block_id_x();
+    const int64_t bh = blk / nqb;
+    /* heaviest (last, under a causal mask) query blocks first */
+    const int64_t qb = nqb - 1 - (blk - bh * nqb);
+    const int64_t b = bh / g->Hq, h = bh - b * g->Hq, hk = h / (g->Hq / g->Hkv);
+    const int64_t row0 = qb * ATTF_BQ + warp * 16;
+    const int64_t r0 = row0 + gq, r1 = row0 + gq + 8;
+    const float sl2 = g->scale * ATTF_LOG2E;
+
+    uint32_t qa[8][4];
+    const uint16_t *q0 = q + b * g->qs[0] + h * g->qs[1] + r0 * g->qs[2];
+    const uint16_t *q1 = q + b * g->qs[0] + h * g->qs[1] + r1 * g->qs[2];
+#pragma unroll
+    for (int ks = 0; ks < DH / 16; ks++) {
+        const int c = ks * 16 + t4 * 2;
+        qa[ks][0] = r0 < N ? *(const uint32_t *)(q0 + c) : 0u;
+        qa[ks][1] = r1 < N ? *(const uint32_t *)(q1 + c) : 0u;
+        qa[ks][2] = r0 < N ? *(const uint32_t *)(q0 + c + 8) : 0u;
+        qa[ks][3] = r1 < N ? *(const uint32_t *)(q1 + c + 8) : 0u;
+    }
+    const int64_t lim0 = r0 < N ? attf_limit(g->mask, r0, N, M) : 0;
+    const int64_t lim1 = r1 < N ? attf_limit(g->mask, r1, N, M) : 0;
+    const int64_t last = (qb + 1) * ATTF_BQ - 1 < N - 1 ? (qb + 1) * ATTF_BQ - 1 : N - 1;
+    const int64_t jmax = attf_limit(g->mask, last, N, M);
+
+    float o[16][4];
+#pragma unroll
+    for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    const uint16_t *kh = k + b * g->ks[0] + hk * g->ks[1];
+    const uint16_t *vh = v + b * g->vs[0] + hk * g->vs[1];
+    const int chunks = ATTF_BK * DH / 8;
+    for (int64_t kt = 0; kt < jmax; kt += ATTF_BK) {
+        for (int c = tid; c < chunks; c += 128) {
+            const int rr = c / (DH / 8), cc = (c - rr * (DH / 8)) * 8;
+            attf_u4 kv = {{0, 0, 0, 0}}, vv = {{0, 0, 0, 0}};
+            if (kt + rr < M) {
+                kv = *(const attf_u4 *)(kh + (kt + rr) * g->ks[2] + cc);
+                vv = *(const attf_u4 *)(vh + (kt + rr) * g->vs[2] + cc);
+            }
+            *(attf_u4 *)(sk + rr * ATTF_LD + cc) = kv;
+            *(attf_u4 *)(sv + rr * ATTF_LD + cc) = vv;
+        }
+        ompx_sync_block_acq_rel();
+
+        float s[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            const uint16_t *kr = sk + (nt * 8 + gq) * ATTF_LD + t4 * 2;
+#pragma unroll
+            for (int ks = 0; ks < DH / 16; ks++)
+                attf_mma(s[nt], qa[ks], *(const uint32_t *)(kr + ks * 16),
+                         *(const uint32_t *)(kr + ks * 16 + 8));
+        }
+        float mx0 = m0, mx1 = m1;
+        /* visible keys of this tile for rows r0 and r1, as tile-relative counts */
+        const int c0 = (int)(lim0 - kt < ATTF_BK ? lim0 - kt : ATTF_BK);
+        const int c1 = (int)(lim1 - kt < ATTF_BK ? lim1 - kt : ATTF_BK);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = nt * 8 + t4 * 2 + (e & 1);
+                const float x = key < (e < 2 ? c0 : c1) ? s[nt][e] * sl2 : -INFINITY;
+                s[nt][e] = x;
+                if (e < 2)
+                    mx0 = x > mx0 ? x : mx0;
+                else
+                    mx1 = x > mx1 ? x : mx1;
+            }
+        mx0 = fmaxf(mx0, attf_xor(mx0, 1));
+        mx0 = fmaxf(mx0, attf_xor(mx0, 2));
+        mx1 = fmaxf(mx1, attf_xor(mx1, 1));
+        mx1 = fmaxf(mx1, attf_xor(mx1, 2));
+        /* rows with nothing visible yet keep m = -inf; exponentials against 0 give p = 0 */
+        const float base0 = mx0 == -INFINITY ? 0.f : mx0, base1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float a0 = attf_ex2(m0 - base0), a1 = attf_ex2(m1 - base1);
+        m0 = mx0;
+        m1 = mx1;
+        float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[nt][0] = attf_ex2(s[nt][0] - base0);
+            s[nt][1] = attf_ex2(s[nt][1] - base0);
+            s[nt][2] = attf_ex2(s[nt][2] - base1);
+            s[nt][3] = attf_ex2(s[nt][3] - base1);
+            ps0 += s[nt][0] + s[nt][1];
+            ps1 += s[nt][2] + s[nt][3];
+        }
+        l0 = l0 * a0 + ps0;
+        l1 = l1 * a1 + ps1;
+#pragma unroll
+        for (int n = 0; n < DH / 8; n++) {
+            o[n][0] *= a0;
+            o[n][1] *= a0;
+            o[n][2] *= a1;
+            o[n][3] *= a1;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t pa[4];
+            pa[0] = attf_pack(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = attf_pack(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = attf_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = attf_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            const int mi = lane >> 3, rr = lane & 7;
+            const uint16_t *vp = sv + (kk * 16 + (mi & 1) * 8 + rr) * ATTF_LD + (mi >> 1) * 8;
+#pragma unroll
+            for (int nd = 0; nd < DH / 16; nd++) {
+                uint32_t vb[4];
+                attf_ldsm_x4_t(vb, vp + nd * 16);
+                attf_mma(o[2 * nd], pa, vb[0], vb[1]);
+                attf_mma(o[2 * nd + 1], pa, vb[2], vb[3]);
+            }
+        }
+        ompx_sync_block_acq_rel();
+    }
+    l0 += attf_xor(l0, 1);
+    l0 += attf_xor(l0, 2);
+    l1 += attf_xor(l1, 1);
+    l1 += attf_xor(l1, 2);
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    uint16_t *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
+    uint16_t *o1 = out + b * g->os[0] + h * g->os[1] + r1 * g->os[2];
+#pragma unroll
+    for (int n = 0; n < DH / 8; n++) {
+        const int c = n * 8 + t4 * 2;
+        if (r0 < N) *(uint32_t *)(o0 + c) = attf_pack(o[n][0] * i0, o[n][1] * i0);
+        if (r1 < N) *(uint32_t *)(o1 + c) = attf_pack(o[n][2] * i1, o[n][3] * i1);
+    }
+    if (lse && t4 == 0) {
+        const int64_t lb = b * g->ls[0] + h * g->ls[1];
+        if (r0 < N) lse[lb + r0 * g->ls[2]] = l0 > 0.f ? (m0 + log2f(l0)) * ATTF_LN2 : -INFINITY;
+        if (r1 < N) lse[lb + r1 * g->ls[2]] = l1 > 0.f ? (m1 + log2f(l1)) * ATTF_LN2 : -INFINITY;
+    }
+}
+
+static int attf_aligned(const void *p, const int64_t s[3]) {
+    return ((uintptr_t)p & 15) == 0 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
+}
+
+int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                          const void *v, const void *out) {
+    if (!ex.on_target || !g->bf16) return 0;
+    if (g->dh != 32 && g->dh != 64 && g->dh != 80 && g->dh != 96 && g->dh != 128) return 0;
+    const int64_t nqb = (g->N + ATTF_BQ - 1) / ATTF_BQ;
+    if (g->B * g->Hq * nqb > 0x7fffffff) return 0;
+    return attf_aligned(q, g->qs) && attf_aligned(k, g->ks) && attf_aligned(v, g->vs) &&
+           attf_aligned(out, g->os);
+}
+
+/* One kernel per head dim, so each gets its own register allocation. */
+// clang-format off
+#define ATTF_LAUNCH(DH)                                                                            \
+    static void attf_launch_##DH(ompk_exec ex, const ompk_attn_geom *gp, const uint16_t *q,        \
+                                 const uint16_t *k, const uint16_t *v, uint16_t *out,               \
+                                 float *lse) {                                                      \
+        const ompk_attn_geom g = *gp;                                                              \
+        const int teams = (int)(g.B * g.Hq * ((g.N + ATTF_BQ - 1) / ATTF_BQ));                     \
+        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(128) device(ex.device) is_device_ptr(q, k, v, out, lse) firstprivate(g)") \
+        {                                                                                          \
+            static uint16_t sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
+            static uint16_t sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
+            _Pragma("omp allocate(sk, sv) allocator(omp_pteam_mem_alloc)")                         \
+            attf_fwd_team(&g, q, k, v, out, lse, sk, sv, DH);                                      \
+        }                                                                                          \
+    }
+ATTF_LAUNCH(32)
+ATTF_LAUNCH(64)
+ATTF_LAUNCH(80)
+ATTF_LAUNCH(96)
+ATTF_LAUNCH(128)
+// clang-format on
+
+void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                        const void *v, void *out, float *lse) {
+    switch (g->dh) {
+    case 32:
+        attf_launch_32(ex, g, q, k, v, out, lse);
+        break;
+    case 64:
+        attf_launch_64(ex, g, q, k, v, out, lse);
+        break;
+    case 80:
+        attf_launch_80(ex, g, q, k, v, out, lse);
+        break;
+    case 96:
+        attf_launch_96(ex, g, q, k, v, out, lse);
+        break;
+    default:
+        attf_launch_128(ex, g, q, k, v, out, lse);
+        break;
+    }
+}
+
+#else
+int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                          const void *v, const void *out) {
+    (void)ex, (void)g, (void)q, (void)k, (void)v, (void)out;
+    return 0; /* no GPU image in this build: the portable kernel serves every call */
+}
+
+void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                        const void *v, void *out, float *lse) {
+    ompk_attn_fwd_portable(ex, g, q, k, v, out, lse);
+}
+#endif
