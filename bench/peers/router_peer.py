@@ -71,6 +71,7 @@ def main():
                     sx = (torch.rand(T, N, device=dev) * 2 - 1).to(dt)
                     sy = (torch.rand(T, N, device=dev) * 2 - 1).to(dt)
                     ref = None
+                    line = []
                     for name, fn in (("torch_full", full), ("torch_axis", axis)):
                         big = dev == "cpu" and name == "torch_full"
                         reps = args.reps or (2 if big else (5 if dev == "cpu" else 20))
@@ -96,8 +97,10 @@ def main():
                             "bytes": T * (2 * N * esz + 8 * k),
                         }
                         records.append(rec)
-                        print(f"{backend:5s} router_topk_fwd {dname:5s} {shape:20s} {name:11s}"
-                              f" {ms:9.4f} ms (min {mn:.4f})", flush=True)
+                        line.append(f"{name} {ms:9.4f} ms (min {mn:.4f})")
+                    # one line per shape, so a 30-line log tail holds every figure
+                    print(f"{backend:5s} router_topk_fwd {dname:5s} {shape:20s} " + "  ".join(line),
+                          flush=True)
     out = {
         "tool": "router_peer.py",
         "torch": torch.__version__,

@@ -20,7 +20,9 @@ extern "C" {
  * can be NaN) have no defined order: the call still succeeds and writes in-range indices, but their
  * order is unspecified. Outputs must not overlap each other or the inputs; all tensors on one
  * device. When k > 64 the call allocates a workspace on the tensors' device (2*min(k+1,N)*8 bytes
- * per token, at most 64 MiB at a time). */
+ * per token, at most 64 MiB at a time). On a GPU, k <= 32 with N <= 256 runs a warp-per-token
+ * variant with results identical to the portable kernel; OMPK_ROUTER_VARIANT=portable forces the
+ * portable kernel. */
 ompk_status ompk_router_topk_fwd(const ompk_tensor *sx, const ompk_tensor *sy, int64_t k,
                                  ompk_tensor *scores, ompk_tensor *indices);
 
