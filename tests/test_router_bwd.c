@@ -2,6 +2,7 @@
  * for bit and bf16 after one rounding), -1 padding, invalid indices, repeated calls, and the seed
  * implementation's backward defects as named regressions. Runs on the host and on every GPU. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -261,4 +262,20 @@ Test(router_bwd, strided_views) {
         tu_buf_free(&py);
         case_free(&c);
     }
+}
+
+Test(router_bwd, verify_mode_reports_each_output, .init = cr_redirect_stderr) {
+    bwd_case c;
+    case_new(&c, ompk_device_host(), OMPK_F32, OMPK_BF16, 6, 9, 4, 0.2, 21);
+    setenv("OMPK_VERIFY", "1", 1);
+    cr_assert_eq(run(&c), OMPK_OK);
+    unsetenv("OMPK_VERIFY");
+    fflush(stderr);
+    char buf[8192] = {0};
+    const size_t got = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());
+    buf[got] = 0;
+    cr_assert(strstr(buf, "ompk verify router_topk_bwd dsx n=54") != NULL, "%s", buf);
+    cr_assert(strstr(buf, "ompk verify router_topk_bwd dsy n=54") != NULL, "%s", buf);
+    cr_assert(strstr(buf, "MISMATCH") == NULL, "%s", buf);
+    case_free(&c);
 }

@@ -3,6 +3,7 @@
  * of the contract. Every N x k x input class x dtype of issue 6, the seed implementation's
  * defects as named regressions, and strided views. Runs on the host and on every GPU. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,4 +372,31 @@ Test(router_fwd, zero_tokens) {
     ompk_tensor y = x, s = ompk_tensor_make(NULL, OMPK_F32, 2, osh, ompk_device_host());
     ompk_tensor i = ompk_tensor_make(NULL, OMPK_I32, 2, osh, ompk_device_host());
     cr_expect_eq(ompk_router_topk_fwd(&x, &y, 3, &s, &i), OMPK_OK, "%s", ompk_last_error());
+}
+
+/* OMPK_VERIFY=1 reruns the brute force after the call and reports each output; OMPK_TRACE=1
+ * prints the norms of the inputs and scores. */
+Test(router_fwd, verify_and_trace_modes, .init = cr_redirect_stderr) {
+    fwd_case c;
+    case_new(&c, ompk_device_host(), OMPK_BF16, IN_TIES, 4, 7, 2);
+    tu_buf sc = tu_buf_new(ompk_device_host(), OMPK_F32, 4 * 5);
+    tu_buf ix = tu_buf_new(ompk_device_host(), OMPK_I32, 4 * 5);
+    const int64_t sh[2] = {4, 5};
+    ompk_tensor tsc = tu_view(&sc, 2, sh), tix = tu_view(&ix, 2, sh);
+    setenv("OMPK_VERIFY", "1", 1);
+    setenv("OMPK_TRACE", "1", 1);
+    cr_assert_eq(ompk_router_topk_fwd(&c.tsx, &c.tsy, 5, &tsc, &tix), OMPK_OK);
+    unsetenv("OMPK_VERIFY");
+    unsetenv("OMPK_TRACE");
+    fflush(stderr);
+    char buf[8192] = {0};
+    const size_t got = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());
+    buf[got] = 0;
+    cr_assert(strstr(buf, "ompk verify router_topk_fwd scores n=20") != NULL, "%s", buf);
+    cr_assert(strstr(buf, "ompk verify router_topk_fwd indices n=20") != NULL, "%s", buf);
+    cr_assert(strstr(buf, "MISMATCH") == NULL && strstr(buf, "mismatches=0"), "%s", buf);
+    cr_assert(strstr(buf, "ompk trace router_topk_fwd sx ") != NULL, "%s", buf);
+    tu_buf_free(&sc);
+    tu_buf_free(&ix);
+    case_free(&c);
 }
