@@ -400,3 +400,38 @@ Test(router_fwd, verify_and_trace_modes, .init = cr_redirect_stderr) {
     tu_buf_free(&ix);
     case_free(&c);
 }
+
+/* NaN and +inf have no place in the order (+inf + -inf is NaN), so only the promise of the
+ * header is checked: the call succeeds and every slot holds a real pair index. */
+Test(router_fwd, nan_and_inf_inputs_give_valid_indices) {
+    ompk_device devs[4];
+    const int nd = tu_devices(devs, 4);
+    const int64_t Ns[] = {7, 64, 256}, ks[] = {8, 32, 100};
+    for (int di = 0; di < nd; di++)
+        for (int ni = 0; ni < 3; ni++) {
+            const int64_t T = 4, N = Ns[ni], k = ks[ni];
+            fwd_case c;
+            case_new(&c, devs[di], OMPK_F32, IN_NEGINF, T, N, 40);
+            tu_buf_set(&c.sx, 2 * N + 1, NAN);
+            tu_buf_set(&c.sy, 2 * N + 3, INFINITY);
+            tu_buf_set(&c.sx, 3 * N + 0, INFINITY);
+            for (int64_t i = 0; i < N; i++) tu_buf_set(&c.sy, 3 * N + i, i % 2 ? NAN : -INFINITY);
+            tu_buf_upload(&c.sx);
+            tu_buf_upload(&c.sy);
+            tu_buf sc = tu_buf_new(devs[di], OMPK_F32, T * k),
+                   ix = tu_buf_new(devs[di], OMPK_I32, T * k);
+            const int64_t sh[2] = {T, k};
+            ompk_tensor tsc = tu_view(&sc, 2, sh), tix = tu_view(&ix, 2, sh);
+            cr_assert_eq(ompk_router_topk_fwd(&c.tsx, &c.tsy, k, &tsc, &tix), OMPK_OK, "%s",
+                         ompk_last_error());
+            tu_buf_download(&ix);
+            for (int64_t e = 0; e < T * k; e++) {
+                const int32_t v = ((int32_t *)ix.host)[e];
+                cr_assert(v >= 0 && v < N * N, "N=%lld k=%lld on %s: slot %lld index %d",
+                          (long long)N, (long long)k, tu_device_name(devs[di]), (long long)e, v);
+            }
+            tu_buf_free(&sc);
+            tu_buf_free(&ix);
+            case_free(&c);
+        }
+}
