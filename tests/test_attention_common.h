@@ -152,7 +152,10 @@ static inline double att_check_fwd(att_case *c, const char *label) {
     ompk_attention_ref_fwd(&hq, &hk, &hv, c->scale, c->p.mask, ro, rl);
     char what[200];
     snprintf(what, sizeof what, "%s out", label);
-    double w1 = att_worst(what, &c->out, &c->tout, ro, att_tol_m(c->dt, 1.0, c->tol_mult));
+    /* The GPU tensor-core kernel rounds P to bf16 before P*V (as FlashAttention does): bf16
+     * outputs get 1.5x the one-rounding band. */
+    double om = c->dt == OMPK_BF16 ? 1.5 : 1.0;
+    double w1 = att_worst(what, &c->out, &c->tout, ro, att_tol_m(c->dt, 1.0, c->tol_mult * om));
     snprintf(what, sizeof what, "%s lse", label);
     double w2 = att_worst(what, &c->lse, &c->tlse, rl, att_tol_m(OMPK_F32, 1.0, c->tol_mult));
     free(ro);
@@ -171,6 +174,7 @@ static inline double att_check_bwd(att_case *c, const char *label) {
     double *rq = malloc(sizeof(double) * (size_t)(c->dq.numel + 1));
     double *rk = malloc(sizeof(double) * (size_t)(c->dk.numel + 1));
     double *rv = malloc(sizeof(double) * (size_t)(c->dv.numel + 1));
+    tu_buf_download(&c->out); /* the reference takes D from the stored out, as the kernel */
     ompk_tensor ho = att_host(&c->out, &c->tout);
     ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, &ho, c->scale, c->p.mask, rq, rk, rv);
     double g = sqrt((double)(c->Hq / c->Hkv));
