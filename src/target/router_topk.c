@@ -102,6 +102,34 @@ static inline void rt_axis_top(const void *p, int64_t off, int64_t st, int64_t N
     rt_heap_sort(v, id, 1, 1, L);
 }
 
+/* Small capacities (the on-stack lists, k <= 64) keep a sorted best-first array instead of a
+ * heap: an insertion moves a few neighbours with predictable branches, where a heap pays
+ * unpredictable sift branches for every insertion and again for the final sort. */
+static inline void rt_list_offer(float *v, int32_t *id, int64_t cap, int64_t *n, float s,
+                                 int32_t i) {
+    int64_t p = *n;
+    if (p == cap) {
+        if (!rt_better(s, i, v[cap - 1], id[cap - 1])) return;
+        p = cap - 1;
+    } else {
+        (*n)++;
+    }
+    while (p > 0 && rt_better(s, i, v[p - 1], id[p - 1])) {
+        v[p] = v[p - 1];
+        id[p] = id[p - 1];
+        p--;
+    }
+    v[p] = s;
+    id[p] = i;
+}
+
+static inline void rt_axis_list(const void *p, int64_t off, int64_t st, int64_t N, int bf16,
+                                int64_t L, float *v, int32_t *id) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < N; i++)
+        rt_list_offer(v, id, L, &n, ompk_load_f(p, off + i * st, bf16), (int32_t)i);
+}
+
 /* 1 when exactly k pairs have sum >= tau, i.e. the heap holds the whole answer. Counted on the
  * L x L rank grid; when a count could continue past the grid (L < N) the answer is "unknown" (0).
  */
@@ -121,9 +149,14 @@ static inline int rt_exact_count(const float *xv, const float *yv, int64_t N, in
 
 static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo, int64_t ys,
                      int bf16, int64_t N, int64_t k, int64_t L, float *xv, int32_t *xi, float *yv,
-                     int32_t *yi, float *hv, int32_t *hi, int64_t hvs, int64_t his) {
-    rt_axis_top(sx, xo, xs, N, bf16, L, xv, xi);
-    rt_axis_top(sy, yo, ys, N, bf16, L, yv, yi);
+                     int32_t *yi, float *hv, int32_t *hi, int64_t hvs, int64_t his, int lists) {
+    if (lists) {
+        rt_axis_list(sx, xo, xs, N, bf16, L, xv, xi);
+        rt_axis_list(sy, yo, ys, N, bf16, L, yv, yi);
+    } else {
+        rt_axis_top(sx, xo, xs, N, bf16, L, xv, xi);
+        rt_axis_top(sy, yo, ys, N, bf16, L, yv, yi);
+    }
 
     int64_t n = 0;
     for (int64_t a = 0; a < L; a++) {
@@ -136,12 +169,15 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
         for (; b < bmax; b++) {
             const float s = x + yv[b];
             /* sums fall along a row (and down the first column): nothing further can enter */
-            if (n == k && s < hv[0]) break;
-            rt_offer(hv, hi, hvs, his, k, &n, s, row + yi[b]);
+            if (n == k && s < (lists ? hv[k - 1] : hv[0])) break;
+            if (lists)
+                rt_list_offer(hv, hi, k, &n, s, row + yi[b]);
+            else
+                rt_offer(hv, hi, hvs, his, k, &n, s, row + yi[b]);
         }
         if (b == 0) break;
     }
-    rt_heap_sort(hv, hi, hvs, his, k);
+    if (!lists) rt_heap_sort(hv, hi, hvs, his, k);
 
     const float tau = hv[(k - 1) * hvs];
     if (rt_exact_count(xv, yv, N, k, L, tau)) return;
@@ -413,7 +449,7 @@ static inline void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const v
         if (lane == 0) {
             float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
             int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
-            rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1);
+            rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1, 1);
             for (int r = 0; r < k; r++) {
                 sc[r * sc1] = lhv[r];
                 ix[r * ix1] = lhi[r];
@@ -551,7 +587,7 @@ ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args
                 his = ix1;
             }
             rt_token(sx, t * sx0, sx1, sy, t * sy0, sy1, bf16, N, k, L, xv, xi, yv, yi, hv, hi, hvs,
-                     his);
+                     his, !heap_out);
             if (!heap_out)
                 for (int64_t r = 0; r < k; r++) {
                     sc[t * sc0 + r * sc1] = lhv[r];
