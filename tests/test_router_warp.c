@@ -4,7 +4,7 @@
  * algorithm itself against the brute-force reference, not only the portable kernel; the GPU run
  * of test_router_fwd checks the real instructions. */
 #define RT_WARP_EMULATE 1
-#include "router_topk.c"
+#include "../src/target/router_topk.c"
 
 #include <criterion/criterion.h>
 #include <math.h>
