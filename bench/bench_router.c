@@ -1,12 +1,9 @@
 /* ompk-bench entries for the product-key router (issue 6): forward at T = 16384, N in {64, 256},
  * k in {8, 32}, f32 and bf16 (peer: bench/peers/router_peer.py, same kernel/shape keys), and the
- * backward at the largest shape. The file name does not carry the "router_" family prefix the
- * build filters on, so the entries compile only when the router family is built. */
+ * backward at the largest shape. */
 #include <stdio.h>
 
 #include "bench.h"
-
-#ifdef OMPK_HAVE_ROUTER
 #include "ompk/router.h"
 
 typedef struct fwd_arg {
@@ -131,4 +128,3 @@ static int bench_bwd(ompk_bench_ctx *ctx) {
 }
 
 OMPK_BENCH_REGISTER(bench_bwd, "router_topk_bwd", 1, 1)
-#endif
