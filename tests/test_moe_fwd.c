@@ -234,6 +234,7 @@ static int isa_or_skip(ompk_moe_isa isa) {
 
 static void check_isa(ompk_moe_isa isa, int amx_min_rows) {
     if (!isa_or_skip(isa)) cr_skip_test("ISA %s not available on this CPU", ompk_moe_isa_name(isa));
+    if (isa == OMPK_MOE_ISA_AMX) printf("moe: AMX available: testing the real AMX tile path\n");
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     route rt = route_new(T_, 77);

@@ -2,7 +2,7 @@
 """PyTorch CPU peer for the moe_fwd entries of bench/bench_moe.c (same kernel/dtype/shape keys):
 a per-expert loop (gather the expert's tokens, gate/up matmuls, SiLU*up, down, weighted
 index_add), bf16 weights and activations, on the CPU with all of torch's threads (oneDNN uses AMX
-where the CPU has it). Prefill: 1024 tokens; decode: 1 token, round-robin over 5 layers so the
+where the CPU has it). Prefill: 1024 tokens; decode: 1 token, round-robin over 8 layers so the
 weights come from memory, as in ompk-bench.
 
 usage: moe_peer.py [--json FILE] [--filter S] [--reps N] [--quick]
@@ -75,10 +75,10 @@ def main():
     E, H, I, k = (16, 512, 256, 4) if args.quick else (128, 2048, 768, 8)
     Tp = 64 if args.quick else 1024
     gen = torch.Generator().manual_seed(0)
-    layers = [make_layer(E, H, I, gen) for _ in range(5)]
+    layers = [make_layer(E, H, I, gen) for _ in range(8)]
     records = []
     wbytes = 3 * H * I * 2
-    for T, nl in ((Tp, 1), (1, 5)):
+    for T, nl in ((Tp, 1), (1, 8)):
         ids, w = routing(T, E, k, gen)
         x = (torch.rand(T, H, generator=gen) * 2 - 1).to(torch.bfloat16)
         state = {"i": 0}
@@ -93,7 +93,7 @@ def main():
         nused = len(set(ids.reshape(-1).tolist()))
         flops = 6.0 * H * I * T * k
         byts = wbytes * nused + 4.0 * T * H
-        shape = f"E{E} H{H} I{I} k{k} T{T}" + (" L5rr" if nl > 1 else "")
+        shape = f"E{E} H{H} I{I} k{k} T{T}" + (" L8rr" if nl > 1 else "")
         rec = {"backend": "host", "kernel": "moe_fwd", "dtype": "bf16", "shape": shape,
                "variant": "torch_expert_loop", "ms": ms, "ms_min": mn, "bytes": byts,
                "flops": flops, "gb_per_s": byts / (ms * 1e6), "tflop_per_s": flops / (ms * 1e9)}

@@ -8,7 +8,12 @@
  * byte t*64 of each activation row, stride lda); B6 stream 0, B7 stream 1 (a packed tile,
  * stride 64). bf16: TDPBF16PS (16x32 by 16x(16x2)); int: TDPBSSD (16x64 by 16x(16x4)).
  * Required macros: MOE_AMX_FN, MOE_AMX_NAME, MOE_AMX_FLUSH, T_CFG, T_LOAD, T_STORE, T_ZERO,
- * T_DPBF16, T_DPBSSD, T_UNPACK4. */
+ * T_DPBF16, T_DPBSSD, T_UNPACK4, T_PF (prefetch of one packed tile; nothing in the emulation).
+ *
+ * Prefetch: a prefill streams every expert's weights from memory once while the tiles compute,
+ * so the B tiles MOE_PF_KT k-steps ahead are requested early (the packed streams are contiguous,
+ * running past the last k-tile just touches the next n-block). */
+#define MOE_PF_KT 8
 
 /* Add the int32 C tiles of group g, scaled per column, into out (fp32), and clear them. */
 MOE_AMX_FN static void MOE_AMX_FLUSH(const moe_kargs *k, int g, int two, int32_t *cst) {
@@ -51,6 +56,7 @@ MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
     T_ZERO(3);
     if (k->fmt == OMPK_MOE_BF16) {
         for (int t = 0; t < k->kt; t++) {
+            T_PF(k->b[0] + (t + MOE_PF_KT) * bs, k->b[1] + (t + MOE_PF_KT) * bs, 1024);
             T_LOAD(4, a0 + t * 64, lda);
             T_LOAD(6, k->b[0] + t * bs, 64);
             T_LOAD(7, k->b[1] + t * bs, 64);
@@ -72,16 +78,19 @@ MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
     }
     uint8_t *u0 = k->scratch, *u1 = k->scratch + 1024;
     int32_t *cst = (int32_t *)(k->scratch + 2048);
-    for (int i = 0; i < 2 * 32 * 16; i++) o[i] = 0.0f;
     const int is4 = k->fmt != OMPK_MOE_INT8;
-    int g0 = k->ktg0 / k->ktpg, gcur = 0;
+    int g0 = k->ktg0 / k->ktpg, gcur = 0, flushed = 0;
     for (int t = 0; t < k->kt; t++) {
         int g = (k->ktg0 + t) / k->ktpg - g0;
         if (g != gcur) {
+            if (!flushed)
+                for (int i = 0; i < 2 * 32 * 16; i++) o[i] = 0.0f;
+            flushed = 1;
             MOE_AMX_FLUSH(k, gcur, two, cst);
             gcur = g;
         }
         const uint8_t *b0 = k->b[0] + t * bs, *b1 = k->b[1] + t * bs;
+        T_PF(b0 + MOE_PF_KT * bs, b1 + MOE_PF_KT * bs, is4 ? 512 : 1024);
         if (is4) {
             T_UNPACK4(u0, b0, k->z[0] + (size_t)g * k->zstride);
             T_UNPACK4(u1, b1, k->z[1] + (size_t)g * k->zstride);
@@ -98,6 +107,25 @@ MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
             T_DPBSSD(2, 5, 6);
             T_DPBSSD(3, 5, 7);
         }
+    }
+    if (!flushed) {
+        /* one group in this call (always for int8): scale straight from the int32 tiles */
+        T_STORE(0, cst, 64);
+        T_STORE(1, cst + 256, 64);
+        if (two) {
+            T_STORE(2, cst + 512, 64);
+            T_STORE(3, cst + 768, 64);
+        }
+        for (int s = 0; s < 2; s++) {
+            const float *sc = k->s[s] + (size_t)gcur * k->sstride;
+            for (int r = 0; r < k->m; r++) {
+                const int32_t *c = cst + ((r >> 4) * 2 + s) * 256 + (r & 15) * 16;
+                float *orow = o + (s * 32 + r) * 16;
+                for (int n = 0; n < 16; n++)
+                    orow[n] = fmaf(sc[n], (float)c[n], 0.0f) * k->ascale[r];
+            }
+        }
+        return;
     }
     MOE_AMX_FLUSH(k, gcur, two, cst);
     for (int s = 0; s < 2; s++)

@@ -10,6 +10,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "bf16.h"
 #include "error.h"
@@ -62,6 +63,7 @@ ompk_status moe_arena_create(ompk_moe *m) {
     if (!m->arena)
         return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_moe_create", "scratch arena of %zu bytes",
                          off);
+    madvise(m->arena, align_up(off, 4096), MADV_HUGEPAGE);
     for (int i = 0; i < MB_COUNT_; i++) {
         uint8_t *c = m->arena + align_up(m->off[i] + m->len[i], 64);
         for (size_t j = 0; j < CANARY; j++) c[j] = canary_byte(i, j);

@@ -18,6 +18,14 @@
 #define T_DPBF16(c, a, b) _tile_dpbf16ps(c, a, b)
 #define T_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
 #define T_UNPACK4(d, s, z) moe_amx_unpack4(d, s, z)
+#define T_PF(p0, p1, n) moe_amx_prefetch(p0, p1, n)
+
+MOE_AMX_FN static inline void moe_amx_prefetch(const uint8_t *p0, const uint8_t *p1, int n) {
+    for (int o = 0; o < n; o += 64) {
+        _mm_prefetch((const char *)(p0 + o), _MM_HINT_T1);
+        _mm_prefetch((const char *)(p1 + o), _MM_HINT_T1);
+    }
+}
 
 /* 16 rows of 32 nibble bytes -> 16 rows of 64 int8 (low nibbles first), minus the zero vector */
 MOE_AMX_FN static inline void moe_amx_unpack4(uint8_t *dst, const uint8_t *src, const uint8_t *z) {

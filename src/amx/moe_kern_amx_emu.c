@@ -120,5 +120,6 @@ static void emu_unpack4(uint8_t *dst, const uint8_t *src, const uint8_t *z) {
 #define T_DPBF16(c, a, b) emu_dpbf16(c, a, b)
 #define T_DPBSSD(c, a, b) emu_dpbssd(c, a, b)
 #define T_UNPACK4(d, s, z) emu_unpack4(d, s, z)
+#define T_PF(p0, p1, n) ((void)(p0), (void)(p1), (void)(n))
 
 #include "moe_amx_tmpl.h"

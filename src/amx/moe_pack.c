@@ -1,6 +1,7 @@
 /* Packed weight storage: per-partition allocation (bound to the partition's NUMA node) and
  * placement / read-back of single weights in the tile layout described in moe_internal.h. */
 #include <string.h>
+#include <sys/mman.h>
 
 #include "bf16.h"
 #include "error.h"
@@ -39,6 +40,8 @@ ompk_status moe_parts_alloc(ompk_moe *m) {
             return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_moe_create",
                              "packed weights of partition %d: %zu bytes", p, total);
         }
+        /* weights are streamed every forward: huge pages spare the TLB (advice only) */
+        madvise(mem, total, MADV_HUGEPAGE);
         memset(mem, 0, total);
         pp->mem = mem;
         pp->mem_bytes = total;
