@@ -178,6 +178,11 @@ static int run_case(ompk_bench_ctx *ctx, const moe_shape *s, ompk_moe **layers, 
                    r.dtype, (long long)T, tfs / info.threads, info.threads, gbs,
                    stream_read_gbs > 0 ? 100 * gbs / stream_read_gbs : NAN, stream_read_gbs,
                    st.experts_amx, st.experts_vector);
+            printf("      moe %s T%lld last call phases (ms): gather %.3f gate/up %.3f quant-a "
+                   "%.3f down "
+                   "%.3f reduce %.3f\n",
+                   r.dtype, (long long)T, st.phase_ms[0], st.phase_ms[1], st.phase_ms[2],
+                   st.phase_ms[3], st.phase_ms[4]);
             if (ctx->dev.type != OMPK_HOST) {
                 ompk_bench_record q = r;
                 q.kernel = "moe_fwd_staging";

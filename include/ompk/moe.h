@@ -80,6 +80,9 @@ typedef struct ompk_moe_stats {
     double stage_out_ms;
     int experts_amx;    /* active experts that ran on AMX tiles in that forward */
     int experts_vector; /* active experts that ran on AVX-512 / portable code */
+    /* compute_ms by phase: gather (+ x quantization), gate/up + SiLU, quantization of a (int
+     * formats), down, sum of partials and rounding of y */
+    double phase_ms[5];
 } ompk_moe_stats;
 
 typedef struct ompk_moe_info {

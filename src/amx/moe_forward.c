@@ -221,6 +221,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
         }
     }
     const int pin = saved != NULL;
+    double tm[4] = {0, 0, 0, 0}, tstart = omp_get_wtime();
 
 #pragma omp parallel num_threads(m->threads)
     {
@@ -269,6 +270,8 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
         for (int64_t i = 0; i < P * T; i++)
             memset(yp + ((i / T) * Tm + i % T) * Hn, 0, (size_t)Hn * 4);
 
+#pragma omp master
+        tm[0] = omp_get_wtime();
         /* phase 1: gate and up, SiLU*up in fp32 */
         for (int p = 0; p < P; p++) {
             int lo, hi;
@@ -332,12 +335,16 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
             }
         }
 #pragma omp barrier
+#pragma omp master
+        tm[1] = omp_get_wtime();
         if (isint) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < R; r++)
                 sa[r] = ompk_moe_quant_row(af + r * Ipad, Ipad, (int8_t *)(abuf + r * lda));
         }
 
+#pragma omp master
+        tm[2] = omp_get_wtime();
         /* phase 2: down projection into the partition's fp32 partial of y */
         for (int p = 0; p < P; p++) {
             int lo, hi;
@@ -402,6 +409,8 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
         if (used_amx) moe_amx_release();
 #pragma omp barrier
 
+#pragma omp master
+        tm[3] = omp_get_wtime();
         /* phase 3: y = sum of the partials in partition order, rounded once */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
@@ -413,6 +422,10 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
             }
         }
     }
+    double tend = omp_get_wtime();
+    m->stats.phase_ms[0] = (tm[0] - tstart) * 1e3;
+    for (int i = 1; i < 4; i++) m->stats.phase_ms[i] = (tm[i] - tm[i - 1]) * 1e3;
+    m->stats.phase_ms[4] = (tend - tm[3]) * 1e3;
     if (saved) {
         hwloc_set_cpubind(m->topo, saved, HWLOC_CPUBIND_THREAD);
         hwloc_bitmap_free(saved);
