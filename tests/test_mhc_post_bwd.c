@@ -2,6 +2,7 @@
  * PyTorch autograd fixture, finite differences of the reference, determinism, bad inputs.
  * Host and every GPU. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 
 #include "mhc_test_common.h"
 
@@ -275,4 +276,25 @@ Test(mhc_post_bwd, bad_inputs_write_nothing) {
         (void)u;
         pb_free(&c);
     }
+}
+
+Test(mhc_post_bwd, verify_mode_reports_sections, .init = cr_redirect_stderr) {
+    setenv("OMPK_VERIFY", "1", 1);
+    setenv("OMPK_TRACE", "1", 1);
+    pb_case c;
+    pb_new(&c, ompk_device_host(), OMPK_BF16, 1, 2, 4, 24, 5);
+    cr_assert_eq(pb_run(&c), OMPK_OK);
+    unsetenv("OMPK_VERIFY");
+    unsetenv("OMPK_TRACE");
+    fflush(stderr);
+    static char buf[1 << 15];
+    size_t got = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());
+    buf[got] = 0;
+    const char *want[] = {"ompk verify mhc_post_bwd dx ", "ompk verify mhc_post_bwd df ",
+                          "ompk verify mhc_post_bwd dpost[post]",
+                          "ompk verify mhc_post_bwd dcomb[res]", "ompk trace mhc_post_bwd dout "};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(strstr(buf, want[i]) != NULL, "missing '%s' in:\n%s", want[i], buf);
+    cr_expect(strstr(buf, "MISMATCH") == NULL, "verify reported a mismatch:\n%s", buf);
+    pb_free(&c);
 }

@@ -2,6 +2,7 @@
  * logits, PyTorch autograd fixture, finite differences of the reference, determinism and bad
  * inputs. Host and every GPU. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 
 #include "mhc_test_common.h"
 
@@ -257,4 +258,27 @@ Test(mhc_sinkhorn, bad_inputs_write_nothing) {
         }
         sk_free(&c);
     }
+}
+
+Test(mhc_sinkhorn, verify_mode_reports, .init = cr_redirect_stderr) {
+    setenv("OMPK_VERIFY", "1", 1);
+    setenv("OMPK_TRACE", "1", 1);
+    sk_case c;
+    sk_new(&c, ompk_device_host(), 1, 3, 4);
+    sk_fill(&c, 9, 1.0, 0);
+    cr_assert_eq(ompk_sinkhorn_fwd(&c.lg.t, 20, 1e-6f, &c.comb.t), OMPK_OK);
+    cr_assert_eq(ompk_sinkhorn_bwd(&c.lg.t, &c.dc.t, 20, 1e-6f, &c.dl.t), OMPK_OK);
+    unsetenv("OMPK_VERIFY");
+    unsetenv("OMPK_TRACE");
+    fflush(stderr);
+    static char buf[1 << 14];
+    size_t got = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());
+    buf[got] = 0;
+    const char *want[] = {"ompk verify sinkhorn_fwd comb[res]",
+                          "ompk verify sinkhorn_bwd dlogits[res]",
+                          "ompk trace sinkhorn_bwd dcomb "};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(strstr(buf, want[i]) != NULL, "missing '%s' in:\n%s", want[i], buf);
+    cr_expect(strstr(buf, "MISMATCH") == NULL, "verify reported a mismatch:\n%s", buf);
+    sk_free(&c);
 }

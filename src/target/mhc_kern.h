@@ -42,6 +42,21 @@
 
 #define MHC_INLINE static inline __attribute__((always_inline))
 
+/* Full unrolling of the loops over register arrays: an array indexed by a loop that stays rolled
+ * is demoted to (GPU local) memory. */
+#if defined(__clang__)
+#define MHC_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define MHC_UNROLL _Pragma("GCC unroll 128")
+#else
+#define MHC_UNROLL
+#endif
+
+/* 4 floats moved as one 16-byte word */
+typedef struct mhc_f4 {
+    float v[4];
+} __attribute__((aligned(16))) mhc_f4;
+
 /* Row width of the padded [.., M] workspaces: a multiple of 4 floats so rows load as 16 bytes. */
 static inline int mhc_mw(int n) {
     return (2 * n + n * n + 3) & ~3;
@@ -54,6 +69,7 @@ MHC_INLINE void mhc_load16(const char *p, int bf16, int vec, float v[16]) {
         ompk_load8(p, bf16, v);
         ompk_load8(p + (bf16 ? 16 : 32), bf16, v + 8);
     } else {
+        MHC_UNROLL
         for (int e = 0; e < 16; e++) v[e] = ompk_load_f(p, e, bf16);
     }
 }
@@ -63,6 +79,7 @@ MHC_INLINE void mhc_store16(char *p, int bf16, int vec, const float v[16]) {
         ompk_store8(p, bf16, v);
         ompk_store8(p + (bf16 ? 16 : 32), bf16, v + 8);
     } else {
+        MHC_UNROLL
         for (int e = 0; e < 16; e++) ompk_store_f(p, e, v[e], bf16);
     }
 }
@@ -72,52 +89,63 @@ MHC_INLINE void mhc_store16(char *p, int bf16, int vec, const float v[16]) {
  * 2r+1 after round r's column step, 2r after round r's row step). */
 MHC_INLINE void mhc_sk_fwd(const int N, int repeat, float eps, float c[8][8], float *st,
                            int64_t sstride) {
+    MHC_UNROLL
     for (int i = 0; i < 8; i++) {
         if (i >= N) continue;
         float mx = c[i][0];
+        MHC_UNROLL
         for (int j = 1; j < 8; j++)
             if (j < N) mx = c[i][j] > mx ? c[i][j] : mx;
         float s = 0;
+        MHC_UNROLL
         for (int j = 0; j < 8; j++)
             if (j < N) {
                 c[i][j] = expf(c[i][j] - mx);
                 s += c[i][j];
             }
+        MHC_UNROLL
         for (int j = 0; j < 8; j++)
             if (j < N) c[i][j] = c[i][j] / s;
     }
-    if (st)
-        for (int e = 0; e < 64; e++)
-            if (e < N * N) st[e] = c[e / N][e % N];
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 8; j++) c[i][j] += eps;
+    if (st) MHC_UNROLL
+    for (int e = 0; e < 64; e++)
+        if (e < N * N) st[e] = c[e / N][e % N];
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) c[i][j] += eps;
     for (int r = 0; r < repeat; r++) {
         if (r > 0) {
+            MHC_UNROLL
             for (int i = 0; i < 8; i++) {
                 if (i >= N) continue;
                 float s = 0;
+                MHC_UNROLL
                 for (int j = 0; j < 8; j++)
                     if (j < N) s += c[i][j];
                 s += eps;
+                MHC_UNROLL
                 for (int j = 0; j < 8; j++)
                     if (j < N) c[i][j] = c[i][j] / s;
             }
-            if (st)
-                for (int e = 0; e < 64; e++)
-                    if (e < N * N) st[2 * r * sstride + e] = c[e / N][e % N];
+            if (st) MHC_UNROLL
+            for (int e = 0; e < 64; e++)
+                if (e < N * N) st[2 * r * sstride + e] = c[e / N][e % N];
         }
+        MHC_UNROLL
         for (int j = 0; j < 8; j++) {
             if (j >= N) continue;
             float s = 0;
+            MHC_UNROLL
             for (int i = 0; i < 8; i++)
                 if (i < N) s += c[i][j];
             s += eps;
+            MHC_UNROLL
             for (int i = 0; i < 8; i++)
                 if (i < N) c[i][j] = c[i][j] / s;
         }
-        if (st)
-            for (int e = 0; e < 64; e++)
-                if (e < N * N) st[(2 * r + 1) * sstride + e] = c[e / N][e % N];
+        if (st) MHC_UNROLL
+        for (int e = 0; e < 64; e++)
+            if (e < N * N) st[(2 * r + 1) * sstride + e] = c[e / N][e % N];
     }
 }
 

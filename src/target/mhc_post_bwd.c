@@ -38,8 +38,10 @@ int64_t mhc_post_bwd_workspace(const mhc_post_bwd_args *a) {
 static int post_bwd_vec_ok(const mhc_post_bwd_args *a) {
     if (a->sx[3] != 1 || a->sg[3] != 1 || a->sdx[3] != 1 || a->sf[2] != 1 || a->sdf[2] != 1)
         return 0;
+    MHC_UNROLL
     for (int k = 0; k < 3; k++)
         if (a->sx[k] % 8 || a->sg[k] % 8 || a->sdx[k] % 8) return 0;
+    MHC_UNROLL
     for (int k = 0; k < 2; k++)
         if (a->sf[k] % 8 || a->sdf[k] % 8) return 0;
     if (((uintptr_t)a->x | (uintptr_t)a->f | (uintptr_t)a->dout | (uintptr_t)a->dx |
@@ -55,6 +57,7 @@ MHC_INLINE void ld8(const char *p, int bf16, int vec, int nd, float v[8]) {
         ompk_load8(p, bf16, v);
         return;
     }
+    MHC_UNROLL
     for (int e = 0; e < 8; e++) v[e] = e < nd ? ompk_load_f(p, e, bf16) : 0.f;
 }
 
@@ -63,6 +66,7 @@ MHC_INLINE void st8(char *p, int bf16, int vec, int nd, const float v[8]) {
         ompk_store8(p, bf16, v);
         return;
     }
+    MHC_UNROLL
     for (int e = 0; e < 8; e++)
         if (e < nd) ompk_store_f(p, e, v[e], bf16);
 }
@@ -74,9 +78,11 @@ MHC_INLINE void post_bwd_chunk(const int N, const char *x, const int64_t *sx, co
                                int vec, float *part) {
     const int esz = bf16 ? 2 : 4;
     float cm[NMAX][NMAX], pw[NMAX], dp[NMAX], dc[NMAX][NMAX];
+    MHC_UNROLL
     for (int i = 0; i < NMAX; i++) {
         pw[i] = i < N ? post[i * sp2] : 0.f;
         dp[i] = 0.f;
+        MHC_UNROLL
         for (int o = 0; o < NMAX; o++) {
             cm[i][o] = (i < N && o < N) ? comb[i * sc[2] + o * sc[3]] : 0.f;
             dc[i][o] = 0.f;
@@ -85,90 +91,75 @@ MHC_INLINE void post_bwd_chunk(const int N, const char *x, const int64_t *sx, co
     for (int64_t d = d0; d < d1; d += 8) {
         const int nd = d1 - d < 8 ? (int)(d1 - d) : 8;
         float xv[NMAX][8], dxa[NMAX][8], fv[8], dfa[8], gv[8];
+        MHC_UNROLL
         for (int i = 0; i < NMAX; i++) {
+            MHC_UNROLL
             for (int e = 0; e < 8; e++) dxa[i][e] = xv[i][e] = 0.f;
             if (i < N) ld8(x + (i * sx[2] + d) * esz, bf16, vec, nd, xv[i]);
         }
         ld8(f + d * esz, bf16, vec, nd, fv);
+        MHC_UNROLL
         for (int e = 0; e < 8; e++) dfa[e] = 0.f;
+        MHC_UNROLL
         for (int o = 0; o < NMAX; o++) {
             if (o >= N) continue;
             ld8(g + (o * sg[2] + d) * esz, bf16, vec, nd, gv);
+            MHC_UNROLL
             for (int e = 0; e < 8; e++) {
                 dfa[e] += pw[o] * gv[e];
                 dp[o] += gv[e] * fv[e];
             }
+            MHC_UNROLL
             for (int i = 0; i < NMAX; i++) {
                 if (i >= N) continue;
+                MHC_UNROLL
                 for (int e = 0; e < 8; e++) {
                     dxa[i][e] += cm[i][o] * gv[e];
                     dc[i][o] += xv[i][e] * gv[e];
                 }
             }
         }
+        MHC_UNROLL
         for (int i = 0; i < NMAX; i++)
             if (i < N) st8(dx + (i * sdx[2] + d) * esz, bf16, vec, nd, dxa[i]);
         st8(df + d * esz, bf16, vec, nd, dfa);
     }
+    MHC_UNROLL
     for (int o = 0; o < NMAX; o++)
         if (o < N) part[o] = dp[o];
-    for (int i = 0; i < NMAX; i++)
-        for (int o = 0; o < NMAX; o++)
-            if (i < N && o < N) part[N + i * N + o] = dc[i][o];
+    MHC_UNROLL
+    for (int i = 0; i < NMAX; i++) MHC_UNROLL
+    for (int o = 0; o < NMAX; o++)
+        if (i < N && o < N) part[N + i * N + o] = dc[i][o];
 }
 
+#define MHC_N 1
+#include "mhc_post_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 2
+#include "mhc_post_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 3
+#include "mhc_post_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 4
+#include "mhc_post_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 5
+#include "mhc_post_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 6
+#include "mhc_post_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 7
+#include "mhc_post_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 8
+#include "mhc_post_bwd_n.inc"
+#undef MHC_N
+
 void mhc_post_bwd_kernel(ompk_exec ex, const mhc_post_bwd_args *a, void *ws) {
-    const post_geom g = post_geometry(a);
-    const int n = a->n, P = g.P, bf16 = a->bf16, vec = post_bwd_vec_ok(a);
-    const int64_t T = g.T, S = a->S, D = a->D, CD = g.CD, NC = g.NC;
-    const char *x = (const char *)a->x, *f = (const char *)a->f, *gr = (const char *)a->dout;
-    const float *comb = a->comb, *post = a->post;
-    char *dx = (char *)a->dx, *df = (char *)a->df;
-    float *dpost = a->dpost, *dcomb = a->dcomb, *part = (float *)ws;
-    const int64_t sx[4] = {a->sx[0], a->sx[1], a->sx[2], a->sx[3]};
-    const int64_t sg[4] = {a->sg[0], a->sg[1], a->sg[2], a->sg[3]};
-    const int64_t sdx[4] = {a->sdx[0], a->sdx[1], a->sdx[2], a->sdx[3]};
-    const int64_t sc[4] = {a->sc[0], a->sc[1], a->sc[2], a->sc[3]};
-    const int64_t sdc[4] = {a->sdc[0], a->sdc[1], a->sdc[2], a->sdc[3]};
-    const int64_t sf[3] = {a->sf[0], a->sf[1], a->sf[2]};
-    const int64_t sdf[3] = {a->sdf[0], a->sdf[1], a->sdf[2]};
-    const int64_t sp[3] = {a->sp[0], a->sp[1], a->sp[2]};
-    const int64_t sdp[3] = {a->sdp[0], a->sdp[1], a->sdp[2]};
-    const int esz = bf16 ? 2 : 4;
-    if (T == 0) return;
-
-#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(x, f, gr, comb, post, dx, df, part)                            \
-    firstprivate(sx, sg, sdx, sc, sf, sdf, sp) thread_limit(256)
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t c = 0; c < NC; c++) {
-            const int64_t b = t / S, s = t % S;
-            const int64_t d0 = c * CD, d1 = d0 + CD < D ? d0 + CD : D;
-            const char *xp = x + (b * sx[0] + s * sx[1]) * esz;
-            const char *gp = gr + (b * sg[0] + s * sg[1]) * esz;
-            const char *fp = f + (b * sf[0] + s * sf[1]) * esz;
-            char *dxp = dx + (b * sdx[0] + s * sdx[1]) * esz;
-            char *dfp = df + (b * sdf[0] + s * sdf[1]) * esz;
-            const float *cp = comb + b * sc[0] + s * sc[1];
-            const float *pp = post + b * sp[0] + s * sp[1];
-#define PB_CHUNK(N)                                                                                \
-    post_bwd_chunk(N, xp, sx, fp, gp, sg, cp, sc, pp, sp[2], dxp, sdx, dfp, d0, d1, bf16, vec,     \
-                   part + (t * NC + c) * P)
-            MHC_SWITCH_N(n, PB_CHUNK)
-#undef PB_CHUNK
-        }
-
-#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(part, dpost, dcomb) firstprivate(sdc, sdp) thread_limit(128)
-    for (int64_t t = 0; t < T; t++)
-        for (int j = 0; j < P; j++) {
-            float acc = 0.f;
-            for (int64_t c = 0; c < NC; c++) acc += part[(t * NC + c) * P + j];
-            const int64_t b = t / S, s = t % S;
-            if (j < n)
-                dpost[b * sdp[0] + s * sdp[1] + j * sdp[2]] = acc;
-            else
-                dcomb[b * sdc[0] + s * sdc[1] + ((j - n) / n) * sdc[2] + ((j - n) % n) * sdc[3]] =
-                    acc;
-        }
+#define POST_BWD(N) post_bwd_launch_##N(ex, a, ws)
+    MHC_SWITCH_N(a->n, POST_BWD)
+#undef POST_BWD
 }

@@ -63,6 +63,7 @@ int64_t mhc_pre_bwd_workspace(const mhc_pre_bwd_args *a) {
 
 static int bwd_vec_ok(const mhc_pre_bwd_args *a) {
     if (a->sx[3] != 1 || a->sdh[2] != 1) return 0;
+    MHC_UNROLL
     for (int k = 0; k < 3; k++)
         if (a->sx[k] % 8) return 0;
     if (a->sdh[0] % 8 || a->sdh[1] % 8) return 0;
@@ -75,22 +76,27 @@ MHC_INLINE void bwd_dhpre(const int N, const char *xrow, int64_t sx2, const char
                           int64_t d1, int bf16, int gbf16, int vec, float *out) {
     const int esz = bf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
     float acc[NMAX];
+    MHC_UNROLL
     for (int i = 0; i < NMAX; i++) acc[i] = 0.f;
     int64_t d = d0;
     for (; d + 16 <= d1; d += 16) {
         float gv[16], xv[16];
         mhc_load16(grow + d * gsz, gbf16, vec, gv);
+        MHC_UNROLL
         for (int i = 0; i < NMAX; i++) {
             if (i >= N) continue;
             mhc_load16(xrow + (i * sx2 + d) * esz, bf16, vec, xv);
+            MHC_UNROLL
             for (int e = 0; e < 16; e++) acc[i] += gv[e] * xv[e];
         }
     }
     for (; d < d1; d++) {
         const float gv = ompk_load_f(grow, d, gbf16);
+        MHC_UNROLL
         for (int i = 0; i < NMAX; i++)
             if (i < N) acc[i] += gv * ompk_load_f(xrow, i * sx2 + d, bf16);
     }
+    MHC_UNROLL
     for (int i = 0; i < NMAX; i++)
         if (i < N) out[i] = acc[i];
 }
@@ -104,14 +110,16 @@ MHC_INLINE void bwd_token(const int N, int64_t t, int64_t S, int64_t T, int64_t 
     const int M = 2 * N + N * N;
     const int64_t b = t / S, s = t % S;
     float dhp[NMAX];
+    MHC_UNROLL
     for (int i = 0; i < NMAX; i++) dhp[i] = 0.f;
-    for (int64_t c = 0; c < NC; c++)
-        for (int i = 0; i < NMAX; i++)
-            if (i < N) dhp[i] += pdh[(c * T + t) * N + i];
+    for (int64_t c = 0; c < NC; c++) MHC_UNROLL
+    for (int i = 0; i < NMAX; i++)
+        if (i < N) dhp[i] += pdh[(c * T + t) * N + i];
     const float r = inv_rms[t * a->sinv];
     const float al[3] = {alpha[0], alpha[a->salpha], alpha[2 * a->salpha]};
     float ga[3] = {0.f, 0.f, 0.f}, dinv = 0.f;
     float *dst = dhm_ws + t * MW, *trow = tok + t * (M + 3);
+    MHC_UNROLL
     for (int m = 0; m < MMAX; m++) {
         if (m >= M) continue;
         const int grp = m < N ? 0 : (m < 2 * N ? 1 : 2);
@@ -137,6 +145,7 @@ MHC_INLINE void bwd_token(const int N, int64_t t, int64_t S, int64_t T, int64_t 
         trow[m] = dz;
     }
     for (int m = M; m < MW; m++) dst[m] = 0.f;
+    MHC_UNROLL
     for (int g = 0; g < 3; g++) trow[M + g] = ga[g];
     coef[t] = dinv * r * r * r / (float)K;
 }
@@ -157,6 +166,7 @@ MHC_INLINE void bwd_dxdw(const int N, int64_t k, int64_t D, int64_t S, int64_t t
     const int64_t d = k % D;
     const float gk = gamma ? gamma[k] : 1.f;
     float w[MMAX], acc[MMAX];
+    MHC_UNROLL
     for (int m = 0; m < MMAX; m++) {
         w[m] = m < M ? phi[m * sphi + k] * gk : 0.f;
         acc[m] = 0.f;
@@ -167,9 +177,11 @@ MHC_INLINE void bwd_dxdw(const int N, int64_t k, int64_t D, int64_t S, int64_t t
         const float gin = ompk_load_f(dh, b * sdh[0] + s * sdh[1] + d, dbf16);
         const f4 *row = (const f4 *)(dhm_ws + t * MW);
         float sum = 0.f;
+        MHC_UNROLL
         for (int q = 0; q < MMAX / 4 + 1; q++) {
             if (4 * q >= M) continue;
             const f4 r4 = row[q];
+            MHC_UNROLL
             for (int e = 0; e < 4; e++) {
                 if (4 * q + e >= M) continue;
                 sum += r4.v[e] * w[4 * q + e];
@@ -180,111 +192,38 @@ MHC_INLINE void bwd_dxdw(const int N, int64_t k, int64_t D, int64_t S, int64_t t
         if (gxp) val += ompk_load_f(gxp, b * sg[0] + s * sg[1] + i * sg[2] + d, gbf16);
         ompk_store_f(dx, b * sdx[0] + s * sdx[1] + i * sdx[2] + d, val, bf16);
     }
+    MHC_UNROLL
     for (int m = 0; m < MMAX; m++)
         if (m < M) pw[m * K + k] = acc[m];
 }
 
+#define MHC_N 1
+#include "mhc_pre_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 2
+#include "mhc_pre_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 3
+#include "mhc_pre_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 4
+#include "mhc_pre_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 5
+#include "mhc_pre_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 6
+#include "mhc_pre_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 7
+#include "mhc_pre_bwd_n.inc"
+#undef MHC_N
+#define MHC_N 8
+#include "mhc_pre_bwd_n.inc"
+#undef MHC_N
+
 void mhc_pre_bwd_kernel(ompk_exec ex, const mhc_pre_bwd_args *a, void *ws) {
-    const bwd_geom g = bwd_geometry(a);
-    const int n = a->n, M = 2 * n + n * n, MW = g.MW, R = g.R;
-    const int bf16 = a->bf16, dbf16 = a->dh_bf16, gbf16 = a->gxp_bf16;
-    const int vec = bwd_vec_ok(a);
-    const int64_t T = g.T, K = g.K, D = a->D, S = a->S, CD = g.CD, NC = g.NC;
-    const int64_t TBK = g.TBK, NB = g.NB, NBLK = g.NBLK;
-    const char *x = (const char *)a->x, *dh = (const char *)a->dh_in;
-    const char *gxp = (const char *)a->gxp;
-    char *dx = (char *)a->dx;
-    const float *phi = a->phi, *gamma = a->gamma, *alpha = a->alpha;
-    const float *dh_post = a->dh_post, *dh_res = a->dh_res, *h_mix = a->h_mix;
-    const float *inv_rms = a->inv_rms, *h_pre = a->h_pre, *h_post = a->h_post;
-    float *dphi = a->dphi, *dalpha = a->dalpha, *dbias = a->dbias, *dgamma = a->dgamma;
-    const int64_t sphi = a->sphi, sdphi = a->sdphi, sdalpha = a->sdalpha, sdbias = a->sdbias;
-    const int64_t sx[4] = {a->sx[0], a->sx[1], a->sx[2], a->sx[3]};
-    const int64_t sdh[3] = {a->sdh[0], a->sdh[1], a->sdh[2]};
-    const int64_t sg[4] = {a->sgxp[0], a->sgxp[1], a->sgxp[2], a->sgxp[3]};
-    const int64_t sdx[4] = {a->sdx[0], a->sdx[1], a->sdx[2], a->sdx[3]};
-    const int64_t shpre[2] = {a->shpre[0], a->shpre[1]};
-    const mhc_pre_bwd_args args = *a;
-    float *pdh = (float *)ws;
-    float *dhm_ws = pdh + al4(NC * T * n);
-    float *coef = dhm_ws + al4(T * MW);
-    float *tok = coef + al4(T);
-    float *blk = tok + al4(T * R);
-    float *pw = blk + al4(NBLK * R);
-    const int esz = bf16 ? 2 : 4, gsz = dbf16 ? 2 : 4;
-
-    if (T > 0) {
-#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(x, dh, pdh) firstprivate(sx, sdh) thread_limit(256)
-        for (int64_t c = 0; c < NC; c++)
-            for (int64_t t = 0; t < T; t++) {
-                const int64_t b = t / S, s = t % S;
-                const int64_t d0 = c * CD, d1 = d0 + CD < D ? d0 + CD : D;
-                const char *xrow = x + (b * sx[0] + s * sx[1]) * esz;
-                const char *grow = dh + (b * sdh[0] + s * sdh[1]) * gsz;
-#define BWD_DHPRE(N)                                                                               \
-    bwd_dhpre(N, xrow, sx[2], grow, d0, d1, bf16, dbf16, vec, pdh + (c * T + t) * N)
-                MHC_SWITCH_N(n, BWD_DHPRE)
-#undef BWD_DHPRE
-            }
-
-#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
-    is_device_ptr(pdh, alpha, dh_post, dh_res, h_mix, inv_rms, h_pre, h_post, dhm_ws, coef, tok)   \
-    firstprivate(args) thread_limit(128)
-        for (int64_t t = 0; t < T; t++) {
-#define BWD_TOK(N)                                                                                 \
-    bwd_token(N, t, S, T, NC, K, pdh, &args, alpha, dh_post, dh_res, h_mix, inv_rms, h_pre,        \
-              h_post, dhm_ws, MW, coef, tok)
-            MHC_SWITCH_N(n, BWD_TOK)
-#undef BWD_TOK
-        }
-    }
-
-    /* dbias, dalpha: blocks of TOKBLK tokens in order, then the blocks in order */
-#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(tok, blk) thread_limit(128)
-    for (int64_t q = 0; q < NBLK; q++)
-        for (int j = 0; j < R; j++) {
-            float acc = 0.f;
-            const int64_t t1 = (q + 1) * TOKBLK < T ? (q + 1) * TOKBLK : T;
-            for (int64_t t = q * TOKBLK; t < t1; t++) acc += tok[t * R + j];
-            blk[q * R + j] = acc;
-        }
-#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
-    is_device_ptr(blk, dbias, dalpha) thread_limit(128)
-    for (int j = 0; j < R; j++) {
-        float acc = 0.f;
-        for (int64_t q = 0; q < NBLK; q++) acc += blk[q * R + j];
-        if (j < M)
-            dbias[j * sdbias] = acc;
-        else
-            dalpha[(j - M) * sdalpha] = acc;
-    }
-
-#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(x, dh, gxp, dx, phi, gamma, h_pre, dhm_ws, coef, pw)           \
-    firstprivate(sx, sdh, sg, sdx, shpre) thread_limit(256)
-    for (int64_t q = 0; q < NB; q++)
-        for (int64_t k = 0; k < K; k++) {
-            const int64_t t0 = q * TBK, t1 = t0 + TBK < T ? t0 + TBK : T;
-#define BWD_DXDW(N)                                                                                \
-    bwd_dxdw(N, k, D, S, t0, t1, x, sx, bf16, dh, sdh, dbf16, gxp, sg, gbf16, dx, sdx, phi, sphi,  \
-             gamma, h_pre, shpre, dhm_ws, MW, coef, pw + q * M * K, K)
-            MHC_SWITCH_N(n, BWD_DXDW)
-#undef BWD_DXDW
-        }
-
-#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
-    is_device_ptr(phi, gamma, pw, dphi, dgamma) thread_limit(256)
-    for (int64_t k = 0; k < K; k++) {
-        const float gk = gamma ? gamma[k] : 1.f;
-        float dg = 0.f;
-        for (int m = 0; m < M; m++) {
-            float w = 0.f;
-            for (int64_t q = 0; q < NB; q++) w += pw[(q * M + m) * K + k];
-            dphi[m * sdphi + k] = w * gk;
-            dg += w * phi[m * sphi + k];
-        }
-        if (dgamma) dgamma[k] = dg;
-    }
+#define PRE_BWD(N) pre_bwd_launch_##N(ex, a, ws)
+    MHC_SWITCH_N(a->n, PRE_BWD)
+#undef PRE_BWD
 }

@@ -57,6 +57,7 @@ int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
 
 static int pre_vec_ok(const mhc_pre_fwd_args *a) {
     if (a->sx[3] != 1 || a->shin[2] != 1) return 0;
+    MHC_UNROLL
     for (int k = 0; k < 3; k++)
         if (a->sx[k] % 8) return 0;
     if (a->shin[0] % 8 || a->shin[1] % 8) return 0;
@@ -65,55 +66,76 @@ static int pre_vec_ok(const mhc_pre_fwd_args *a) {
 }
 
 /* Stage 1 body: partial GEMM rows and sum of squares of tokens t0.. (TPT of them, clamped to
- * T-1 for loads) over d in [d0, d1) of stream i. */
+ * T-1 for loads) over d in [d0, d1) of stream i. The phi row of each k is read as 16-byte words
+ * (MW is a multiple of 4, rows 16-byte aligned): one broadcast load per 4 columns. */
 MHC_INLINE void pre_part(const int N, const int TPT, const char *x, int64_t sx0, int64_t sx1,
                          int64_t sx2, int64_t S, int64_t T, int64_t t0, int i, int64_t D,
                          int64_t d0, int64_t d1, const float *wt, int MW, float *part, int64_t c,
                          int bf16, int vec) {
     const int M = 2 * N + N * N;
+    const int MQ = (M + 3) / 4;
     const int esz = bf16 ? 2 : 4;
-    float acc[2][MMAX + 1];
+    float acc[2][MMAX + 4], ss[2] = {0.f, 0.f};
     const char *row[2] = {x, x};
+    MHC_UNROLL
     for (int u = 0; u < 2; u++) {
         if (u >= TPT) continue;
         int64_t t = t0 + u < T ? t0 + u : T - 1;
         row[u] = x + ((t / S) * sx0 + (t % S) * sx1 + (int64_t)i * sx2) * esz;
-        for (int m = 0; m <= MMAX; m++)
-            if (m <= M) acc[u][m] = 0.f;
+        MHC_UNROLL
+        for (int m = 0; m < MMAX + 4; m++) acc[u][m] = 0.f;
     }
     const float *w = wt + ((int64_t)i * D + d0) * MW;
     int64_t d = d0;
-    for (; d + 16 <= d1; d += 16) {
-        float xv[2][16];
-        for (int u = 0; u < 2; u++)
-            if (u < TPT) mhc_load16(row[u] + d * esz, bf16, vec, xv[u]);
-        for (int e = 0; e < 16; e++) {
-            for (int m = 0; m < MMAX; m++) {
-                if (m >= M) continue;
-                float wm = w[m];
+    for (; d + 8 <= d1; d += 8) {
+        float xv[2][8];
+        MHC_UNROLL
+        for (int u = 0; u < 2; u++) {
+            if (u >= TPT) continue;
+            if (vec)
+                ompk_load8(row[u] + d * esz, bf16, xv[u]);
+            else
+                MHC_UNROLL
+            for (int e = 0; e < 8; e++) xv[u][e] = ompk_load_f(row[u], d + e, bf16);
+        }
+        MHC_UNROLL
+        for (int e = 0; e < 8; e++) {
+            const mhc_f4 *w4 = (const mhc_f4 *)w;
+            MHC_UNROLL
+            for (int q = 0; q < (MMAX + 3) / 4; q++) {
+                if (q >= MQ) continue;
+                const mhc_f4 wq = w4[q];
+                MHC_UNROLL
+                for (int r = 0; r < 4; r++) MHC_UNROLL
                 for (int u = 0; u < 2; u++)
-                    if (u < TPT) acc[u][m] += xv[u][e] * wm;
+                    if (u < TPT) acc[u][4 * q + r] += xv[u][e] * wq.v[r];
             }
+            MHC_UNROLL
             for (int u = 0; u < 2; u++)
-                if (u < TPT) acc[u][M] += xv[u][e] * xv[u][e];
+                if (u < TPT) ss[u] += xv[u][e] * xv[u][e];
             w += MW;
         }
     }
     for (; d < d1; d++) {
+        MHC_UNROLL
         for (int u = 0; u < 2; u++) {
             if (u >= TPT) continue;
             float xv = ompk_load_f(row[u], d, bf16);
+            MHC_UNROLL
             for (int m = 0; m < MMAX; m++)
                 if (m < M) acc[u][m] += xv * w[m];
-            acc[u][M] += xv * xv;
+            ss[u] += xv * xv;
         }
         w += MW;
     }
+    MHC_UNROLL
     for (int u = 0; u < 2; u++) {
         if (u >= TPT || t0 + u >= T) continue;
         float *p = part + (c * T + t0 + u) * (M + 1);
-        for (int m = 0; m <= MMAX; m++)
-            if (m <= M) p[m] = acc[u][m];
+        MHC_UNROLL
+        for (int m = 0; m < MMAX; m++)
+            if (m < M) p[m] = acc[u][m];
+        p[M] = ss[u];
     }
 }
 
@@ -128,10 +150,12 @@ MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t
                           float *logits, float *comb, float *h_mix, float *inv_rms, float *h_pre) {
     const int M = 2 * N + N * N;
     float acc[MMAX + 1];
+    MHC_UNROLL
     for (int m = 0; m <= MMAX; m++)
         if (m <= M) acc[m] = 0.f;
     for (int64_t c = 0; c < NC; c++) {
         const float *p = part + (c * T + t) * (M + 1);
+        MHC_UNROLL
         for (int m = 0; m <= MMAX; m++)
             if (m <= M) acc[m] += p[m];
     }
@@ -139,9 +163,10 @@ MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t
     const float r = 1.f / sqrtf(acc[M] / (float)K + a->norm_eps);
     const float a0 = alpha[0], a1 = alpha[a->salpha], a2 = alpha[2 * a->salpha];
     if (inv_rms) inv_rms[t * a->sinv] = r;
-    if (h_mix)
-        for (int m = 0; m < MMAX; m++)
-            if (m < M) h_mix[t * a->shmix[0] + m * a->shmix[1]] = acc[m];
+    if (h_mix) MHC_UNROLL
+    for (int m = 0; m < MMAX; m++)
+        if (m < M) h_mix[t * a->shmix[0] + m * a->shmix[1]] = acc[m];
+    MHC_UNROLL
     for (int i = 0; i < NMAX; i++) {
         if (i >= N) continue;
         float hp = sigmoidf(a0 * (acc[i] * r) + bias[i * a->sbias]) + a->hc_eps;
@@ -151,21 +176,23 @@ MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t
             a->post_mult * sigmoidf(a1 * (acc[N + i] * r) + bias[(N + i) * a->sbias]);
     }
     float c[8][8];
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 8; j++) {
-            if (i >= N || j >= N) continue;
-            const int m = 2 * N + i * N + j;
-            c[i][j] = a2 * (acc[m] * r) + bias[m * a->sbias];
-            if (logits)
-                logits[b * a->slog[0] + s * a->slog[1] + i * a->slog[2] + j * a->slog[3]] = c[i][j];
-        }
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) {
+        if (i >= N || j >= N) continue;
+        const int m = 2 * N + i * N + j;
+        c[i][j] = a2 * (acc[m] * r) + bias[m * a->sbias];
+        if (logits)
+            logits[b * a->slog[0] + s * a->slog[1] + i * a->slog[2] + j * a->slog[3]] = c[i][j];
+    }
     if (comb) {
         mhc_sk_fwd(N, a->repeat, a->sk_eps, c, (float *)0, 0);
-        for (int i = 0; i < 8; i++)
-            for (int j = 0; j < 8; j++)
-                if (i < N && j < N)
-                    comb[b * a->scomb[0] + s * a->scomb[1] + i * a->scomb[2] + j * a->scomb[3]] =
-                        c[i][j];
+        MHC_UNROLL
+        for (int i = 0; i < 8; i++) MHC_UNROLL
+        for (int j = 0; j < 8; j++)
+            if (i < N && j < N)
+                comb[b * a->scomb[0] + s * a->scomb[1] + i * a->scomb[2] + j * a->scomb[3]] =
+                    c[i][j];
     }
 }
 
@@ -175,11 +202,14 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
     const int esz = bf16 ? 2 : 4;
     if (nd == 16) {
         float acc[16], xv[16];
+        MHC_UNROLL
         for (int e = 0; e < 16; e++) acc[e] = 0.f;
+        MHC_UNROLL
         for (int i = 0; i < NMAX; i++) {
             if (i >= N) continue;
             mhc_load16(xrow + i * sx2 * esz, bf16, vec, xv);
             const float h = hp[i];
+            MHC_UNROLL
             for (int e = 0; e < 16; e++) acc[e] += h * xv[e];
         }
         mhc_store16(out, bf16, vec, acc);
@@ -187,11 +217,50 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
     }
     for (int64_t e = 0; e < nd; e++) {
         float acc = 0.f;
+        MHC_UNROLL
         for (int i = 0; i < NMAX; i++)
             if (i < N) acc += hp[i] * ompk_load_f(xrow + i * sx2 * esz, e, bf16);
         ompk_store_f(out, e, acc, bf16);
     }
 }
+
+/* Everything the per-n launches need (mhc_pre_fwd_n.inc defines pre_stages_<n>). */
+typedef struct pre_launch {
+    ompk_exec ex;
+    const char *x;
+    int64_t sx0, sx1, sx2, S, T, D, K, CD, NCD, NC, shin0, shin1;
+    int MW, bf16, vec;
+    float *wt, *part, *hp_ws;
+    const float *alpha, *bias;
+    char *h_in;
+    float *h_post, *logits, *comb, *h_mix, *inv_rms, *h_pre;
+    mhc_pre_fwd_args args;
+} pre_launch;
+
+#define MHC_N 1
+#include "mhc_pre_fwd_n.inc"
+#undef MHC_N
+#define MHC_N 2
+#include "mhc_pre_fwd_n.inc"
+#undef MHC_N
+#define MHC_N 3
+#include "mhc_pre_fwd_n.inc"
+#undef MHC_N
+#define MHC_N 4
+#include "mhc_pre_fwd_n.inc"
+#undef MHC_N
+#define MHC_N 5
+#include "mhc_pre_fwd_n.inc"
+#undef MHC_N
+#define MHC_N 6
+#include "mhc_pre_fwd_n.inc"
+#undef MHC_N
+#define MHC_N 7
+#include "mhc_pre_fwd_n.inc"
+#undef MHC_N
+#define MHC_N 8
+#include "mhc_pre_fwd_n.inc"
+#undef MHC_N
 
 void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     const pre_geom g = pre_geometry(a);
@@ -218,44 +287,15 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
         for (int m = 0; m < MW; m++)
             wt[k * MW + m] = m < M ? phi[m * sphi + k] * (gamma ? gamma[k] : 1.f) : 0.f;
 
-    const int64_t NTP = (T + TPT - 1) / TPT;
-#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(x, wt, part) thread_limit(256)
-    for (int64_t c = 0; c < NC; c++)
-        for (int64_t tp = 0; tp < NTP; tp++) {
-            const int i = (int)(c / NCD);
-            const int64_t d0 = (c % NCD) * CD, d1 = d0 + CD < D ? d0 + CD : D;
-#define MHC_PART(N)                                                                                \
-    pre_part(N, MHC_TPT(N), x, sx0, sx1, sx2, S, T, tp *TPT, i, D, d0, d1, wt, MW, part, c, bf16,  \
-             vec)
-            MHC_SWITCH_N(n, MHC_PART)
-#undef MHC_PART
-        }
-
-#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
-    is_device_ptr(part, alpha, bias, hp_ws, h_post, logits, comb, h_mix, inv_rms, h_pre)           \
-    firstprivate(args) thread_limit(128)
-    for (int64_t t = 0; t < T; t++) {
-#define MHC_TOK(N)                                                                                 \
-    pre_token(N, t, S, NC, T, part, K, &args, alpha, bias, hp_ws, h_post, logits, comb, h_mix,     \
-              inv_rms, h_pre)
-        MHC_SWITCH_N(n, MHC_TOK)
-#undef MHC_TOK
-    }
-
-    const int esz = bf16 ? 2 : 4;
-    const int64_t sh0 = a->shin[0], sh1 = a->shin[1];
-    const int64_t NCH = (D + 15) / 16;
-#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(x, hp_ws, h_in) thread_limit(256)
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t ch = 0; ch < NCH; ch++) {
-            const int64_t b = t / S, s = t % S, d = ch * 16;
-            const int64_t nd = D - d < 16 ? D - d : 16;
-            const char *xrow = x + (b * sx0 + s * sx1 + d) * esz;
-            char *out = h_in + (b * sh0 + s * sh1 + d) * esz;
-#define MHC_HIN(N) pre_hin(N, xrow, sx2, hp_ws + t * N, out, nd, bf16, vec)
-            MHC_SWITCH_N(n, MHC_HIN)
-#undef MHC_HIN
-        }
+    pre_launch L;
+    L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
+    L.K = K, L.CD = CD, L.NCD = NCD, L.NC = NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
+    L.wt = wt, L.part = part, L.hp_ws = hp_ws, L.alpha = alpha, L.bias = bias;
+    L.h_in = h_in, L.shin0 = a->shin[0], L.shin1 = a->shin[1];
+    L.h_post = h_post, L.logits = logits, L.comb = comb, L.h_mix = h_mix;
+    L.inv_rms = inv_rms, L.h_pre = h_pre, L.args = args;
+#define PRE_STAGES(N) pre_stages_##N(&L)
+    MHC_SWITCH_N(n, PRE_STAGES)
+#undef PRE_STAGES
+    (void)TPT;
 }

@@ -11,32 +11,14 @@
 MHC_INLINE void sk_fwd_token(const int N, const float *lg, const int64_t *sl, float *out,
                              const int64_t *so, int repeat, float eps) {
     float c[8][8];
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 8; j++) c[i][j] = (i < N && j < N) ? lg[i * sl[2] + j * sl[3]] : 0.f;
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) c[i][j] = (i < N && j < N) ? lg[i * sl[2] + j * sl[3]] : 0.f;
     mhc_sk_fwd(N, repeat, eps, c, (float *)0, 0);
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 8; j++)
-            if (i < N && j < N) out[i * so[2] + j * so[3]] = c[i][j];
-}
-
-void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
-    const float *lg = a->logits;
-    float *out = a->out;
-    const int64_t B = a->B, S = a->S;
-    const int n = a->n, repeat = a->repeat;
-    const float eps = a->eps;
-    const int64_t sl[4] = {a->sl[0], a->sl[1], a->sl[2], a->sl[3]};
-    const int64_t so[4] = {a->so[0], a->so[1], a->so[2], a->so[3]};
-#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(lg, out) firstprivate(sl, so) thread_limit(128)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t s = 0; s < S; s++) {
-            const float *lp = lg + b * sl[0] + s * sl[1];
-            float *op = out + b * so[0] + s * so[1];
-#define SK_FWD(N) sk_fwd_token(N, lp, sl, op, so, repeat, eps)
-            MHC_SWITCH_N(n, SK_FWD)
-#undef SK_FWD
-        }
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++)
+        if (i < N && j < N) out[i * so[2] + j * so[3]] = c[i][j];
 }
 
 static int64_t sk_state_floats(const mhc_sk_args *a) {
@@ -60,31 +42,38 @@ int64_t mhc_sk_bwd_workspace(const mhc_sk_args *a) {
 MHC_INLINE void sk_step_bwd(const int N, float g[8][8], const float *zs, int col, float add,
                             float eps) {
     float z[8][8];
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 8; j++) z[i][j] = (i < N && j < N) ? zs[i * N + j] + add : 0.f;
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) z[i][j] = (i < N && j < N) ? zs[i * N + j] + add : 0.f;
     if (col) {
+        MHC_UNROLL
         for (int j = 0; j < 8; j++) {
             if (j >= N) continue;
             float s = 0.f, gz = 0.f;
+            MHC_UNROLL
             for (int i = 0; i < 8; i++)
                 if (i < N) {
                     s += z[i][j];
                     gz += g[i][j] * z[i][j];
                 }
             const float den = s + eps, q = gz / den;
+            MHC_UNROLL
             for (int i = 0; i < 8; i++)
                 if (i < N) g[i][j] = (g[i][j] - q) / den;
         }
     } else {
+        MHC_UNROLL
         for (int i = 0; i < 8; i++) {
             if (i >= N) continue;
             float s = 0.f, gz = 0.f;
+            MHC_UNROLL
             for (int j = 0; j < 8; j++)
                 if (j < N) {
                     s += z[i][j];
                     gz += g[i][j] * z[i][j];
                 }
             const float den = s + eps, q = gz / den;
+            MHC_UNROLL
             for (int j = 0; j < 8; j++)
                 if (j < N) g[i][j] = (g[i][j] - q) / den;
         }
@@ -95,49 +84,62 @@ MHC_INLINE void sk_bwd_token(const int N, const float *lg, const int64_t *sl, co
                              const int64_t *sd, float *out, const int64_t *so, int repeat,
                              float eps, float *st, int64_t sstride) {
     float c[8][8], g[8][8];
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 8; j++) {
-            c[i][j] = (i < N && j < N) ? lg[i * sl[2] + j * sl[3]] : 0.f;
-            g[i][j] = (i < N && j < N) ? dc[i * sd[2] + j * sd[3]] : 0.f;
-        }
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) {
+        c[i][j] = (i < N && j < N) ? lg[i * sl[2] + j * sl[3]] : 0.f;
+        g[i][j] = (i < N && j < N) ? dc[i * sd[2] + j * sd[3]] : 0.f;
+    }
     mhc_sk_fwd(N, repeat, eps, c, st, sstride);
     for (int s = 2 * repeat - 1; s >= 1; s--)
         sk_step_bwd(N, g, st + (s - 1) * sstride, s & 1, s == 1 ? eps : 0.f, eps);
     /* softmax: dlogit = (g - sum_j g*p) * p, p = state 0 */
+    MHC_UNROLL
     for (int i = 0; i < 8; i++) {
         if (i >= N) continue;
         float gp = 0.f;
+        MHC_UNROLL
         for (int j = 0; j < 8; j++)
             if (j < N) gp += g[i][j] * st[i * N + j];
+        MHC_UNROLL
         for (int j = 0; j < 8; j++)
             if (j < N) out[i * so[2] + j * so[3]] = (g[i][j] - gp) * st[i * N + j];
     }
 }
 
+#define MHC_N 1
+#include "mhc_sinkhorn_n.inc"
+#undef MHC_N
+#define MHC_N 2
+#include "mhc_sinkhorn_n.inc"
+#undef MHC_N
+#define MHC_N 3
+#include "mhc_sinkhorn_n.inc"
+#undef MHC_N
+#define MHC_N 4
+#include "mhc_sinkhorn_n.inc"
+#undef MHC_N
+#define MHC_N 5
+#include "mhc_sinkhorn_n.inc"
+#undef MHC_N
+#define MHC_N 6
+#include "mhc_sinkhorn_n.inc"
+#undef MHC_N
+#define MHC_N 7
+#include "mhc_sinkhorn_n.inc"
+#undef MHC_N
+#define MHC_N 8
+#include "mhc_sinkhorn_n.inc"
+#undef MHC_N
+
+void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
+#define SK_FWD(N) sk_fwd_launch_##N(ex, a)
+    MHC_SWITCH_N(a->n, SK_FWD)
+#undef SK_FWD
+}
+
 void mhc_sk_bwd_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws) {
-    const float *lg = a->logits, *dc = a->dcomb;
-    float *out = a->out, *st = (float *)ws;
-    const int64_t S = a->S, T = a->B * a->S;
-    const int n = a->n, repeat = a->repeat;
-    const float eps = a->eps;
-    const int64_t sl[4] = {a->sl[0], a->sl[1], a->sl[2], a->sl[3]};
-    const int64_t sd[4] = {a->sd[0], a->sd[1], a->sd[2], a->sd[3]};
-    const int64_t so[4] = {a->so[0], a->so[1], a->so[2], a->so[3]};
-    const int64_t TB = mhc_sk_bwd_batch(a);
-    for (int64_t t0 = 0; t0 < T; t0 += TB) {
-        const int64_t nt = T - t0 < TB ? T - t0 : TB;
-        const int64_t sstride = nt * n * n; /* one state of the whole batch */
-#pragma omp target teams distribute parallel for if (target : ex.on_target) device(ex.device)      \
-    is_device_ptr(lg, dc, out, st) firstprivate(sl, sd, so) thread_limit(128)
-        for (int64_t u = 0; u < nt; u++) {
-            const int64_t t = t0 + u, b = t / S, s = t % S;
-            const float *lp = lg + b * sl[0] + s * sl[1];
-            const float *dp = dc + b * sd[0] + s * sd[1];
-            float *op = out + b * so[0] + s * so[1];
-            float *sp = st + u * n * n;
-#define SK_BWD(N) sk_bwd_token(N, lp, sl, dp, sd, op, so, repeat, eps, sp, sstride)
-            MHC_SWITCH_N(n, SK_BWD)
+#define SK_BWD(N) sk_bwd_launch_##N(ex, a, ws)
+    MHC_SWITCH_N(a->n, SK_BWD)
 #undef SK_BWD
-        }
-    }
 }
