@@ -72,7 +72,8 @@ static void stream_read(ompk_bench_ctx *ctx) {
 }
 
 static ompk_moe *make_layer(const moe_shape *s, ompk_moe_format f, ompk_moe_isa isa, int64_t Tmax,
-                            const ompk_tensor *g, const ompk_tensor *u, const ompk_tensor *d) {
+                            const ompk_tensor *g, const ompk_tensor *u, const ompk_tensor *d,
+                            int no_kblock) {
     ompk_moe_config c;
     memset(&c, 0, sizeof c);
     c.experts = s->E;
@@ -82,6 +83,7 @@ static ompk_moe *make_layer(const moe_shape *s, ompk_moe_format f, ompk_moe_isa 
     c.max_tokens = Tmax;
     c.format = f;
     c.isa = isa;
+    c.no_kblock = no_kblock;
     ompk_moe *m = NULL;
     if (ompk_moe_create(&c, &m) != OMPK_OK) {
         fprintf(stderr, "moe bench: create: %s\n", ompk_last_error());
@@ -120,7 +122,7 @@ static const char *fmt_name(ompk_moe_format f) {
 
 /* Time T tokens over the given layers (round-robin), emit one record. */
 static int run_case(ompk_bench_ctx *ctx, const moe_shape *s, ompk_moe **layers, int nl, int64_t T,
-                    ompk_moe_format f) {
+                    ompk_moe_format f, const char *suffix) {
     ompk_bench_ctx hctx = *ctx;
     hctx.dev = ompk_device_host();
     int32_t *hid = malloc((size_t)(T * s->k) * 4);
@@ -158,7 +160,7 @@ static int run_case(ompk_bench_ctx *ctx, const moe_shape *s, ompk_moe **layers, 
             char shape[96], variant[48];
             snprintf(shape, sizeof shape, "E%lld H%lld I%lld k%d T%lld%s", (long long)s->E,
                      (long long)s->H, (long long)s->I, s->k, (long long)T, nl > 1 ? " L8rr" : "");
-            snprintf(variant, sizeof variant, "%s%s", ompk_moe_isa_name(info.isa),
+            snprintf(variant, sizeof variant, "%s%s%s", ompk_moe_isa_name(info.isa), suffix,
                      ctx->dev.type == OMPK_HOST ? "" : "+staged");
             ompk_bench_record r = {0};
             r.kernel = "moe_fwd";
@@ -230,19 +232,23 @@ static int bench_moe(ompk_bench_ctx *ctx) {
         int ok = 1;
         double t0 = omp_get_wtime();
         for (int l = 0; l < nl && ok; l++)
-            ok = (layers[l] = make_layer(&s, f, OMPK_MOE_ISA_AUTO, Tp, &g, &u, &d)) != NULL;
+            ok = (layers[l] = make_layer(&s, f, OMPK_MOE_ISA_AUTO, Tp, &g, &u, &d, 0)) != NULL;
         if (ok)
             printf("      moe %s: %d layer(s) created and packed in %.2f s\n", fmt_name(f), nl,
                    omp_get_wtime() - t0);
-        if (ok) rc |= run_case(ctx, &s, layers, 1, Tp, f);
-        if (ok) rc |= run_case(ctx, &s, layers, nl, 1, f);
+        if (ok) rc |= run_case(ctx, &s, layers, 1, Tp, f, "");
+        if (ok) rc |= run_case(ctx, &s, layers, nl, 1, f, "");
         for (int l = 0; l < nl; l++) ompk_moe_destroy(layers[l]);
         if (!ok) rc = 1;
         /* the vector path on the same prefill, where AMX is the default */
         if (host && f != OMPK_MOE_INT4 && ompk_moe_isa_available(OMPK_MOE_ISA_AMX) &&
             ompk_moe_isa_available(OMPK_MOE_ISA_AVX512BF16)) {
-            ompk_moe *v = make_layer(&s, f, OMPK_MOE_ISA_AVX512BF16, Tp, &g, &u, &d);
-            if (v) rc |= run_case(ctx, &s, &v, 1, Tp, f);
+            ompk_moe *v = make_layer(&s, f, OMPK_MOE_ISA_AVX512BF16, Tp, &g, &u, &d, 0);
+            if (v) rc |= run_case(ctx, &s, &v, 1, Tp, f, "");
+            ompk_moe_destroy(v);
+            /* AMX without K-blocking, to show what the blocking buys */
+            v = make_layer(&s, f, OMPK_MOE_ISA_AMX, Tp, &g, &u, &d, 1);
+            if (v) rc |= run_case(ctx, &s, &v, 1, Tp, f, "-nokblock");
             ompk_moe_destroy(v);
         }
     }

@@ -68,6 +68,7 @@ typedef struct ompk_moe_config {
     int no_pin;     /* 1: leave thread affinity alone */
     ompk_moe_isa isa;
     int amx_min_rows; /* experts with fewer routed rows use AVX-512; 0 = 4 */
+    int no_kblock;    /* 1: AMX without K-blocking (same results; for comparison) */
 } ompk_moe_config;
 
 typedef struct ompk_moe ompk_moe;

@@ -151,6 +151,7 @@ ompk_status ompk_moe_create(const ompk_moe_config *config, ompk_moe **out) {
     m->k = config->top_k;
     m->threads = config->threads > 0 ? config->threads : omp_get_max_threads();
     m->amx_min_rows = config->amx_min_rows > 0 ? config->amx_min_rows : 4;
+    m->kblock = !config->no_kblock;
     int isint = m->fmt != OMPK_MOE_BF16;
     m->kte = isint ? 64 : 32;
     m->tb = m->fmt >= OMPK_MOE_INT4 ? 512 : 1024;

@@ -132,3 +132,86 @@ MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
         for (int r = 0; r < k->m; r++)
             for (int n = 0; n < 16; n++) o[(s * 32 + r) * 16 + n] *= k->ascale[r];
 }
+
+/* K-blocked variant (bf16 and int8): nsteps n-steps (weight streams b[s] + j*nstride, scales
+ * s[st] + j*sstep, results out + j*1024) share one activation block; K is walked in chunks of
+ * MOE_KC k-tiles so the A chunk (32 rows x MOE_KC*64 bytes) stays in L1 while every step's B
+ * chunk streams past it. The C tiles of each step are parked in memory between chunks (fp32 in
+ * out for bf16, int32 in scratch for int8), so each element sees exactly the same sequence of
+ * operations as in the unblocked kernel: the results are bit-identical. */
+#define MOE_KC 8
+MOE_AMX_FN void MOE_AMX_NAME_N(const moe_kargs *k) {
+    uint8_t cfg[64] __attribute__((aligned(64)));
+    for (int i = 0; i < 64; i++) cfg[i] = 0;
+    cfg[0] = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg[16 + 2 * i] = 64;
+        cfg[48 + i] = 16;
+    }
+    T_CFG(cfg);
+    const int two = k->m > 16, ns = k->nsteps, isbf = k->fmt == OMPK_MOE_BF16;
+    const int64_t lda = k->lda, bs = k->bstride;
+    const uint8_t *a0 = k->a, *a1 = k->a + 16 * lda;
+    int32_t *acc = (int32_t *)(k->scratch + 2048);
+    for (int kc = 0; kc < k->kt; kc += MOE_KC) {
+        const int ke = kc + MOE_KC < k->kt ? kc + MOE_KC : k->kt;
+        for (int j = 0; j < ns; j++) {
+            const uint8_t *b0 = k->b[0] + j * k->nstride, *b1 = k->b[1] + j * k->nstride;
+            uint8_t *cj = isbf ? (uint8_t *)(k->out + j * 1024) : (uint8_t *)(acc + j * 1024);
+            /* C tile (rows h, stream s) at element (s*32 + h*16)*16 of the step's block */
+            if (kc == 0) {
+                T_ZERO(0);
+                T_ZERO(1);
+                T_ZERO(2);
+                T_ZERO(3);
+            } else {
+                T_LOAD(0, cj, 64);
+                T_LOAD(1, cj + 512 * 4, 64);
+                if (two) {
+                    T_LOAD(2, cj + 256 * 4, 64);
+                    T_LOAD(3, cj + 768 * 4, 64);
+                }
+            }
+            for (int t = kc; t < ke; t++) {
+                T_PF(b0 + (t + MOE_PF_KT) * bs, b1 + (t + MOE_PF_KT) * bs, 1024);
+                T_LOAD(4, a0 + t * 64, lda);
+                T_LOAD(6, b0 + t * bs, 64);
+                T_LOAD(7, b1 + t * bs, 64);
+                if (isbf) {
+                    T_DPBF16(0, 4, 6);
+                    T_DPBF16(1, 4, 7);
+                } else {
+                    T_DPBSSD(0, 4, 6);
+                    T_DPBSSD(1, 4, 7);
+                }
+                if (two) {
+                    T_LOAD(5, a1 + t * 64, lda);
+                    if (isbf) {
+                        T_DPBF16(2, 5, 6);
+                        T_DPBF16(3, 5, 7);
+                    } else {
+                        T_DPBSSD(2, 5, 6);
+                        T_DPBSSD(3, 5, 7);
+                    }
+                }
+            }
+            T_STORE(0, cj, 64);
+            T_STORE(1, cj + 512 * 4, 64);
+            if (two) {
+                T_STORE(2, cj + 256 * 4, 64);
+                T_STORE(3, cj + 768 * 4, 64);
+            }
+        }
+    }
+    if (isbf) return;
+    for (int j = 0; j < ns; j++)
+        for (int s = 0; s < 2; s++) {
+            const float *sc = k->s[s] + j * k->sstep;
+            for (int r = 0; r < k->m; r++) {
+                const int32_t *c = acc + j * 1024 + (s * 32 + r) * 16;
+                float *orow = k->out + j * 1024 + (s * 32 + r) * 16;
+                for (int n = 0; n < 16; n++)
+                    orow[n] = fmaf(sc[n], (float)c[n], 0.0f) * k->ascale[r];
+            }
+        }
+}

@@ -33,7 +33,7 @@ ompk_status moe_arena_create(ompk_moe *m) {
     size_t es = isint ? 1 : 2;
     m->rows_max = R;
     int64_t rowmax = m->Hk > m->Ipad ? m->Hk : m->Ipad;
-    m->tscr_bytes = align_up(MOE_KSCRATCH + 2 * 32 * 16 * 4 + (size_t)rowmax * 4, 64);
+    m->tscr_bytes = align_up(MOE_KSCRATCH + MOE_NSTEPS * 1024 * 4 + (size_t)rowmax * 4, 64);
     m->len[MB_OFFS] = (size_t)(m->E + 1) * 8;
     m->len[MB_CURSOR] = (size_t)m->E * 8;
     m->len[MB_ACTIVE] = (size_t)m->E * 4;
@@ -131,13 +131,26 @@ static int pick_kernel(const ompk_moe *m, int64_t rows) {
     }
 }
 
+/* The K-blocked AMX kernels take several n-steps per call (bf16 and int8; int4's per-group
+ * flushes stay in the one-step kernel). */
+static int blocked(const ompk_moe *m, int kind) {
+    return m->kblock && (kind == K_AMX || kind == K_AMX_EMU) &&
+           (m->fmt == OMPK_MOE_BF16 || m->fmt == OMPK_MOE_INT8);
+}
+
 static void run_kernel(int kind, const moe_kargs *k) {
     switch (kind) {
     case K_AMX:
-        moe_kern_amx(k);
+        if (k->nsteps > 1)
+            moe_kern_amx_n(k);
+        else
+            moe_kern_amx(k);
         break;
     case K_AMX_EMU:
-        moe_kern_amx_emu(k);
+        if (k->nsteps > 1)
+            moe_kern_amx_emu_n(k);
+        else
+            moe_kern_amx_emu(k);
         break;
     case K_AVX512:
         moe_kern_avx512(k);
@@ -229,7 +242,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
         if (pin) pin_thread(m, tid, nth);
         uint8_t *kscr = tscr + (size_t)tid * m->tscr_bytes;
         float *kout = (float *)(kscr + MOE_KSCRATCH);
-        float *rowf = kout + 2 * 32 * 16;
+        float *rowf = kout + MOE_NSTEPS * 1024;
         int used_amx = 0;
 
         /* phase 0: int formats quantize each token once; then rows are gathered per expert */
@@ -287,12 +300,12 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 const int64_t e = active[task / nch];
                 const int c = task % nch;
                 const int64_t cnt = offs[e + 1] - offs[e];
-                const int kind = pick_kernel(m, cnt);
+                const int kind = pick_kernel(m, cnt), ns = blocked(m, kind) ? 4 : 1;
                 used_amx |= kind == K_AMX;
                 for (int64_t rb = 0; rb < cnt; rb += 32) {
                     const int64_t row0 = offs[e] + rb;
                     const int mr = (int)(cnt - rb < 32 ? cnt - rb : 32);
-                    for (int nb = c * 4; nb < c * 4 + 4; nb++) {
+                    for (int nb = c * 4; nb < c * 4 + 4; nb += ns) {
                         moe_kargs ka;
                         memset(&ka, 0, sizeof ka);
                         ka.fmt = m->fmt;
@@ -322,14 +335,19 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         }
                         ka.out = kout;
                         ka.scratch = kscr;
+                        ka.nsteps = ns;
+                        ka.nstride = (int64_t)m->ktg * 2 * m->tb;
+                        ka.sstep = 16;
                         run_kernel(kind, &ka);
-                        const int64_t col = pp->i0 + nb * 16;
-                        void *dst = isint ? (void *)(af + row0 * Ipad + col)
-                                          : (void *)((uint16_t *)(abuf + row0 * lda) + col);
-                        if (vec_epi)
-                            moe_epi_silu_avx512(kout, mr, dst, Ipad, !isint);
-                        else
-                            silu_rows(kout, mr, dst, Ipad, !isint);
+                        for (int j = 0; j < ns; j++) {
+                            const int64_t col = pp->i0 + (nb + j) * 16;
+                            void *dst = isint ? (void *)(af + row0 * Ipad + col)
+                                              : (void *)((uint16_t *)(abuf + row0 * lda) + col);
+                            if (vec_epi)
+                                moe_epi_silu_avx512(kout + j * 1024, mr, dst, Ipad, !isint);
+                            else
+                                silu_rows(kout + j * 1024, mr, dst, Ipad, !isint);
+                        }
                     }
                 }
             }
@@ -359,12 +377,13 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
             for (int ai = 0; ai < nact; ai++) {
                 const int64_t e = active[ai];
                 const int64_t cnt = offs[e + 1] - offs[e];
-                const int kind = pick_kernel(m, cnt);
+                const int kind = pick_kernel(m, cnt), bl = blocked(m, kind);
                 used_amx |= kind == K_AMX;
                 for (int64_t rb = 0; rb < cnt; rb += 32) {
                     const int64_t row0 = offs[e] + rb;
                     const int mr = (int)(cnt - rb < 32 ? cnt - rb : 32);
-                    for (int pr = pr0; pr < pr1; pr++) {
+                    for (int pr = pr0, ns; pr < pr1; pr += ns) {
+                        ns = bl ? (pr1 - pr < MOE_NSTEPS ? pr1 - pr : MOE_NSTEPS) : 1;
                         const int nb = 2 * pr;
                         moe_kargs ka;
                         memset(&ka, 0, sizeof ka);
@@ -394,14 +413,18 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         }
                         ka.out = kout;
                         ka.scratch = kscr;
+                        ka.nsteps = ns;
+                        ka.nstride = 2 * (int64_t)pp->ktd * m->tb;
+                        ka.sstep = 32;
                         run_kernel(kind, &ka);
-                        for (int r = 0; r < mr; r++) {
-                            float *yr = ypp + (size_t)rowtok[row0 + r] * Hn + nb * 16;
-                            if (vec_epi)
-                                moe_epi_axpy_avx512(yr, kout, r, roww[row0 + r]);
-                            else
-                                axpy_row(yr, kout, r, roww[row0 + r]);
-                        }
+                        for (int j = 0; j < ns; j++)
+                            for (int r = 0; r < mr; r++) {
+                                float *yr = ypp + (size_t)rowtok[row0 + r] * Hn + (nb + 2 * j) * 16;
+                                if (vec_epi)
+                                    moe_epi_axpy_avx512(yr, kout + j * 1024, r, roww[row0 + r]);
+                                else
+                                    axpy_row(yr, kout + j * 1024, r, roww[row0 + r]);
+                            }
                     }
                 }
             }

@@ -24,8 +24,10 @@
 #include "ompk/moe.h"
 
 #define MOE_MAX_PARTS 64
-#define MOE_ROW_PAD 32          /* readable rows after the last activation row (tile overrun) */
-#define MOE_KSCRATCH 8192       /* per-thread kernel scratch: unpacked int4 tiles + C tile stores */
+#define MOE_ROW_PAD 32 /* readable rows after the last activation row (tile overrun) */
+#define MOE_NSTEPS 4   /* n-steps one K-blocked AMX call covers */
+/* per-thread kernel scratch: unpacked int4 tiles, then C tiles (MOE_NSTEPS blocks of 4 KB) */
+#define MOE_KSCRATCH (2048 + MOE_NSTEPS * 4096)
 #define MOE_ONE_GROUP (1 << 28) /* ktpg of a format with one group per row */
 
 typedef struct moe_part {
@@ -66,8 +68,11 @@ typedef struct moe_kargs {
     const int32_t *ws[2]; /* group g: 16 weight sums at ws[st] + g*sstride */
     const uint8_t *z[2];  /* group g: 64-byte int4 zero vector at z[st] + g*zstride */
     int64_t zstride;
-    float *out;       /* [2][32][16] */
+    float *out;       /* [2][32][16]; K-blocked kernel: [nsteps][2][32][16] */
     uint8_t *scratch; /* MOE_KSCRATCH bytes, 64-aligned, private to the thread */
+    int nsteps;       /* K-blocked kernel only: n-steps, 1..MOE_NSTEPS */
+    int64_t nstride;  /* bytes between the weight streams of consecutive n-steps */
+    int64_t sstep;    /* floats between the scales of consecutive n-steps */
 } moe_kargs;
 
 typedef void (*moe_kernel_fn)(const moe_kargs *k);
@@ -76,6 +81,9 @@ void moe_kern_portable(const moe_kargs *k);
 void moe_kern_avx512(const moe_kargs *k);
 void moe_kern_amx(const moe_kargs *k);
 void moe_kern_amx_emu(const moe_kargs *k);
+/* K-blocked AMX kernels (bf16, int8): nsteps n-steps over one activation block */
+void moe_kern_amx_n(const moe_kargs *k);
+void moe_kern_amx_emu_n(const moe_kargs *k);
 void moe_amx_release(void);
 
 /* AVX-512 epilogues: a = silu(g)*u for rows 0..mr-1 of a kernel's out (16 columns) into dst
@@ -136,6 +144,7 @@ struct ompk_moe {
     int threads;
     int loaded;
     int amx_min_rows;
+    int kblock; /* use the K-blocked AMX kernels where the format allows */
     /* scratch arena: one allocation, explicit offsets, a canary after every buffer */
     uint8_t *arena;
     size_t arena_bytes;

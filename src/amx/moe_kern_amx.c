@@ -10,6 +10,7 @@
 #define MOE_AMX_FN                                                                                 \
     __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512vl,fma")))
 #define MOE_AMX_NAME moe_kern_amx
+#define MOE_AMX_NAME_N moe_kern_amx_n
 #define MOE_AMX_FLUSH moe_amx_flush
 #define T_CFG(c) _tile_loadconfig(c)
 #define T_LOAD(i, p, s) _tile_loadd(i, p, s)

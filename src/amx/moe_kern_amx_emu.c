@@ -112,6 +112,7 @@ static void emu_unpack4(uint8_t *dst, const uint8_t *src, const uint8_t *z) {
 
 #define MOE_AMX_FN
 #define MOE_AMX_NAME moe_kern_amx_emu
+#define MOE_AMX_NAME_N moe_kern_amx_emu_n
 #define MOE_AMX_FLUSH moe_amx_emu_flush
 #define T_CFG(c) emu_cfg(c)
 #define T_LOAD(i, p, s) emu_load(i, p, s)
