@@ -1,5 +1,6 @@
 /* ompk-bench entries for mHC post forward. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "bench.h"
 
@@ -13,7 +14,7 @@ static ompk_status post_call(void *p) {
 }
 
 static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64_t S, int64_t n,
-                            int64_t D) {
+                            int64_t D, const char *variant) {
     int64_t xs[4] = {B, S, n, D}, cs[4] = {B, S, n, n}, ps[3] = {B, S, n}, fs[3] = {B, S, D};
     int64_t T = B * S;
     void *x = ompk_bench_alloc_random(ctx, dt, T * n * D, 1);
@@ -37,6 +38,7 @@ static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64
                      (long long)n, (long long)D);
             ompk_bench_record r = {0};
             r.kernel = "mhc_post_fwd";
+            r.variant = variant;
             r.dtype = ompk_dtype_name(dt);
             r.shape = shape;
             r.ms = ms;
@@ -58,12 +60,19 @@ static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64
 
 static int bench_post(ompk_bench_ctx *ctx) {
     int rc = 0;
-    if (ctx->quick && ctx->dev.type == OMPK_HOST) {
-        rc |= bench_post_shape(ctx, OMPK_BF16, 1, 1024, 4, 2048);
-        rc |= bench_post_shape(ctx, OMPK_F32, 1, 1024, 4, 2048);
-    } else {
-        rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, 4, 4096);
-        rc |= bench_post_shape(ctx, OMPK_F32, 4, 4096, 4, 4096);
+    /* the host shape is the one bench/peers/mhc_peer.py times on the CPU */
+    if (ctx->dev.type == OMPK_HOST) {
+        rc |= bench_post_shape(ctx, OMPK_BF16, 1, 1024, 4, 2048, NULL);
+        rc |= bench_post_shape(ctx, OMPK_F32, 1, 1024, 4, 2048, NULL);
+        return rc;
+    }
+    /* on a GPU, the default variant and each alternative (OMPK_MHC_POST_VARIANT) */
+    const char *variants[2] = {NULL, "portable"};
+    for (int v = 0; v < 2; v++) {
+        if (variants[v]) setenv("OMPK_MHC_POST_VARIANT", variants[v], 1);
+        rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, 4, 4096, variants[v]);
+        rc |= bench_post_shape(ctx, OMPK_F32, 4, 4096, 4, 4096, variants[v]);
+        unsetenv("OMPK_MHC_POST_VARIANT");
     }
     return rc;
 }

@@ -11,3 +11,13 @@ if(OMPK_SANITIZE)
   add_compile_options(-fsanitize=${OMPK_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
   add_link_options(-fsanitize=${OMPK_SANITIZE})
 endif()
+
+# Host code generation. The portable kernels (and the host fallback of every target region)
+# are plain C loops that only vectorise well with AVX2/FMA or wider; x86-64-v3 (Haswell, 2013,
+# and every AMD Zen) is the baseline. The AMX / AVX-512 paths carry their own per-function
+# target attributes and are dispatched at run time. Set to "native" for a local build or to
+# "x86-64" for the oldest CPUs.
+set(OMPK_HOST_ARCH "x86-64-v3" CACHE STRING "-march for host code (empty: compiler default)")
+if(OMPK_HOST_ARCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  add_compile_options(-march=${OMPK_HOST_ARCH})
+endif()

@@ -25,26 +25,106 @@ int ompk_mhc_post_vec_ok(const ompk_mhc_post_args *a) {
     return 1;
 }
 
+/* The token's mixing weights, transposed into cw[o][i] so the compute loop reads them in order. */
+static inline __attribute__((always_inline)) void
+post_weights(const int n, const float *comb, int64_t csi, int64_t cso, const float *post,
+             int64_t pso, float cw[NMAX][NMAX], float pw[NMAX]) {
+#pragma GCC unroll 8
+    for (int o = 0; o < NMAX; o++) {
+        if (o >= n) continue;
+        pw[o] = post[o * pso];
+#pragma GCC unroll 8
+        for (int i = 0; i < NMAX; i++)
+            if (i < n) cw[o][i] = comb[i * csi + o * cso];
+    }
+}
+
+/* Loads one chunk of 8 d of every stream (x points at stream 0's chunk) and of f. */
+static inline __attribute__((always_inline)) void post_load8(const int n, const char *x,
+                                                             int64_t xsi, const char *f, int bf16,
+                                                             int esz, float xv[NMAX][8],
+                                                             float fv[8]) {
+#pragma GCC unroll 8
+    for (int i = 0; i < NMAX; i++)
+        if (i < n) ompk_load8(x + i * xsi * esz, bf16, xv[i]);
+    ompk_load8(f, bf16, fv);
+}
+
+static inline __attribute__((always_inline)) void
+post_compute8(const int n, const float xv[NMAX][8], const float fv[8], const float cw[NMAX][NMAX],
+              const float pw[NMAX], char *out, int64_t osi, int bf16, int esz) {
+#pragma GCC unroll 8
+    for (int o = 0; o < NMAX; o++) {
+        if (o >= n) continue;
+        float acc[8];
+#pragma GCC unroll 8
+        for (int e = 0; e < 8; e++) acc[e] = pw[o] * fv[e];
+#pragma GCC unroll 8
+        for (int i = 0; i < NMAX; i++) {
+            if (i >= n) continue;
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; e++) acc[e] += cw[o][i] * xv[i][e];
+        }
+        ompk_store8(out + o * osi * esz, bf16, acc);
+    }
+}
+
 /* One chunk of 8 d for one token: x, f, out point at the chunk of stream 0; comb/post at the
  * token's weights. */
 static inline __attribute__((always_inline)) void
 post_chunk8(const int n, const char *x, int64_t xsi, const float *comb, int64_t csi, int64_t cso,
             const float *post, int64_t pso, const char *f, char *out, int64_t osi, int bf16,
             int esz) {
-    float xv[NMAX][8], fv[8];
-    for (int i = 0; i < NMAX; i++)
-        if (i < n) ompk_load8(x + i * xsi * esz, bf16, xv[i]);
-    ompk_load8(f, bf16, fv);
-    for (int o = 0; o < NMAX; o++) {
-        if (o >= n) continue;
-        float p = post[o * pso], acc[8];
-        for (int e = 0; e < 8; e++) acc[e] = p * fv[e];
-        for (int i = 0; i < NMAX; i++) {
-            if (i >= n) continue;
-            float c = comb[i * csi + o * cso];
-            for (int e = 0; e < 8; e++) acc[e] += c * xv[i][e];
+    float cw[NMAX][NMAX], pw[NMAX], xv[NMAX][8], fv[8];
+    post_weights(n, comb, csi, cso, post, pso, cw, pw);
+    post_load8(n, x, xsi, f, bf16, esz, xv, fv);
+    post_compute8(n, xv, fv, cw, pw, out, osi, bf16, esz);
+}
+
+/* Element e of a chunk held as raw 16-byte words: bf16 (one word) or f32 (two words). Unpacking
+ * at the point of use keeps the chunk in 4 (bf16) or 8 (f32) registers per stream instead of 8
+ * floats, which is what bounds occupancy for the memory-bound GPU variant. */
+static inline __attribute__((always_inline)) float raw_elem(const ompk_u128 r[2], int e,
+                                                            const int bf16) {
+    ompk_f32_bits b;
+    if (bf16)
+        b.u = (e & 1) ? (r[0].w[e >> 1] & 0xffff0000u) : (r[0].w[e >> 1] << 16);
+    else
+        b.u = r[e >> 2].w[e & 3];
+    return b.f;
+}
+
+/* GPU variant body for one token: the token's weights stay in registers across its chunks, and
+ * each chunk is loaded as raw words (all streams before any arithmetic) and unpacked on use. */
+static inline __attribute__((always_inline)) void
+post_token_raw(const int n, const int bf16, const char *restrict xt, int64_t xsi, const float *comb,
+               int64_t csi, int64_t cso, const float *post, int64_t pso, const char *restrict ft,
+               char *restrict ot, int64_t osi, int64_t C, int64_t tid, int64_t nthr) {
+    const int esz = bf16 ? 2 : 4, words = bf16 ? 1 : 2;
+    float cw[NMAX][NMAX], pw[NMAX];
+    post_weights(n, comb, csi, cso, post, pso, cw, pw);
+    for (int64_t c = tid; c < C; c += nthr) {
+        ompk_u128 xr[NMAX][2], fr[2];
+#pragma GCC unroll 8
+        for (int i = 0; i < NMAX; i++)
+            if (i < n)
+                for (int w = 0; w < words; w++)
+                    xr[i][w] = ((const ompk_u128 *)(xt + (i * xsi + c * 8) * esz))[w];
+        for (int w = 0; w < words; w++) fr[w] = ((const ompk_u128 *)(ft + c * 8 * esz))[w];
+#pragma GCC unroll 8
+        for (int o = 0; o < NMAX; o++) {
+            if (o >= n) continue;
+            float acc[8];
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; e++) acc[e] = pw[o] * raw_elem(fr, e, bf16);
+#pragma GCC unroll 8
+            for (int i = 0; i < NMAX; i++) {
+                if (i >= n) continue;
+#pragma GCC unroll 8
+                for (int e = 0; e < 8; e++) acc[e] += cw[o][i] * raw_elem(xr[i], e, bf16);
+            }
+            ompk_store8(ot + (o * osi + c * 8) * esz, bf16, acc);
         }
-        ompk_store8(out + o * osi * esz, bf16, acc);
     }
 }
 
@@ -54,179 +134,160 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
           int64_t cso, const float *post, int64_t pso, const void *f, int64_t fo, void *out,
           int64_t oo, int64_t osi, int bf16) {
     float xv[NMAX];
+#pragma GCC unroll 8
     for (int i = 0; i < NMAX; i++)
         if (i < n) xv[i] = ompk_load_f(x, xo + i * xsi, bf16);
     float fv = ompk_load_f(f, fo, bf16);
+#pragma GCC unroll 8
     for (int o = 0; o < NMAX; o++) {
         if (o >= n) continue;
         float acc = post[o * pso] * fv;
+#pragma GCC unroll 8
         for (int i = 0; i < NMAX; i++)
             if (i < n) acc += comb[i * csi + o * cso] * xv[i];
         ompk_store_f(out, oo + o * osi, acc, bf16);
     }
 }
 
-#define OMPK_SWITCH_N(n, CALL)                                                                     \
-    switch (n) {                                                                                   \
-    case 1:                                                                                        \
-        CALL(1);                                                                                   \
-        break;                                                                                     \
-    case 2:                                                                                        \
-        CALL(2);                                                                                   \
-        break;                                                                                     \
-    case 3:                                                                                        \
-        CALL(3);                                                                                   \
-        break;                                                                                     \
-    case 4:                                                                                        \
-        CALL(4);                                                                                   \
-        break;                                                                                     \
-    case 5:                                                                                        \
-        CALL(5);                                                                                   \
-        break;                                                                                     \
-    case 6:                                                                                        \
-        CALL(6);                                                                                   \
-        break;                                                                                     \
-    case 7:                                                                                        \
-        CALL(7);                                                                                   \
-        break;                                                                                     \
-    default:                                                                                       \
-        CALL(8);                                                                                   \
-        break;                                                                                     \
+// clang-format off
+/* Every loop nest is instantiated once per stream count N by the macros below: a kernel is made
+ * per lexical target construct, and only a literal N gives the per-stream arrays compile-time
+ * extents (with a run-time n, ptxas keeps the n = 8 footprint for every n and spills it to local
+ * memory). One switch on n picks the instance. */
+#define POST_UNPACK(a)                                                                             \
+    const char *x = (const char *)(a)->x, *f = (const char *)(a)->f;                               \
+    char *out = (char *)(a)->out;                                                                  \
+    const float *comb = (a)->comb, *post = (a)->post;                                              \
+    const int64_t B = (a)->B, S = (a)->S, D = (a)->D, C = (a)->D / 8;                              \
+    const int bf16 = (a)->is_bf16, esz = (a)->is_bf16 ? 2 : 4;                                     \
+    const int64_t sx0 = (a)->sx[0], sx1 = (a)->sx[1], sx2 = (a)->sx[2], sx3 = (a)->sx[3];          \
+    const int64_t sc0 = (a)->sc[0], sc1 = (a)->sc[1], sc2 = (a)->sc[2], sc3 = (a)->sc[3];          \
+    const int64_t sp0 = (a)->sp[0], sp1 = (a)->sp[1], sp2 = (a)->sp[2];                            \
+    const int64_t sf0 = (a)->sf[0], sf1 = (a)->sf[1], sf2 = (a)->sf[2];                            \
+    const int64_t so0 = (a)->so[0], so1 = (a)->so[1], so2 = (a)->so[2], so3 = (a)->so[3];          \
+    (void)B, (void)S, (void)D, (void)C, (void)sx3, (void)sf2, (void)so3, (void)esz, (void)bf16
+
+#define OMPK_PRAGMA(...) _Pragma(#__VA_ARGS__)
+
+/* The portable kernels: 8-element chunks (vector path) or single elements (any strides). */
+#define POST_PORTABLE_KERNELS(N)                                                                   \
+    static void post_vec_##N(ompk_exec ex, const ompk_mhc_post_args *a) {                          \
+        POST_UNPACK(a);                                                                            \
+        OMPK_PRAGMA(omp target teams distribute parallel for collapse(3)                           \
+                    if(target: ex.on_target) device(ex.device)                                     \
+                    is_device_ptr(x, f, out, comb, post) thread_limit(256))                        \
+        for (int64_t b = 0; b < B; b++)                                                            \
+            for (int64_t s = 0; s < S; s++)                                                        \
+                for (int64_t c = 0; c < C; c++)                                                    \
+                    post_chunk8(N, x + (b * sx0 + s * sx1 + c * 8) * esz, sx2,                     \
+                                comb + b * sc0 + s * sc1, sc2, sc3, post + b * sp0 + s * sp1, sp2, \
+                                f + (b * sf0 + s * sf1 + c * 8) * esz,                             \
+                                out + (b * so0 + s * so1 + c * 8) * esz, so2, bf16, esz);          \
+    }                                                                                              \
+    static void post_elem_##N(ompk_exec ex, const ompk_mhc_post_args *a) {                         \
+        POST_UNPACK(a);                                                                            \
+        OMPK_PRAGMA(omp target teams distribute parallel for collapse(3)                           \
+                    if(target: ex.on_target) device(ex.device)                                     \
+                    is_device_ptr(x, f, out, comb, post) thread_limit(256))                        \
+        for (int64_t b = 0; b < B; b++)                                                            \
+            for (int64_t s = 0; s < S; s++)                                                        \
+                for (int64_t d = 0; d < D; d++)                                                    \
+                    post_elem(N, x, b * sx0 + s * sx1 + d * sx3, sx2, comb + b * sc0 + s * sc1,    \
+                              sc2, sc3, post + b * sp0 + s * sp1, sp2, f,                          \
+                              b * sf0 + s * sf1 + d * sf2, out, b * so0 + s * so1 + d * so3, so2,  \
+                              bf16);                                                               \
+    }                                                                                              \
+    /* ompk-bench's routing probe: the vector loop under a plain `omp parallel for` */             \
+    static void post_plain_##N(const ompk_mhc_post_args *a) {                                      \
+        POST_UNPACK(a);                                                                            \
+        OMPK_PRAGMA(omp parallel for collapse(3))                                                  \
+        for (int64_t b = 0; b < B; b++)                                                            \
+            for (int64_t s = 0; s < S; s++)                                                        \
+                for (int64_t c = 0; c < C; c++)                                                    \
+                    post_chunk8(N, x + (b * sx0 + s * sx1 + c * 8) * esz, sx2,                     \
+                                comb + b * sc0 + s * sc1, sc2, sc3, post + b * sp0 + s * sp1, sp2, \
+                                f + (b * sf0 + s * sf1 + c * 8) * esz,                             \
+                                out + (b * so0 + s * so1 + c * 8) * esz, so2, bf16, esz);          \
     }
 
-/* GPU variant: a bare kernel, one team per token (grid-stride over tokens), its threads striding
- * over the token's 8-element chunks. No per-chunk index division (the portable collapse(3) loop
- * divides 64-bit indices for every chunk) and restrict-qualified streams let the compiler keep
- * several 16-byte loads in flight. Used for target tensors on the vector path with D >= 512;
- * OMPK_MHC_POST_VARIANT=portable forces the portable kernel. */
+/* GPU variant, one instance per (N, dtype): a bare kernel, one team per token (grid-stride over
+ * tokens), its threads striding over the token's 8-element chunks. It avoids the portable loop's
+ * 64-bit index division per chunk, keeps the token's weights in registers, and holds chunks as
+ * raw words (see post_token_raw). */
 #ifdef OMPK_HAVE_BARE
-static void post_fwd_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
-    const char *restrict x = (const char *)a->x;
-    const char *restrict f = (const char *)a->f;
-    char *restrict out = (char *)a->out;
-    const float *comb = a->comb, *post = a->post;
-    const int64_t S = a->S, C = a->D / 8, T = a->B * a->S;
-    const int n = a->n, bf16 = a->is_bf16, esz = a->is_bf16 ? 2 : 4;
-    const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];
-    const int64_t sc0 = a->sc[0], sc1 = a->sc[1], sc2 = a->sc[2], sc3 = a->sc[3];
-    const int64_t sp0 = a->sp[0], sp1 = a->sp[1], sp2 = a->sp[2];
-    const int64_t sf0 = a->sf[0], sf1 = a->sf[1];
-    const int64_t so0 = a->so[0], so1 = a->so[1], so2 = a->so[2];
-    const int teams = (int)(T < 8192 ? T : 8192);
-#pragma omp target teams ompx_bare num_teams(teams) thread_limit(256) device(ex.device)            \
-    is_device_ptr(x, f, out, comb, post)                                                           \
-    firstprivate(S, C, T, n, bf16, esz, sx0, sx1, sx2, sc0, sc1, sc2, sc3, sp0, sp1, sp2, sf0,     \
-                     sf1, so0, so1, so2)
-    {
-        const int64_t nteams = ompx_grid_dim_x(), nthr = ompx_block_dim_x();
-        for (int64_t t = ompx_block_id_x(); t < T; t += nteams) {
-            const int64_t b = t / S, s = t - b * S;
-            const char *xt = x + (b * sx0 + s * sx1) * esz;
-            const char *ft = f + (b * sf0 + s * sf1) * esz;
-            char *ot = out + (b * so0 + s * so1) * esz;
-            const float *cp = comb + b * sc0 + s * sc1;
-            const float *pp = post + b * sp0 + s * sp1;
-            for (int64_t c = ompx_thread_id_x(); c < C; c += nthr) {
-                const char *xp = xt + c * 8 * esz, *fp = ft + c * 8 * esz;
-                char *op = ot + c * 8 * esz;
-#define OMPK_POST_CHUNK(N) post_chunk8(N, xp, sx2, cp, sc2, sc3, pp, sp2, fp, op, so2, bf16, esz)
-                OMPK_SWITCH_N(n, OMPK_POST_CHUNK)
-#undef OMPK_POST_CHUNK
-            }
-        }
+#define POST_BARE_KERNEL(N, BF, NAME)                                                              \
+    static void NAME(ompk_exec ex, const ompk_mhc_post_args *a) {                                  \
+        POST_UNPACK(a);                                                                            \
+        const int64_t T = B * S;                                                                   \
+        const int teams = (int)(T < 8192 ? T : 8192);                                              \
+        OMPK_PRAGMA(omp target teams ompx_bare num_teams(teams) thread_limit(256)                  \
+                    device(ex.device) is_device_ptr(x, f, out, comb, post))                        \
+        {                                                                                          \
+            const int64_t nteams = ompx_grid_dim_x(), nthr = ompx_block_dim_x();                   \
+            for (int64_t t = ompx_block_id_x(); t < T; t += nteams) {                              \
+                const int64_t b = t / S, s = t - b * S;                                            \
+                post_token_raw(N, BF, x + (b * sx0 + s * sx1) * esz, sx2,                          \
+                               comb + b * sc0 + s * sc1, sc2, sc3, post + b * sp0 + s * sp1, sp2,  \
+                               f + (b * sf0 + s * sf1) * esz, out + (b * so0 + s * so1) * esz,     \
+                               so2, C, ompx_thread_id_x(), nthr);                                  \
+            }                                                                                      \
+        }                                                                                          \
     }
-}
+#else
+#define POST_BARE_KERNEL(N, BF, NAME)                                                              \
+    static void NAME(ompk_exec ex, const ompk_mhc_post_args *a) { (void)ex, (void)a; }
+#endif
 
+#define POST_KERNELS(N)                                                                            \
+    POST_PORTABLE_KERNELS(N) POST_BARE_KERNEL(N, 1, post_bare_bf16_##N)                         \
+        POST_BARE_KERNEL(N, 0, post_bare_f32_##N)
+// clang-format on
+POST_KERNELS(1)
+POST_KERNELS(2)
+POST_KERNELS(3)
+POST_KERNELS(4)
+POST_KERNELS(5)
+POST_KERNELS(6)
+POST_KERNELS(7)
+POST_KERNELS(8)
+
+typedef void (*post_kernel_fn)(ompk_exec, const ompk_mhc_post_args *);
+static const post_kernel_fn post_vec[8] = {post_vec_1, post_vec_2, post_vec_3, post_vec_4,
+                                           post_vec_5, post_vec_6, post_vec_7, post_vec_8};
+static const post_kernel_fn post_elem_k[8] = {post_elem_1, post_elem_2, post_elem_3, post_elem_4,
+                                              post_elem_5, post_elem_6, post_elem_7, post_elem_8};
+static const post_kernel_fn post_bare[2][8] = {
+    {post_bare_f32_1, post_bare_f32_2, post_bare_f32_3, post_bare_f32_4, post_bare_f32_5,
+     post_bare_f32_6, post_bare_f32_7, post_bare_f32_8},
+    {post_bare_bf16_1, post_bare_bf16_2, post_bare_bf16_3, post_bare_bf16_4, post_bare_bf16_5,
+     post_bare_bf16_6, post_bare_bf16_7, post_bare_bf16_8}};
+static void (*const post_plain[8])(const ompk_mhc_post_args *) = {
+    post_plain_1, post_plain_2, post_plain_3, post_plain_4,
+    post_plain_5, post_plain_6, post_plain_7, post_plain_8};
+
+/* The bare GPU variant for target tensors on the vector path with D >= 512 (shorter rows leave
+ * most of a 256-thread team idle); OMPK_MHC_POST_VARIANT=portable forces the portable kernel. */
 static int use_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
+#ifdef OMPK_HAVE_BARE
     if (!ex.on_target || a->D < 512) return 0;
     const char *v = getenv("OMPK_MHC_POST_VARIANT");
     return !(v && strcmp(v, "portable") == 0);
-}
 #else
-static int use_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
     (void)ex, (void)a;
     return 0;
-}
-static void post_fwd_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
-    (void)ex, (void)a;
-}
 #endif
+}
 
 void ompk_mhc_post_fwd_kernel(ompk_exec ex, const ompk_mhc_post_args *a) {
-    const char *x = (const char *)a->x, *f = (const char *)a->f;
-    char *out = (char *)a->out;
-    const float *comb = a->comb, *post = a->post;
-    const int64_t B = a->B, S = a->S, D = a->D;
-    const int n = a->n, bf16 = a->is_bf16, esz = a->is_bf16 ? 2 : 4;
-    const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2], sx3 = a->sx[3];
-    const int64_t sc0 = a->sc[0], sc1 = a->sc[1], sc2 = a->sc[2], sc3 = a->sc[3];
-    const int64_t sp0 = a->sp[0], sp1 = a->sp[1], sp2 = a->sp[2];
-    const int64_t sf0 = a->sf[0], sf1 = a->sf[1], sf2 = a->sf[2];
-    const int64_t so0 = a->so[0], so1 = a->so[1], so2 = a->so[2], so3 = a->so[3];
-
-    if (ompk_mhc_post_vec_ok(a)) {
-        if (use_bare(ex, a)) {
-            post_fwd_bare(ex, a);
-            return;
-        }
-        const int64_t C = D / 8;
-#pragma omp target teams distribute parallel for collapse(3) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(x, f, out, comb, post) thread_limit(256)
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t s = 0; s < S; s++)
-                for (int64_t c = 0; c < C; c++) {
-                    const char *xp = x + (b * sx0 + s * sx1 + c * 8) * esz;
-                    const char *fp = f + (b * sf0 + s * sf1 + c * 8) * esz;
-                    char *op = out + (b * so0 + s * so1 + c * 8) * esz;
-                    const float *cp = comb + b * sc0 + s * sc1;
-                    const float *pp = post + b * sp0 + s * sp1;
-#define OMPK_POST_CHUNK(N) post_chunk8(N, xp, sx2, cp, sc2, sc3, pp, sp2, fp, op, so2, bf16, esz)
-                    OMPK_SWITCH_N(n, OMPK_POST_CHUNK)
-#undef OMPK_POST_CHUNK
-                }
-        return;
-    }
-
-#pragma omp target teams distribute parallel for collapse(3) if (target : ex.on_target)            \
-    device(ex.device) is_device_ptr(x, f, out, comb, post) thread_limit(256)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t s = 0; s < S; s++)
-            for (int64_t d = 0; d < D; d++) {
-                const int64_t xo = b * sx0 + s * sx1 + d * sx3;
-                const int64_t fo = b * sf0 + s * sf1 + d * sf2;
-                const int64_t oo = b * so0 + s * so1 + d * so3;
-                const float *cp = comb + b * sc0 + s * sc1;
-                const float *pp = post + b * sp0 + s * sp1;
-#define OMPK_POST_ELEM(N) post_elem(N, x, xo, sx2, cp, sc2, sc3, pp, sp2, f, fo, out, oo, so2, bf16)
-                OMPK_SWITCH_N(n, OMPK_POST_ELEM)
-#undef OMPK_POST_ELEM
-            }
+    const int k = a->n - 1; /* validated: 1 <= n <= 8 */
+    if (!ompk_mhc_post_vec_ok(a))
+        post_elem_k[k](ex, a);
+    else if (use_bare(ex, a))
+        post_bare[a->is_bf16 ? 1 : 0][k](ex, a);
+    else
+        post_vec[k](ex, a);
 }
 
-/* The same loop nest under a plain `omp parallel for`: only for ompk-bench's routing probe,
- * which measures what running the target region's host fallback costs against it. */
 void ompk_mhc_post_fwd_plain_host(const ompk_mhc_post_args *a) {
-    const char *x = (const char *)a->x, *f = (const char *)a->f;
-    char *out = (char *)a->out;
-    const float *comb = a->comb, *post = a->post;
-    const int64_t B = a->B, S = a->S, C = a->D / 8;
-    const int n = a->n, bf16 = a->is_bf16, esz = a->is_bf16 ? 2 : 4;
-    const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];
-    const int64_t sc0 = a->sc[0], sc1 = a->sc[1], sc2 = a->sc[2], sc3 = a->sc[3];
-    const int64_t sp0 = a->sp[0], sp1 = a->sp[1], sp2 = a->sp[2];
-    const int64_t sf0 = a->sf[0], sf1 = a->sf[1];
-    const int64_t so0 = a->so[0], so1 = a->so[1], so2 = a->so[2];
-#pragma omp parallel for collapse(3)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t s = 0; s < S; s++)
-            for (int64_t c = 0; c < C; c++) {
-                const char *xp = x + (b * sx0 + s * sx1 + c * 8) * esz;
-                const char *fp = f + (b * sf0 + s * sf1 + c * 8) * esz;
-                char *op = out + (b * so0 + s * so1 + c * 8) * esz;
-                const float *cp = comb + b * sc0 + s * sc1;
-                const float *pp = post + b * sp0 + s * sp1;
-#define OMPK_POST_CHUNK(N) post_chunk8(N, xp, sx2, cp, sc2, sc3, pp, sp2, fp, op, so2, bf16, esz)
-                OMPK_SWITCH_N(n, OMPK_POST_CHUNK)
-#undef OMPK_POST_CHUNK
-            }
+    post_plain[a->n - 1](a);
 }
