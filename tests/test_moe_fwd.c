@@ -4,6 +4,7 @@
  * repeats and thread counts; pre-quantized loading; quantization error per format.
  * x/y run on the host and on every GPU (staged through host buffers). */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -566,4 +567,29 @@ Test(moe_fwd, kblock_identical_emulated) {
 Test(moe_fwd, kblock_identical_amx) {
     if (!isa_or_skip(OMPK_MOE_ISA_AMX)) cr_skip_test("AMX not available on this CPU");
     kblock_case(OMPK_MOE_ISA_AMX);
+}
+
+/* OMPK_VERIFY / OMPK_TRACE: each forward reports y against the reference, and traces x and y. */
+Test(moe_fwd, verify_mode, .init = cr_redirect_stderr) {
+    route rt = route_new(T_, 51);
+    double *y = malloc(T_ * H_ * 8);
+    layer L;
+    cr_assert(layer_new(&L, base_cfg(OMPK_MOE_INT4_ZP, OMPK_MOE_ISA_AUTO, 2)));
+    setenv("OMPK_VERIFY", "1", 1);
+    setenv("OMPK_TRACE", "1", 1);
+    run_fwd(&L, &rt, ompk_device_host(), OMPK_BF16, OMPK_BF16, OMPK_I32, y);
+    unsetenv("OMPK_VERIFY");
+    unsetenv("OMPK_TRACE");
+    fflush(stderr);
+    FILE *e = cr_get_redirected_stderr();
+    char buf[4096] = {0};
+    size_t got = fread(buf, 1, sizeof buf - 1, e);
+    buf[got] = 0;
+    cr_assert(strstr(buf, "ompk verify moe_forward y[") != NULL, "verify line missing: %s", buf);
+    cr_assert(strstr(buf, "mismatches=0") && strstr(buf, " OK"), "verify not OK: %s", buf);
+    cr_assert(strstr(buf, "ompk trace moe_forward x ") && strstr(buf, "ompk trace moe_forward y "),
+              "trace lines missing: %s", buf);
+    layer_free(&L);
+    free(y);
+    route_free(&rt);
 }

@@ -2,6 +2,7 @@
  * staging of device tensors). */
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,7 @@
 #include "error.h"
 #include "moe_internal.h"
 #include "ref/moe_ref.h"
+#include "tolerance.h"
 #include "verify.h"
 
 const char *ompk_moe_isa_name(ompk_moe_isa isa) {
@@ -504,6 +506,67 @@ ompk_status ompk_moe_get_weights(const ompk_moe *m, int which, ompk_tensor *out)
 
 /* ---- forward ------------------------------------------------------------------------- */
 
+/* OMPK_TRACE: norms of x and y. OMPK_VERIFY: the double reference on the weights the kernels
+ * use (read back from the packed layout) with the path's operand rounding (bf16 or int8 rows),
+ * so the report measures the kernels, not the quantization; y is compared at bf16 tolerance
+ * because the operands are bf16/int8 rounded. */
+static void moe_verify(const ompk_moe *m, const ompk_tensor *x, const ompk_tensor *ids,
+                       const ompk_tensor *w, const ompk_tensor *y) {
+    static const char fn[] = "moe_forward";
+    const ompk_tensor *ts[4] = {x, ids, w, y};
+    ompk_tensor h[4];
+    void *own[4] = {NULL, NULL, NULL, NULL};
+    int ok = 1;
+    for (int i = 0; i < 4 && ok; i++) ok = ompk_host_view(ts[i], &h[i], &own[i]) == OMPK_OK;
+    if (ok && ompk_trace_enabled()) {
+        ompk_trace_tensor(fn, "x", &h[0]);
+        ompk_trace_tensor(fn, "y", &h[3]);
+    }
+    const int64_t T = x->shape[0], H = m->H, I = m->I, E = m->E, k = m->k;
+    float *xf = NULL, *wf = NULL, *wt[3] = {NULL, NULL, NULL};
+    int64_t *idv = NULL;
+    double *ref = NULL;
+    if (ok && ompk_verify_enabled()) {
+        xf = malloc((size_t)(T * H) * 4);
+        wf = malloc((size_t)(T * k) * 4);
+        idv = malloc((size_t)(T * k) * 8);
+        ref = malloc((size_t)(T * H) * 8 + 8);
+        for (int i = 0; i < 3; i++) wt[i] = malloc((size_t)(E * I * H) * 4);
+        ok = xf && wf && idv && ref && wt[0] && wt[1] && wt[2];
+        if (!ok) fprintf(stderr, "ompk verify %s: out of memory, skipped\n", fn);
+    }
+    if (ok && ompk_verify_enabled()) {
+        for (int64_t i = 0; i < T * H; i++) xf[i] = (float)ompk_host_get(&h[0], i);
+        for (int64_t i = 0; i < T * k; i++) {
+            idv[i] = (int64_t)ompk_host_get(&h[1], i);
+            wf[i] = (float)ompk_host_get(&h[2], i);
+        }
+        for (int i = 0; i < 3; i++) {
+            const int64_t N = mat_n(m, i), K = mat_k(m, i);
+            float *o = wt[i];
+#pragma omp parallel for schedule(static)
+            for (int64_t e = 0; e < E; e++)
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t kk = 0; kk < K; kk++)
+                        o[(e * N + n) * K + kk] = moe_get_deq(m, i, e, n, kk);
+        }
+        ompk_moe_ref_forward(
+            T, E, H, I, (int)k, xf, idv, wf, wt[0], wt[1], wt[2],
+            m->fmt == OMPK_MOE_BF16 ? OMPK_MOE_REF_ACT_BF16 : OMPK_MOE_REF_ACT_INT8, ref);
+        double s2 = 0;
+        for (int64_t i = 0; i < T * H; i++) s2 += ref[i] * ref[i];
+        double scale = T * H > 0 ? sqrt(s2 / (double)(T * H)) : 1.0;
+        ompk_verify_report(fn, "y", ompk_moe_isa_name(m->isa), &h[3], ref, 0, -1,
+                           ompk_tol_for(OMPK_BF16, scale > 0 ? scale : 1.0));
+    }
+    free(xf);
+    free(wf);
+    free(idv);
+    free(ref);
+    for (int i = 0; i < 3; i++) free(wt[i]);
+    for (int i = 0; i < 4; i++) ompk_host_view_free(own[i]);
+}
+
 ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
                              const ompk_tensor *weights, ompk_tensor *y) {
     const char *fn = "ompk_moe_forward";
@@ -597,5 +660,6 @@ ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tenso
     m->stats.stage_in_ms = (t1 - t0) * 1e3;
     m->stats.compute_ms = (t2 - t1) * 1e3;
     m->stats.stage_out_ms = (t3 - t2) * 1e3;
+    if (ompk_verify_enabled() || ompk_trace_enabled()) moe_verify(m, x, expert_ids, weights, y);
     return OMPK_OK;
 }
