@@ -16,12 +16,22 @@
 
 #include "attention_kernels.h"
 
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+/* Register arrays must be indexed by constants only (a run-time index puts them in local
+ * memory): their loops are unrolled completely. */
+#if defined(__clang__)
+#define ATTF_UNROLL _Pragma("unroll")
+#else
+#define ATTF_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+#if defined(ATTF_EMULATE)
+/* tests/test_attention_fast_emu.c: the team's 128 threads are host OpenMP threads and the warp
+ * instructions (mma.sync, ldmatrix.trans, shuffles) exchange fragments through memory, so CI
+ * runs the tensor-core algorithm itself (fragment layouts, masking, online softmax) against
+ * the reference; the GPU run checks the real instructions. */
 #include <math.h>
 #include <omp.h>
-#include <ompx.h>
 #define ATTF_HAVE 1
-
 #define ATTF_BQ 64 /* query rows per team, 16 per warp */
 #define ATTF_BK 64 /* keys per shared tile */
 #define ATTF_PAD 8 /* bf16 elements of row padding: conflict-free fragment loads */
@@ -31,6 +41,95 @@
 #define ATTF_INLINE static inline __attribute__((always_inline))
 /* nvptx64 variants: referenced through the variant mechanism only */
 #define ATTF_DEVICE static inline __attribute__((always_inline, unused))
+
+static int64_t attf_emu_block;
+static uint32_t attf_emu_u[128][6];
+static const uint16_t *attf_emu_p[128];
+static float attf_emu_f[128];
+static uint16_t attf_emu_sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
+static uint16_t attf_emu_sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
+#define ATTF_TID() omp_get_thread_num()
+#define ATTF_BID() attf_emu_block
+#define ATTF_SYNC() _Pragma("omp barrier")
+
+static float attf_bf(uint32_t w, int hi) {
+    union {
+        uint32_t u;
+        float f;
+    } x;
+    x.u = hi ? (w & 0xffff0000u) : (w << 16);
+    return x.f;
+}
+
+/* D = A * B + C for the warp's m16n8k16 tile, from the 32 lanes' fragments. */
+static void attf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    for (int i = 0; i < 4; i++) attf_emu_u[tid][i] = a[i];
+    attf_emu_u[tid][4] = b0;
+    attf_emu_u[tid][5] = b1;
+#pragma omp barrier
+    const int gq = lane >> 2, t4 = lane & 3;
+    for (int e = 0; e < 4; e++) {
+        const int row = gq + (e >= 2 ? 8 : 0), col = t4 * 2 + (e & 1);
+        float acc = c[e];
+        for (int kk = 0; kk < 16; kk++) {
+            /* A[row][kk]: lane (row % 8) * 4 + (kk % 8) / 2, register (row / 8) + 2 (kk / 8) */
+            const int al = (row & 7) * 4 + ((kk & 7) >> 1), ar = (row >> 3) + 2 * (kk >> 3);
+            /* B[kk][col]: lane col * 4 + (kk % 8) / 2, register kk / 8 */
+            const int bl = col * 4 + ((kk & 7) >> 1), br = 4 + (kk >> 3);
+            acc +=
+                attf_bf(attf_emu_u[w0 + al][ar], kk & 1) * attf_bf(attf_emu_u[w0 + bl][br], kk & 1);
+        }
+        c[e] = acc;
+    }
+#pragma omp barrier
+}
+
+/* ldmatrix.x4.trans: lane l gives the row address of row l % 8 of matrix l / 8. */
+static void attf_ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
+    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    attf_emu_p[tid] = p;
+#pragma omp barrier
+    const int gq = lane >> 2, t4 = lane & 3;
+    for (int mi = 0; mi < 4; mi++) {
+        const uint16_t *r0 = attf_emu_p[w0 + mi * 8 + t4 * 2];
+        const uint16_t *r1 = attf_emu_p[w0 + mi * 8 + t4 * 2 + 1];
+        r[mi] = (uint32_t)r0[gq] | ((uint32_t)r1[gq] << 16);
+    }
+#pragma omp barrier
+}
+
+static float attf_xor(float v, int m) {
+    const int tid = omp_get_thread_num();
+    attf_emu_f[tid] = v;
+#pragma omp barrier
+    const float o = attf_emu_f[tid ^ m];
+#pragma omp barrier
+    return o;
+}
+
+ATTF_INLINE float attf_ex2(float x) {
+    return exp2f(x);
+}
+
+#elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#include <math.h>
+#include <omp.h>
+#include <ompx.h>
+#define ATTF_HAVE 1
+#define ATTF_REAL 1
+#define ATTF_BQ 64 /* query rows per team, 16 per warp */
+#define ATTF_BK 64 /* keys per shared tile */
+#define ATTF_PAD 8 /* bf16 elements of row padding: conflict-free fragment loads */
+#define ATTF_LD (128 + ATTF_PAD)
+#define ATTF_LOG2E 1.4426950408889634f
+#define ATTF_LN2 0.6931471805599453f
+#define ATTF_INLINE static inline __attribute__((always_inline))
+/* nvptx64 variants: referenced through the variant mechanism only */
+#define ATTF_DEVICE static inline __attribute__((always_inline, unused))
+#define ATTF_TID() ompx_thread_id_x()
+#define ATTF_BID() ompx_block_id_x()
+#define ATTF_SYNC() ompx_sync_block_acq_rel()
 
 /* Host bodies only satisfy the host compilation of the bare region; the dispatch launches it on
  * target tensors only, where the nvptx64 variants below replace them. */
@@ -70,6 +169,9 @@ ATTF_DEVICE float attf_ex2(float x) {
     return __nvvm_ex2_approx_f(x);
 }
 #pragma omp end declare variant
+#endif
+
+#ifdef ATTF_HAVE
 
 typedef struct attf_u4 {
     uint32_t w[4];
@@ -102,11 +204,11 @@ ATTF_INLINE int64_t attf_limit(int mask, int64_t i, int64_t n, int64_t m) {
 ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const uint16_t *k,
                                const uint16_t *v, uint16_t *out, float *lse, uint16_t *sk,
                                uint16_t *sv, const int DH) {
-    const int tid = ompx_thread_id_x(), lane = tid & 31, warp = tid >> 5;
+    const int tid = ATTF_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
     const int64_t N = g->N, M = g->M;
     const int64_t nqb = (N + ATTF_BQ - 1) / ATTF_BQ;
-    const int64_t blk = ompx_block_id_x();
+    const int64_t blk = ATTF_BID();
     const int64_t bh = blk / nqb;
     /* heaviest (last, under a causal mask) query blocks first */
     const int64_t qb = nqb - 1 - (blk - bh * nqb);
@@ -118,7 +220,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     uint32_t qa[8][4];
     const uint16_t *q0 = q + b * g->qs[0] + h * g->qs[1] + r0 * g->qs[2];
     const uint16_t *q1 = q + b * g->qs[0] + h * g->qs[1] + r1 * g->qs[2];
-#pragma unroll
+    ATTF_UNROLL
     for (int ks = 0; ks < DH / 16; ks++) {
         const int c = ks * 16 + t4 * 2;
         qa[ks][0] = r0 < N ? *(const uint32_t *)(q0 + c) : 0u;
@@ -132,7 +234,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     const int64_t jmax = attf_limit(g->mask, last, N, M);
 
     float o[16][4];
-#pragma unroll
+    ATTF_UNROLL
     for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
@@ -150,14 +252,14 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
             *(attf_u4 *)(sk + rr * ATTF_LD + cc) = kv;
             *(attf_u4 *)(sv + rr * ATTF_LD + cc) = vv;
         }
-        ompx_sync_block_acq_rel();
+        ATTF_SYNC();
 
         float s[8][4];
-#pragma unroll
+        ATTF_UNROLL
         for (int nt = 0; nt < 8; nt++) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
             const uint16_t *kr = sk + (nt * 8 + gq) * ATTF_LD + t4 * 2;
-#pragma unroll
+            ATTF_UNROLL
             for (int ks = 0; ks < DH / 16; ks++)
                 attf_mma(s[nt], qa[ks], *(const uint32_t *)(kr + ks * 16),
                          *(const uint32_t *)(kr + ks * 16 + 8));
@@ -166,18 +268,17 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
         /* visible keys of this tile for rows r0 and r1, as tile-relative counts */
         const int c0 = (int)(lim0 - kt < ATTF_BK ? lim0 - kt : ATTF_BK);
         const int c1 = (int)(lim1 - kt < ATTF_BK ? lim1 - kt : ATTF_BK);
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = nt * 8 + t4 * 2 + (e & 1);
-                const float x = key < (e < 2 ? c0 : c1) ? s[nt][e] * sl2 : -INFINITY;
-                s[nt][e] = x;
-                if (e < 2)
-                    mx0 = x > mx0 ? x : mx0;
-                else
-                    mx1 = x > mx1 ? x : mx1;
-            }
+        ATTF_UNROLL
+        for (int nt = 0; nt < 8; nt++) ATTF_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int key = nt * 8 + t4 * 2 + (e & 1);
+            const float x = key < (e < 2 ? c0 : c1) ? s[nt][e] * sl2 : -INFINITY;
+            s[nt][e] = x;
+            if (e < 2)
+                mx0 = x > mx0 ? x : mx0;
+            else
+                mx1 = x > mx1 ? x : mx1;
+        }
         mx0 = fmaxf(mx0, attf_xor(mx0, 1));
         mx0 = fmaxf(mx0, attf_xor(mx0, 2));
         mx1 = fmaxf(mx1, attf_xor(mx1, 1));
@@ -188,7 +289,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
         m0 = mx0;
         m1 = mx1;
         float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
+        ATTF_UNROLL
         for (int nt = 0; nt < 8; nt++) {
             s[nt][0] = attf_ex2(s[nt][0] - base0);
             s[nt][1] = attf_ex2(s[nt][1] - base0);
@@ -199,14 +300,14 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
         }
         l0 = l0 * a0 + ps0;
         l1 = l1 * a1 + ps1;
-#pragma unroll
+        ATTF_UNROLL
         for (int n = 0; n < DH / 8; n++) {
             o[n][0] *= a0;
             o[n][1] *= a0;
             o[n][2] *= a1;
             o[n][3] *= a1;
         }
-#pragma unroll
+        ATTF_UNROLL
         for (int kk = 0; kk < 4; kk++) {
             uint32_t pa[4];
             pa[0] = attf_pack(s[2 * kk][0], s[2 * kk][1]);
@@ -215,7 +316,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
             pa[3] = attf_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             const int mi = lane >> 3, rr = lane & 7;
             const uint16_t *vp = sv + (kk * 16 + (mi & 1) * 8 + rr) * ATTF_LD + (mi >> 1) * 8;
-#pragma unroll
+            ATTF_UNROLL
             for (int nd = 0; nd < DH / 16; nd++) {
                 uint32_t vb[4];
                 attf_ldsm_x4_t(vb, vp + nd * 16);
@@ -223,7 +324,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
                 attf_mma(o[2 * nd + 1], pa, vb[2], vb[3]);
             }
         }
-        ompx_sync_block_acq_rel();
+        ATTF_SYNC();
     }
     l0 += attf_xor(l0, 1);
     l0 += attf_xor(l0, 2);
@@ -232,7 +333,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
     uint16_t *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
     uint16_t *o1 = out + b * g->os[0] + h * g->os[1] + r1 * g->os[2];
-#pragma unroll
+    ATTF_UNROLL
     for (int n = 0; n < DH / 8; n++) {
         const int c = n * 8 + t4 * 2;
         if (r0 < N) *(uint32_t *)(o0 + c) = attf_pack(o[n][0] * i0, o[n][1] * i0);
@@ -245,6 +346,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     }
 }
 
+#ifdef ATTF_REAL
 static int attf_aligned(const void *p, const int64_t s[3]) {
     return ((uintptr_t)p & 15) == 0 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
 }
@@ -303,7 +405,11 @@ void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, co
     }
 }
 
-#else
+#endif /* ATTF_REAL */
+
+#endif /* ATTF_HAVE */
+
+#ifndef ATTF_HAVE
 int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                           const void *v, const void *out) {
     (void)ex, (void)g, (void)q, (void)k, (void)v, (void)out;
