@@ -593,3 +593,36 @@ Test(moe_fwd, verify_mode, .init = cr_redirect_stderr) {
     free(y);
     route_free(&rt);
 }
+
+/* More partitions than 64-column blocks of I (I = 200: 4 blocks, 6 partitions, two empty), and
+ * the automatic policy (one partition per NUMA node hwloc reports). */
+Test(moe_split, empty_partitions_and_auto) {
+    route rt = route_new(T_, 61);
+    double *y1 = malloc(T_ * H_ * 8), *y6 = malloc(T_ * H_ * 8), *ya = malloc(T_ * H_ * 8);
+    layer L1, L6, La;
+    cr_assert(layer_new(&L1, base_cfg(OMPK_MOE_INT8, OMPK_MOE_ISA_AUTO, 1)));
+    cr_assert(layer_new(&L6, base_cfg(OMPK_MOE_INT8, OMPK_MOE_ISA_AUTO, 6)));
+    ompk_moe_config ca = base_cfg(OMPK_MOE_INT8, OMPK_MOE_ISA_AUTO, 0);
+    ca.numa = OMPK_MOE_NUMA_AUTO;
+    cr_assert(layer_new(&La, ca));
+    ompk_moe_info info;
+    ompk_moe_get_info(La.moe, &info);
+    cr_expect_eq(info.partitions, info.numa_nodes, "auto policy: %d partitions on %d NUMA nodes",
+                 info.partitions, info.numa_nodes);
+    run_fwd(&L1, &rt, ompk_device_host(), OMPK_F32, OMPK_F32, OMPK_I32, y1);
+    run_fwd(&L6, &rt, ompk_device_host(), OMPK_F32, OMPK_F32, OMPK_I32, y6);
+    run_fwd(&La, &rt, ompk_device_host(), OMPK_F32, OMPK_F32, OMPK_I32, ya);
+    double sc = rms(y1, T_ * H_);
+    for (int64_t i = 0; i < T_ * H_; i++)
+        cr_assert(fabs(y6[i] - y1[i]) <= 2e-5 * sc + 1e-4 * fabs(y1[i]),
+                  "split 6 element %lld: %g vs %g", (long long)i, y6[i], y1[i]);
+    if (info.partitions == 1)
+        cr_expect(memcmp(y1, ya, T_ * H_ * 8) == 0, "auto (1 node) differs from split 1");
+    layer_free(&L1);
+    layer_free(&L6);
+    layer_free(&La);
+    free(y1);
+    free(y6);
+    free(ya);
+    route_free(&rt);
+}
