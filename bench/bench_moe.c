@@ -123,8 +123,6 @@ static const char *fmt_name(ompk_moe_format f) {
 /* Time T tokens over the given layers (round-robin), emit one record. */
 static int run_case(ompk_bench_ctx *ctx, const moe_shape *s, ompk_moe **layers, int nl, int64_t T,
                     ompk_moe_format f, const char *suffix) {
-    ompk_bench_ctx hctx = *ctx;
-    hctx.dev = ompk_device_host();
     int32_t *hid = malloc((size_t)(T * s->k) * 4);
     float *hw = malloc((size_t)(T * s->k) * 4);
     make_routing(T, s, (uint64_t)T + 7, hid, hw);
@@ -203,7 +201,6 @@ static int run_case(ompk_bench_ctx *ctx, const moe_shape *s, ompk_moe **layers, 
     ompk_free(ctx->dev, w);
     free(hid);
     free(hw);
-    (void)hctx;
     return rc;
 }
 
