@@ -3,10 +3,11 @@
  * One team of 4 warps owns 64 query rows of one (b, h); each warp owns 16 rows and keeps their
  * Q fragments, the O accumulator and the softmax statistics (running max m, running sum l) in
  * registers. Key/value tiles of 64 rows go through team-shared memory (34 KB, under LLVM 19's
- * 48 KB cap); S = Q K^T and O += P V run on the tensor cores through mma.sync m16n8k16 bf16
- * (fp32 accumulation); the S accumulator fragments are re-packed in registers as the A operand
- * of P V, and V's B fragments come from ldmatrix.trans, so V needs no transposed copy. Scores
- * live only in registers: no [N, M] matrix, no workspace.
+ * 48 KB cap), copied by cp.async so that the next K tile lands while P*V runs. S = Q K^T and
+ * O += P V run on the tensor cores through mma.sync m16n8k16 bf16 (fp32 accumulation); the S
+ * accumulator fragments are re-packed in registers as the A operand of P V, and V's B fragments
+ * come from ldmatrix.trans, so V needs no transposed copy. Scores live only in registers: no
+ * [N, M] matrix, no workspace.
  *
  * Used for target tensors when the shape fits (bf16, dh in {32, 64, 80, 96, 128}, rows 16-byte
  * aligned); OMPK_ATTN_VARIANT=portable forces the portable kernel. */
@@ -112,6 +113,13 @@ ATTF_INLINE float attf_ex2(float x) {
     return exp2f(x);
 }
 
+/* cp.async completes at once here; the commit/wait bookkeeping has nothing to track */
+ATTF_INLINE void attf_cp16(uint16_t *dst, const uint16_t *src) {
+    memcpy(dst, src, 16);
+}
+ATTF_INLINE void attf_cp_commit(void) {}
+ATTF_INLINE void attf_cp_wait1(void) {}
+
 #elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
 #include <math.h>
 #include <omp.h>
@@ -147,6 +155,11 @@ ATTF_INLINE float attf_xor(float v, int m) {
 ATTF_INLINE float attf_ex2(float x) {
     return exp2f(x);
 }
+ATTF_INLINE void attf_cp16(uint16_t *dst, const uint16_t *src) {
+    memcpy(dst, src, 16);
+}
+ATTF_INLINE void attf_cp_commit(void) {}
+ATTF_INLINE void attf_cp_wait1(void) {}
 
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 ATTF_DEVICE void attf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -167,6 +180,21 @@ ATTF_DEVICE float attf_xor(float v, int m) {
 }
 ATTF_DEVICE float attf_ex2(float x) {
     return __nvvm_ex2_approx_f(x);
+}
+/* 16 bytes global -> shared without a register round trip; groups complete in commit order */
+ATTF_DEVICE void attf_cp16(uint16_t *dst, const uint16_t *src) {
+    uint32_t addr;
+    __asm__("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+            : "=r"(addr)
+            : "l"(dst));
+    __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(src) : "memory");
+}
+ATTF_DEVICE void attf_cp_commit(void) {
+    __asm__ volatile("cp.async.commit_group;" ::: "memory");
+}
+/* every committed group but the newest has landed (for this thread) */
+ATTF_DEVICE void attf_cp_wait1(void) {
+    __asm__ volatile("cp.async.wait_group 1;" ::: "memory");
 }
 #pragma omp end declare variant
 #endif
@@ -198,6 +226,21 @@ ATTF_INLINE int64_t attf_limit(int mask, int64_t i, int64_t n, int64_t m) {
         lim = i + 1 + m - n;
     lim = lim > m ? m : lim;
     return lim < 0 ? 0 : lim;
+}
+
+/* Rows kt .. kt+63 of one head's K or V into a shared tile (zeros past M). */
+ATTF_INLINE void attf_load_tile(uint16_t *tile, const uint16_t *base, int64_t rs, int64_t kt,
+                                int64_t M, int tid, const int DH) {
+    for (int c = tid; c < ATTF_BK * DH / 8; c += 128) {
+        const int rr = c / (DH / 8), cc = (c - rr * (DH / 8)) * 8;
+        uint16_t *d = tile + rr * ATTF_LD + cc;
+        if (kt + rr < M) {
+            attf_cp16(d, base + (kt + rr) * rs + cc);
+        } else {
+            attf_u4 z = {{0, 0, 0, 0}};
+            *(attf_u4 *)d = z;
+        }
+    }
 }
 
 /* One team: 64 query rows (block qb of head (b, h)), DH a compile-time constant. */
@@ -240,18 +283,17 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
 
     const uint16_t *kh = k + b * g->ks[0] + hk * g->ks[1];
     const uint16_t *vh = v + b * g->vs[0] + hk * g->vs[1];
-    const int chunks = ATTF_BK * DH / 8;
+    /* K and V tiles stream through one shared buffer each: a tile's V is still landing while
+     * its S runs on the tensor cores, and the next K lands while P*V runs (cp.async groups,
+     * committed K0 V0 K1 V1 ..., so "all but the newest group" is always the one needed). */
+    if (jmax > 0) {
+        attf_load_tile(sk, kh, g->ks[2], 0, M, tid, DH);
+        attf_cp_commit();
+        attf_load_tile(sv, vh, g->vs[2], 0, M, tid, DH);
+        attf_cp_commit();
+    }
     for (int64_t kt = 0; kt < jmax; kt += ATTF_BK) {
-        for (int c = tid; c < chunks; c += 128) {
-            const int rr = c / (DH / 8), cc = (c - rr * (DH / 8)) * 8;
-            attf_u4 kv = {{0, 0, 0, 0}}, vv = {{0, 0, 0, 0}};
-            if (kt + rr < M) {
-                kv = *(const attf_u4 *)(kh + (kt + rr) * g->ks[2] + cc);
-                vv = *(const attf_u4 *)(vh + (kt + rr) * g->vs[2] + cc);
-            }
-            *(attf_u4 *)(sk + rr * ATTF_LD + cc) = kv;
-            *(attf_u4 *)(sv + rr * ATTF_LD + cc) = vv;
-        }
+        attf_cp_wait1();
         ATTF_SYNC();
 
         float s[8][4];
@@ -264,6 +306,10 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
                 attf_mma(s[nt], qa[ks], *(const uint32_t *)(kr + ks * 16),
                          *(const uint32_t *)(kr + ks * 16 + 8));
         }
+        ATTF_SYNC(); /* every warp is done with this K tile */
+        if (kt + ATTF_BK < jmax) attf_load_tile(sk, kh, g->ks[2], kt + ATTF_BK, M, tid, DH);
+        attf_cp_commit();
+
         float mx0 = m0, mx1 = m1;
         /* visible keys of this tile for rows r0 and r1, as tile-relative counts */
         const int c0 = (int)(lim0 - kt < ATTF_BK ? lim0 - kt : ATTF_BK);
@@ -307,6 +353,8 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
             o[n][2] *= a1;
             o[n][3] *= a1;
         }
+        attf_cp_wait1();
+        ATTF_SYNC(); /* this V tile has landed */
         ATTF_UNROLL
         for (int kk = 0; kk < 4; kk++) {
             uint32_t pa[4];
@@ -324,7 +372,9 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
                 attf_mma(o[2 * nd + 1], pa, vb[2], vb[3]);
             }
         }
-        ATTF_SYNC();
+        ATTF_SYNC(); /* every warp is done with this V tile */
+        if (kt + ATTF_BK < jmax) attf_load_tile(sv, vh, g->vs[2], kt + ATTF_BK, M, tid, DH);
+        attf_cp_commit();
     }
     l0 += attf_xor(l0, 1);
     l0 += attf_xor(l0, 2);
