@@ -19,7 +19,11 @@ for p in $presets; do
     [ -n "$dir" ] || dir=build
     echo "=== tests: $p"
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
-    out=$(./ci/run-tests.sh "$dir" "$p" 2>&1 | tee /dev/stderr | tail -1)
+    log=$(mktemp)
+    ./ci/run-tests.sh "$dir" "$p" >"$log" 2>&1
+    cat "$log"
+    out=$(tail -1 "$log")
+    rm -f "$log"
     read -r pp ff ss <<<"$(sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3/' <<<"$out")"
     if [[ "$pp" =~ ^[0-9]+$ ]]; then
         total_p=$((total_p + pp)) total_f=$((total_f + ff)) total_s=$((total_s + ss))

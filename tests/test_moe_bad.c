@@ -74,7 +74,9 @@ Test(moe_bad, config) {
     b = c;
     b.isa = OMPK_MOE_ISA_AMX;
     if (!ompk_moe_isa_available(OMPK_MOE_ISA_AMX)) {
-        cr_log_warn("moe: AMX not available on this CPU: checking that asking for it is refused");
+        /* cr_log_warn would turn Criterion 2.4's exit status to 1 with every test passing */
+        cr_log_info("moe: AMX not available on this CPU: checking that asking for it is refused");
+        printf("moe: AMX not available on this CPU: checking that asking for it is refused\n");
         cr_expect_eq(ompk_moe_create(&b, &m), OMPK_ERR_UNSUPPORTED);
     }
     cr_expect_eq(ompk_moe_create(NULL, &m), OMPK_ERR_INVALID_ARGUMENT);
@@ -236,7 +238,7 @@ Test(moe_bad, isa_env) {
         ompk_moe *m = NULL;
         ompk_status st = ompk_moe_create(&c, &m);
         if (!ompk_moe_isa_available(isas[i])) {
-            cr_log_warn("moe: OMPK_ISA=%s is not available on this CPU: expecting a refusal",
+            cr_log_info("moe: OMPK_ISA=%s is not available on this CPU: expecting a refusal",
                         names[i]);
             cr_expect_eq(st, OMPK_ERR_UNSUPPORTED, "%s", names[i]);
             continue;

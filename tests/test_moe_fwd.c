@@ -225,7 +225,7 @@ static void ref_of(const layer *L, const route *rt, ompk_moe_ref_act act, double
 /* Skips (visibly) when the machine cannot run the ISA; never passes silently. */
 static int isa_or_skip(ompk_moe_isa isa) {
     if (ompk_moe_isa_available(isa)) return 1;
-    cr_log_warn(
+    cr_log_info(
         "moe: ISA %s is NOT available on this CPU: its tests are skipped here (the AMX tile "
         "code is still tested through the amx-emulated path)",
         ompk_moe_isa_name(isa));
