@@ -5,7 +5,10 @@
 
 #include "ompk/status.h"
 #include "ompk/tensor.h"
+#include "ompk/attention.h"
 #include "ompk/mhc.h"
+#include "ompk/moe.h"
+#include "ompk/router.h"
 
 #ifdef __cplusplus
 extern "C" {
