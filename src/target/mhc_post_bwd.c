@@ -13,20 +13,20 @@ typedef struct post_geom {
     int P; /* partial row: n + n*n */
 } post_geom;
 
+/* Item c of a token takes the 8-wide d chunks c, c + NC, c + 2 NC, ...: adjacent lanes read
+ * adjacent 16-byte pieces (coalesced), and every item's partial sums keep a fixed order. */
 static post_geom post_geometry(const mhc_post_bwd_args *a) {
     post_geom g;
     g.T = a->B * a->S;
     g.P = a->n + a->n * a->n;
     int64_t T1 = g.T > 0 ? g.T : 1;
-    int64_t nc = (((int64_t)1 << 17) + T1 - 1) / T1, maxc = (a->D + 7) / 8;
-    if (nc > maxc) nc = maxc;
+    int64_t nch = (a->D + 7) / 8;
+    int64_t nc = (((int64_t)1 << 18) + T1 - 1) / T1;
+    if (nc < 32) nc = 32;
+    if (nc > nch) nc = nch;
     if (nc < 1) nc = 1;
-    int64_t cd = (a->D + nc - 1) / nc;
-    cd = (cd + 7) & ~(int64_t)7;
-    if (cd < 8) cd = 8;
-    g.CD = cd;
-    g.NC = (a->D + cd - 1) / cd;
-    if (g.NC < 1) g.NC = 1;
+    g.NC = nc;
+    g.CD = 8 * nc; /* distance between one item's chunks */
     return g;
 }
 
@@ -74,8 +74,8 @@ MHC_INLINE void st8(char *p, int bf16, int vec, int nd, const float v[8]) {
 MHC_INLINE void post_bwd_chunk(const int N, const char *x, const int64_t *sx, const char *f,
                                const char *g, const int64_t *sg, const float *comb,
                                const int64_t *sc, const float *post, int64_t sp2, char *dx,
-                               const int64_t *sdx, char *df, int64_t d0, int64_t d1, int bf16,
-                               int vec, float *part) {
+                               const int64_t *sdx, char *df, int64_t d0, int64_t d1, int64_t dstep,
+                               int bf16, int vec, float *part) {
     const int esz = bf16 ? 2 : 4;
     float cm[NMAX][NMAX], pw[NMAX], dp[NMAX], dc[NMAX][NMAX];
     MHC_UNROLL
@@ -88,7 +88,7 @@ MHC_INLINE void post_bwd_chunk(const int N, const char *x, const int64_t *sx, co
             dc[i][o] = 0.f;
         }
     }
-    for (int64_t d = d0; d < d1; d += 8) {
+    for (int64_t d = d0; d < d1; d += dstep) {
         const int nd = d1 - d < 8 ? (int)(d1 - d) : 8;
         float xv[NMAX][8], dxa[NMAX][8], fv[8], dfa[8], gv[8];
         MHC_UNROLL

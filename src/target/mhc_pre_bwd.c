@@ -150,10 +150,6 @@ MHC_INLINE void bwd_token(const int N, int64_t t, int64_t S, int64_t T, int64_t 
     coef[t] = dinv * r * r * r / (float)K;
 }
 
-typedef struct f4 {
-    float v[4];
-} __attribute__((aligned(16))) f4;
-
 /* Stage 4 body: tokens [t0,t1) at flattened k = i*D + d. */
 MHC_INLINE void bwd_dxdw(const int N, int64_t k, int64_t D, int64_t S, int64_t t0, int64_t t1,
                          const char *x, const int64_t *sx, int bf16, const char *dh,
@@ -171,26 +167,42 @@ MHC_INLINE void bwd_dxdw(const int N, int64_t k, int64_t D, int64_t S, int64_t t
         w[m] = m < M ? phi[m * sphi + k] * gk : 0.f;
         acc[m] = 0.f;
     }
+    /* (b, s) advance with t (no 64-bit division per token), and the next token's scalars are
+     * loaded before this token's arithmetic and store, so their latency overlaps it */
+    int64_t b = t1 > t0 ? t0 / S : 0, s = t1 > t0 ? t0 % S : 0;
+    float v_n = 0.f, g_n = 0.f, c_n = 0.f, h_n = 0.f;
+    if (t0 < t1) {
+        v_n = ompk_load_f(x, b * sx[0] + s * sx[1] + i * sx[2] + d, bf16);
+        g_n = ompk_load_f(dh, b * sdh[0] + s * sdh[1] + d, dbf16);
+        c_n = coef[t0];
+        h_n = h_pre[t0 * shpre[0] + i * shpre[1]];
+    }
     for (int64_t t = t0; t < t1; t++) {
-        const int64_t b = t / S, s = t % S;
-        const float v = ompk_load_f(x, b * sx[0] + s * sx[1] + i * sx[2] + d, bf16);
-        const float gin = ompk_load_f(dh, b * sdh[0] + s * sdh[1] + d, dbf16);
-        const f4 *row = (const f4 *)(dhm_ws + t * MW);
-        float sum = 0.f;
+        const float v = v_n, gin = g_n, cf = c_n, hp = h_n;
+        const int64_t bc = b, sc = s;
+        if (++s == S) s = 0, b++;
+        if (t + 1 < t1) {
+            v_n = ompk_load_f(x, b * sx[0] + s * sx[1] + i * sx[2] + d, bf16);
+            g_n = ompk_load_f(dh, b * sdh[0] + s * sdh[1] + d, dbf16);
+            c_n = coef[t + 1];
+            h_n = h_pre[(t + 1) * shpre[0] + i * shpre[1]];
+        }
+        const mhc_f4 *row = (const mhc_f4 *)(dhm_ws + t * MW);
+        float sum[4] = {0.f, 0.f, 0.f, 0.f};
         MHC_UNROLL
         for (int q = 0; q < MMAX / 4 + 1; q++) {
             if (4 * q >= M) continue;
-            const f4 r4 = row[q];
+            const mhc_f4 r4 = row[q];
             MHC_UNROLL
             for (int e = 0; e < 4; e++) {
                 if (4 * q + e >= M) continue;
-                sum += r4.v[e] * w[4 * q + e];
+                sum[e] += r4.v[e] * w[4 * q + e];
                 acc[4 * q + e] += r4.v[e] * v;
             }
         }
-        float val = sum - coef[t] * v + h_pre[t * shpre[0] + i * shpre[1]] * gin;
-        if (gxp) val += ompk_load_f(gxp, b * sg[0] + s * sg[1] + i * sg[2] + d, gbf16);
-        ompk_store_f(dx, b * sdx[0] + s * sdx[1] + i * sdx[2] + d, val, bf16);
+        float val = ((sum[0] + sum[1]) + (sum[2] + sum[3])) - cf * v + hp * gin;
+        if (gxp) val += ompk_load_f(gxp, bc * sg[0] + sc * sg[1] + i * sg[2] + d, gbf16);
+        ompk_store_f(dx, bc * sdx[0] + sc * sdx[1] + i * sdx[2] + d, val, bf16);
     }
     MHC_UNROLL
     for (int m = 0; m < MMAX; m++)
