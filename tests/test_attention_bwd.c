@@ -171,3 +171,40 @@ Test(attention_bwd, deterministic_repeats) {
             att_case_free(&c);
         }
 }
+
+/* Both variants (OMPK_ATTN_VARIANT) against the reference on every device: on a GPU "fast"
+ * runs the tensor-core backward for bf16, where P and dS enter the tensor cores as bf16 (twice
+ * the band, as in test_attention_fast_emu). */
+Test(attention_bwd, variants_match_reference) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    const char *variants[2] = {"portable", "fast"};
+    const struct {
+        int64_t B, Hq, Hkv, N, M, dh;
+        int bshd;
+    } shapes[] = {{1, 4, 1, 200, 200, 128, 0},
+                  {2, 2, 2, 65, 130, 64, 1},
+                  {1, 8, 2, 1, 77, 96, 0},
+                  {1, 2, 1, 129, 31, 80, 0},
+                  {1, 2, 2, 100, 64, 32, 0}};
+    for (int di = 0; di < nd; di++)
+        for (int vi = 0; vi < 2; vi++) {
+            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+                for (int m = 0; m < 3; m++) {
+                    att_case c;
+                    att_case_new(&c, devs[di], OMPK_BF16, shapes[si].B, shapes[si].Hq,
+                                 shapes[si].Hkv, shapes[si].N, shapes[si].M, shapes[si].dh,
+                                 masks[m], (uint64_t)(1900 + si * 3 + (size_t)m), 1.0,
+                                 shapes[si].bshd);
+                    c.tol_mult = 2.0;
+                    char label[160];
+                    snprintf(label, sizeof label, "%s %s shape %zu mask=%s",
+                             tu_device_name(devs[di]), variants[vi], si, att_mask_name(masks[m]));
+                    double w = att_check_bwd(&c, label);
+                    cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
+                    att_case_free(&c);
+                }
+            unsetenv("OMPK_ATTN_VARIANT");
+        }
+}

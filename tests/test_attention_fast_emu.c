@@ -104,3 +104,131 @@ Test(attention_fast_emu, fully_masked_rows_and_large_logits) {
     check(1, 1, 1, 100, 20, 64, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 31);
     check(1, 1, 1, 64, 64, 128, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 30.0, 32);
 }
+
+/* ---- backward ------------------------------------------------------------------------- */
+
+static float emu_sl[ATTF_BQB], emu_sd[ATTF_BQB];
+static int emu_slim[ATTF_BQB];
+
+#define EMU_SWITCH_DH(dh, CALL)                                                                    \
+    switch (dh) {                                                                                  \
+    case 32:                                                                                       \
+        CALL(32);                                                                                  \
+        break;                                                                                     \
+    case 64:                                                                                       \
+        CALL(64);                                                                                  \
+        break;                                                                                     \
+    case 80:                                                                                       \
+        CALL(80);                                                                                  \
+        break;                                                                                     \
+    case 96:                                                                                       \
+        CALL(96);                                                                                  \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(128);                                                                                 \
+        break;                                                                                     \
+    }
+
+/* Forward on the host (portable kernel), D = rowsum(dout * out), then the emulated dK/dV and
+ * dQ teams. */
+static int emu_bwd(att_case *c) {
+    cr_assert_eq(att_fwd(c), OMPK_OK, "%s", ompk_last_error());
+    ompk_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
+    const ompk_tensor *ts[9] = {&c->tq,    &c->tk,  &c->tv,  &c->tout, &c->tlse,
+                                &c->tdout, &c->tdq, &c->tdk, &c->tdv};
+    int64_t *ss[9] = {g.qs, g.ks, g.vs, g.os, g.ls, g.dos, g.dqs, g.dks, g.dvs};
+    for (int i = 0; i < 9; i++)
+        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
+    g.scale = (float)c->scale;
+    g.mask = (int)c->p.mask;
+    g.bf16 = 1;
+    const int64_t rows = g.B * g.Hq * g.N;
+    float *dsum = malloc(sizeof(float) * (size_t)(rows + 1));
+    ompk_tensor ho = att_host(&c->out, &c->tout), hd = att_host(&c->dout, &c->tdout);
+    for (int64_t r = 0; r < rows; r++) {
+        float acc = 0.f;
+        for (int64_t d = 0; d < g.dh; d++)
+            acc +=
+                (float)ompk_host_get(&ho, r * g.dh + d) * (float)ompk_host_get(&hd, r * g.dh + d);
+        dsum[r] = acc;
+    }
+    const uint16_t *q = c->q.host, *k = c->k.host, *v = c->v.host, *dout = c->dout.host;
+    uint16_t *dq = c->dq.host, *dk = c->dk.host, *dv = c->dv.host;
+    const float *lse = c->lse.host;
+    int ok = 1;
+    const int64_t kteams = g.B * g.Hkv * ((g.M + ATTF_BK - 1) / ATTF_BK);
+    for (int64_t t = 0; t < kteams && ok; t++) {
+        attf_emu_block = t;
+#pragma omp parallel num_threads(128)
+        {
+            if (omp_get_num_threads() != 128) {
+#pragma omp single
+                ok = 0;
+            } else {
+#define EMU_DKDV(D)                                                                                \
+    attf_dkdv_team(&g, q, k, v, dout, lse, dsum, dk, dv, attf_emu_sk, attf_emu_sv, emu_sl, emu_sd, \
+                   emu_slim, D)
+                EMU_SWITCH_DH(g.dh, EMU_DKDV)
+            }
+        }
+    }
+    const int64_t qteams = g.B * g.Hq * ((g.N + ATTF_BQ - 1) / ATTF_BQ);
+    for (int64_t t = 0; t < qteams && ok; t++) {
+        attf_emu_block = t;
+#pragma omp parallel num_threads(128)
+        {
+            if (omp_get_num_threads() != 128) {
+#pragma omp single
+                ok = 0;
+            } else {
+#define EMU_DQ(D) attf_dq_team(&g, q, k, v, dout, lse, dsum, dq, attf_emu_sk, attf_emu_sv, D)
+                EMU_SWITCH_DH(g.dh, EMU_DQ)
+            }
+        }
+    }
+    free(dsum);
+    return ok;
+}
+
+static void check_bwd(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int64_t dh,
+                      ompk_attention_mask mask, int bshd, uint64_t seed) {
+    att_case c;
+    att_case_new(&c, ompk_device_host(), OMPK_BF16, B, Hq, Hkv, N, M, dh, mask, seed, 1.0, bshd);
+    cr_assert(emu_bwd(&c), "could not form a team of 128 host threads");
+    ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk), hv = att_host(&c.v, &c.tv);
+    ompk_tensor hdo = att_host(&c.dout, &c.tdout), ho = att_host(&c.out, &c.tout);
+    double *rq = malloc(sizeof(double) * (size_t)(c.dq.numel + 1));
+    double *rk = malloc(sizeof(double) * (size_t)(c.dk.numel + 1));
+    double *rv = malloc(sizeof(double) * (size_t)(c.dv.numel + 1));
+    ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, &ho, c.scale, mask, rq, rk, rv);
+    char what[160];
+    snprintf(what, sizeof what, "emu bwd B%lld Hq%lld Hkv%lld N%lld M%lld dh%lld mask=%s",
+             (long long)B, (long long)Hq, (long long)Hkv, (long long)N, (long long)M, (long long)dh,
+             att_mask_name(mask));
+    /* P and dS enter the tensor cores as bf16 (FlashAttention-2's choice): twice the band */
+    double gs = sqrt((double)(Hq / Hkv));
+    double w1 = att_worst(what, &c.dq, &c.tdq, rq, att_tol_m(OMPK_BF16, 1.0, 2.0));
+    double w2 = att_worst(what, &c.dk, &c.tdk, rk, att_tol_m(OMPK_BF16, gs, 2.0));
+    double w3 = att_worst(what, &c.dv, &c.tdv, rv, att_tol_m(OMPK_BF16, gs, 2.0));
+    cr_expect(w1 <= 1.0 && w2 <= 1.0 && w3 <= 1.0, "%s: worst ratio dq %g dk %g dv %g", what, w1,
+              w2, w3);
+    free(rq);
+    free(rk);
+    free(rv);
+    att_case_free(&c);
+}
+
+Test(attention_fast_emu, backward_head_dims) {
+    const int64_t dhs[5] = {32, 64, 80, 96, 128};
+    for (int i = 0; i < 5; i++)
+        check_bwd(1, 1, 1, 70, 75, dhs[i], OMPK_ATTN_MASK_NONE, 0, 40 + (uint64_t)i);
+}
+
+Test(attention_fast_emu, backward_masks_gqa_fully_masked) {
+    check_bwd(1, 4, 1, 65, 130, 64, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 51);
+    check_bwd(1, 2, 2, 130, 65, 96, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 1, 52);
+    check_bwd(2, 2, 1, 17, 1, 32, OMPK_ATTN_MASK_NONE, 0, 53);
+    check_bwd(1, 2, 1, 100, 20, 64, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 54);
+}

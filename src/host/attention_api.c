@@ -20,12 +20,23 @@ ompk_attention_params ompk_attention_params_default(void) {
     return p;
 }
 
-/* OMPK_ATTN_VARIANT=portable forces the portable kernel; unset or "fast" lets the tensor-core
- * GPU kernel take the calls it can serve (like BLIS_ARCH_TYPE, a variant it cannot serve
- * falls back rather than failing). */
-static int fwd_variant_fast(void) {
+/* OMPK_ATTN_VARIANT picks the GPU kernels (like BLIS_ARCH_TYPE; a variant that cannot serve
+ * a call falls back to the portable kernel rather than failing):
+ *   unset     tensor-core forward where it applies, portable backward (the tensor-core backward
+ *             has been checked in host emulation but not yet timed on a GPU);
+ *   "fast"    tensor-core forward and backward where they apply;
+ *   "portable" the portable kernels only. */
+static const char *variant_env(void) {
     const char *v = getenv("OMPK_ATTN_VARIANT");
-    return !(v && strcmp(v, "portable") == 0);
+    return v ? v : "";
+}
+
+static int fwd_variant_fast(void) {
+    return strcmp(variant_env(), "portable") != 0;
+}
+
+static int bwd_variant_fast(void) {
+    return strcmp(variant_env(), "fast") == 0;
 }
 
 static int dh_supported(int64_t dh) {
@@ -232,8 +243,14 @@ ompk_status ompk_attention_bwd(const ompk_tensor *dout, const ompk_tensor *q, co
         return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_attention_bwd", "workspace of %lld floats",
                          (long long)rows);
     ompk_exec ex = ompk_exec_for(c.device);
-    ompk_attn_bwd_portable(ex, &g, dout->data, q->data, k->data, v->data, out->data,
+    const void *ptrs[8] = {q->data,    k->data,  v->data,  out->data,
+                           dout->data, dq->data, dk->data, dv->data};
+    if (bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs))
+        ompk_attn_bwd_fast(ex, &g, dout->data, q->data, k->data, v->data, out->data,
                            (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
+    else
+        ompk_attn_bwd_portable(ex, &g, dout->data, q->data, k->data, v->data, out->data,
+                               (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
     ompk_free(c.device, dsum);
 
     if (ompk_verify_enabled() || ompk_trace_enabled())

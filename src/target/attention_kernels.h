@@ -20,6 +20,9 @@ typedef struct ompk_attn_geom {
 /* Portable kernels: OpenMP target teams loops, on the GPU or on the host's threads. */
 void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                             const void *v, void *out, float *lse);
+/* dsum[(b*Hq + h)*N + i] = <dout_i, out_i> (fp32), the backward's row term. */
+void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *out,
+                      float *dsum);
 /* dsum: B*Hq*N f32 workspace on ex's device. */
 void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
                             const void *k, const void *v, const void *out, const float *lse,
@@ -31,5 +34,11 @@ int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, 
                           const void *v, const void *out);
 void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                         const void *v, void *out, float *lse);
+/* GPU backward on tensor cores: same conditions as the forward for all eight tensors
+ * (q, k, v, out, dout, dq, dk, dv in that order in ptrs). */
+int ompk_attn_bwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *const ptrs[8]);
+void ompk_attn_bwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
+                        const void *k, const void *v, const void *out, const float *lse, void *dq,
+                        void *dk, void *dv, float *dsum);
 
 #endif

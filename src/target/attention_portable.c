@@ -690,9 +690,8 @@ void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
     }
 }
 
-void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, const void *q,
-                            const void *k, const void *v, const void *out, const float *lse,
-                            void *dq, void *dk, void *dv, float *dsum) {
+void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, const void *out,
+                      float *dsum) {
     const ompk_attn_geom g = *gp;
     const int bf = g.bf16;
     const int on = ex.on_target;
@@ -719,6 +718,17 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
         for (int64_t w = 0; w < rows; w++) ATT_DSUM_BODY
     }
 #undef ATT_DSUM_BODY
+}
+
+void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, const void *q,
+                            const void *k, const void *v, const void *out, const float *lse,
+                            void *dq, void *dk, void *dv, float *dsum) {
+    const ompk_attn_geom g = *gp;
+    const int bf = g.bf16;
+    const int on = ex.on_target;
+    const int nt = on ? 0 : ompk_host_teams();
+    int64_t rows = g.B * g.Hq * g.N;
+    ompk_attn_rowsum(ex, gp, dout, out, dsum);
     if (on) {
         int64_t kitems = g.B * g.Hkv * g.M;
 #pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
