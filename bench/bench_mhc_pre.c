@@ -61,32 +61,31 @@ static int bufs_new(ompk_bench_ctx *ctx, mhc_bufs *m) {
     m->df = alloc_t(ctx, &m->tdf, dt, 3, B, S, D, 0, 24);
     m->dpost = alloc_t(ctx, &m->tdpost, F, 3, B, S, n, 0, 25);
     m->dcombp = alloc_t(ctx, &m->tdcombp, F, 4, B, S, n, n, 26);
-    void *all[] = {m->x,      m->phi,     m->gamma,  m->alpha, m->bias,   m->h_in,  m->h_post,
-                   m->logits, m->comb,    m->h_mix,  m->inv,   m->h_pre,  m->dh_in, m->dh_post,
-                   m->dh_res, m->dcomb,   m->dx,     m->dphi,  m->dalpha, m->dbias, m->dgamma,
-                   m->f,      m->dout,    m->df,     m->dpost, m->dcombp};
+    void *all[] = {m->x,      m->phi,   m->gamma, m->alpha, m->bias,   m->h_in,  m->h_post,
+                   m->logits, m->comb,  m->h_mix, m->inv,   m->h_pre,  m->dh_in, m->dh_post,
+                   m->dh_res, m->dcomb, m->dx,    m->dphi,  m->dalpha, m->dbias, m->dgamma,
+                   m->f,      m->dout,  m->df,    m->dpost, m->dcombp};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!all[i]) return 1;
     /* a forward once, so the backward sees consistent saved tensors */
-    ompk_status st = ompk_mhc_pre_fwd(&m->tx, &m->tphi, &m->tgamma, &m->talpha, &m->tbias, &m->p,
-                                      &m->th_in, &m->th_post, &m->tlogits, &m->tcomb, &m->th_mix,
-                                      &m->tinv, &m->th_pre);
+    ompk_status st =
+        ompk_mhc_pre_fwd(&m->tx, &m->tphi, &m->tgamma, &m->talpha, &m->tbias, &m->p, &m->th_in,
+                         &m->th_post, &m->tlogits, &m->tcomb, &m->th_mix, &m->tinv, &m->th_pre);
     return st != OMPK_OK;
 }
 
 static void bufs_free(ompk_bench_ctx *ctx, mhc_bufs *m) {
-    void *all[] = {m->x,      m->phi,     m->gamma,  m->alpha, m->bias,   m->h_in,  m->h_post,
-                   m->logits, m->comb,    m->h_mix,  m->inv,   m->h_pre,  m->dh_in, m->dh_post,
-                   m->dh_res, m->dcomb,   m->dx,     m->dphi,  m->dalpha, m->dbias, m->dgamma,
-                   m->f,      m->dout,    m->df,     m->dpost, m->dcombp};
+    void *all[] = {m->x,      m->phi,   m->gamma, m->alpha, m->bias,   m->h_in,  m->h_post,
+                   m->logits, m->comb,  m->h_mix, m->inv,   m->h_pre,  m->dh_in, m->dh_post,
+                   m->dh_res, m->dcomb, m->dx,    m->dphi,  m->dalpha, m->dbias, m->dgamma,
+                   m->f,      m->dout,  m->df,    m->dpost, m->dcombp};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ompk_bench_free(ctx, all[i]);
 }
 
 static ompk_status call_pre_fwd(void *p) {
     mhc_bufs *m = p;
-    return ompk_mhc_pre_fwd(&m->tx, &m->tphi, &m->tgamma, &m->talpha, &m->tbias, &m->p,
-                            &m->th_in, &m->th_post, &m->tlogits, &m->tcomb, &m->th_mix, &m->tinv,
-                            &m->th_pre);
+    return ompk_mhc_pre_fwd(&m->tx, &m->tphi, &m->tgamma, &m->talpha, &m->tbias, &m->p, &m->th_in,
+                            &m->th_post, &m->tlogits, &m->tcomb, &m->th_mix, &m->tinv, &m->th_pre);
 }
 
 static ompk_status call_sk_fwd(void *p) {
@@ -104,8 +103,7 @@ static ompk_status call_pre_bwd(void *p) {
     mhc_bufs *m = p;
     return ompk_mhc_pre_bwd(&m->tx, &m->tphi, &m->tgamma, &m->talpha, &m->p, &m->tdh_in,
                             &m->tdh_post, &m->tdh_res, NULL, &m->th_mix, &m->tinv, &m->th_pre,
-                            &m->th_post, &m->tdx, &m->tdphi, &m->tdalpha, &m->tdbias,
-                            &m->tdgamma);
+                            &m->th_post, &m->tdx, &m->tdphi, &m->tdalpha, &m->tdbias, &m->tdgamma);
 }
 
 static ompk_status call_train(void *p) {
@@ -151,40 +149,42 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
     const double T = (double)m.T, K = (double)m.K, M = (double)m.M, Dd = (double)D;
     const double e = 2.0, nn = (double)(n * n), nd = (double)n;
     const double gemm = 2.0 * T * K * M;
-    const char *f = ctx->filter;
     double mn, ms;
     /* bytes: each input read once, each output written once; workspace not counted */
-    if (!f || strstr("mhc_pre_fwd", f) || strstr(f, "mhc_pre_fwd")) {
-        ms = ompk_bench_time(ctx, call_pre_fwd, &m, &mn);
-        if (ms < 0) rc = 1;
-        else
-            emit(ctx, &m, "mhc_pre_fwd", ms, mn,
-                 T * (K * e + Dd * e + (2 * nd + 2 * nn + M + 1) * 4) + (M * K + K + M + 3) * 4,
-                 gemm + 2 * T * K + 2 * T * K, -1);
-    }
+    ms = ompk_bench_time(ctx, call_pre_fwd, &m, &mn);
+    if (ms < 0)
+        rc = 1;
+    else
+        emit(ctx, &m, "mhc_pre_fwd", ms, mn,
+             T * (K * e + Dd * e + (2 * nd + 2 * nn + M + 1) * 4) + (M * K + K + M + 3) * 4,
+             gemm + 2 * T * K + 2 * T * K, -1);
     ms = ompk_bench_time(ctx, call_sk_fwd, &m, &mn);
-    if (ms < 0) rc = 1;
+    if (ms < 0)
+        rc = 1;
     else
-        emit(ctx, &m, "mhc_sinkhorn_fwd", ms, mn, T * nn * 8, T * nn * 4 * m.p.sinkhorn_repeat,
-             0);
+        emit(ctx, &m, "mhc_sinkhorn_fwd", ms, mn, T * nn * 8, T * nn * 4 * m.p.sinkhorn_repeat, 0);
     ms = ompk_bench_time(ctx, call_sk_bwd, &m, &mn);
-    if (ms < 0) rc = 1;
+    if (ms < 0)
+        rc = 1;
     else
-        emit(ctx, &m, "mhc_sinkhorn_bwd", ms, mn, T * nn * 12,
-             T * nn * 12 * m.p.sinkhorn_repeat, T * nn * 8 * m.p.sinkhorn_repeat);
+        emit(ctx, &m, "mhc_sinkhorn_bwd", ms, mn, T * nn * 12, T * nn * 12 * m.p.sinkhorn_repeat,
+             T * nn * 8 * m.p.sinkhorn_repeat);
     ms = ompk_bench_time(ctx, call_pre_bwd, &m, &mn);
-    if (ms < 0) rc = 1;
+    if (ms < 0)
+        rc = 1;
     else
         emit(ctx, &m, "mhc_pre_bwd", ms, mn,
              T * (2 * K * e + Dd * e + (nd + nn + M + 1 + 2 * nd) * 4) + (2 * M * K + 2 * K) * 4,
              2 * gemm + 2 * T * K, -1);
     ms = ompk_bench_time(ctx, call_train, &m, &mn);
-    if (ms < 0) rc = 1;
+    if (ms < 0)
+        rc = 1;
     else
         emit(ctx, &m, "mhc_pre_fwd_sinkhorn_bwd", ms, mn,
              T * (3 * K * e + 2 * Dd * e) + (3 * M * K) * 4, 3 * gemm, -1);
     ms = ompk_bench_time(ctx, call_post_bwd, &m, &mn);
-    if (ms < 0) rc = 1;
+    if (ms < 0)
+        rc = 1;
     else
         emit(ctx, &m, "mhc_post_bwd", ms, mn, T * (3 * K * e + 2 * Dd * e + (2 * nn + 2 * nd) * 4),
              T * Dd * (4 * nn + 4 * nd), -1);
