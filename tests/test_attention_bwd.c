@@ -2,6 +2,7 @@
  * lengths, strided views), fully masked rows, large logits, and bit-identical repeats. Runs on
  * the host and on every GPU. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 
 #include "test_attention_common.h"
 
@@ -207,4 +208,69 @@ Test(attention_bwd, variants_match_reference) {
                 }
             unsetenv("OMPK_ATTN_VARIANT");
         }
+}
+
+/* The golden backward itself against central differences of the golden forward (double):
+ * L = sum(out * dout), so dL/dx must match the reference gradients. Guards the oracle every
+ * other backward check leans on. */
+Test(attention_bwd, reference_matches_finite_differences) {
+    const ompk_attention_mask ms[3] = {OMPK_ATTN_MASK_NONE, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT,
+                                       OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT};
+    for (int mi = 0; mi < 3; mi++) {
+        att_case c;
+        att_case_new(&c, ompk_device_host(), OMPK_F32, 1, 4, 2, 5, 7, 32, ms[mi],
+                     (uint64_t)(1700 + mi), 1.0, 0);
+        ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk);
+        ompk_tensor hv = att_host(&c.v, &c.tv), hdo = att_host(&c.dout, &c.tdout);
+        double *g[3];
+        int64_t n[3] = {c.q.numel, c.k.numel, c.v.numel};
+        for (int i = 0; i < 3; i++) g[i] = malloc(sizeof(double) * (size_t)n[i]);
+        ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, NULL, c.scale, ms[mi], g[0], g[1], g[2]);
+        double *o = malloc(sizeof(double) * (size_t)c.out.numel);
+        tu_buf *bufs[3] = {&c.q, &c.k, &c.v};
+        const double eps = 1e-3;
+        double worst = 0;
+        for (int t = 0; t < 3; t++)
+            for (int64_t e = 0; e < n[t]; e += 7) {
+                float *x = (float *)bufs[t]->host + e, x0 = *x;
+                double lp = 0, lm = 0;
+                *x = x0 + (float)eps;
+                double xp = *x;
+                ompk_attention_ref_fwd(&hq, &hk, &hv, c.scale, ms[mi], o, NULL);
+                for (int64_t i = 0; i < c.out.numel; i++) lp += o[i] * tu_buf_get(&c.dout, i);
+                *x = x0 - (float)eps;
+                double xm = *x;
+                ompk_attention_ref_fwd(&hq, &hk, &hv, c.scale, ms[mi], o, NULL);
+                for (int64_t i = 0; i < c.out.numel; i++) lm += o[i] * tu_buf_get(&c.dout, i);
+                *x = x0;
+                double fd = (lp - lm) / (xp - xm),
+                       err = fabs(fd - g[t][e]) / (1e-4 + 1e-3 * fabs(fd));
+                worst = err > worst ? err : worst;
+            }
+        cr_expect(worst <= 1.0, "mask %s: reference gradient vs finite differences ratio %g",
+                  att_mask_name(ms[mi]), worst);
+        for (int i = 0; i < 3; i++) free(g[i]);
+        free(o);
+        att_case_free(&c);
+    }
+}
+
+Test(attention_bwd, verify_mode_reports, .init = cr_redirect_stderr) {
+    att_case c;
+    att_case_new(&c, ompk_device_host(), OMPK_F32, 1, 4, 2, 9, 12, 32,
+                 OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 1800, 1.0, 0);
+    cr_assert_eq(att_fwd(&c), OMPK_OK);
+    setenv("OMPK_VERIFY", "1", 1);
+    cr_assert_eq(att_bwd(&c), OMPK_OK);
+    unsetenv("OMPK_VERIFY");
+    fflush(stderr);
+    char buf[4096] = {0};
+    FILE *f = cr_get_redirected_stderr();
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    const char *names[3] = {"attention_bwd dq", "attention_bwd dk", "attention_bwd dv"};
+    for (int i = 0; i < 3; i++)
+        cr_expect(strstr(buf, names[i]) != NULL, "no %s line in: %s", names[i], buf);
+    cr_expect(strstr(buf, "MISMATCH") == NULL, "verify reported a mismatch: %s", buf);
+    att_case_free(&c);
 }
