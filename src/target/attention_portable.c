@@ -38,7 +38,9 @@
 ATT_INLINE float att_exp2(float x) {
     x = x > 127.f ? 127.f : x;
     x = x < -127.f ? -127.f : x;
-    float n = floorf(x + 0.5f);
+    /* round to nearest by the 1.5 * 2^23 shift: plain arithmetic, so the loop around a call
+     * vectorizes with every compiler (floorf stays a libm call in some builds) */
+    float n = (x + 12582912.f) - 12582912.f;
     float f = x - n;
     float p = 1.5403530e-4f;
     p = p * f + 1.3333558e-3f;
