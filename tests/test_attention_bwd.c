@@ -274,3 +274,29 @@ Test(attention_bwd, verify_mode_reports, .init = cr_redirect_stderr) {
     cr_expect(strstr(buf, "MISMATCH") == NULL, "verify reported a mismatch: %s", buf);
     att_case_free(&c);
 }
+
+/* No query rows: dk and dv are still outputs and must come back zero; no keys: every row is
+ * fully masked and dq is zero. */
+Test(attention_bwd, empty_lengths_write_zeros) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++) {
+        att_case c;
+        att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 0, 5, 32, OMPK_ATTN_MASK_NONE, 3, 1.0, 0);
+        cr_assert_eq(att_fwd(&c), OMPK_OK, "%s", ompk_last_error());
+        cr_assert_eq(att_bwd(&c), OMPK_OK, "%s", ompk_last_error());
+        tu_buf_download(&c.dk);
+        tu_buf_download(&c.dv);
+        for (int64_t i = 0; i < c.dk.numel; i++)
+            cr_expect(tu_buf_get(&c.dk, i) == 0.0 && tu_buf_get(&c.dv, i) == 0.0,
+                      "N = 0: dk/dv element %lld not zero", (long long)i);
+        att_case_free(&c);
+        att_case_new(&c, devs[di], OMPK_BF16, 1, 2, 1, 4, 0, 32, OMPK_ATTN_MASK_NONE, 4, 1.0, 0);
+        cr_assert_eq(att_fwd(&c), OMPK_OK, "%s", ompk_last_error());
+        cr_assert_eq(att_bwd(&c), OMPK_OK, "%s", ompk_last_error());
+        tu_buf_download(&c.dq);
+        for (int64_t i = 0; i < c.dq.numel; i++)
+            cr_expect(tu_buf_get(&c.dq, i) == 0.0, "M = 0: dq element %lld not zero", (long long)i);
+        att_case_free(&c);
+    }
+}
