@@ -5,6 +5,7 @@
 
 #include "bf16.h"
 #include "check.h"
+#include "scratch.h"
 #include "test_util.h"
 
 Test(core, status_strings_are_distinct) {
@@ -160,4 +161,29 @@ Test(core, output_overlap_rules) {
     ompk_call_begin(&call, "t");
     ompk_call_output(&call, "z", &z, 2, OMPK_DT_FLOAT);
     cr_assert_eq(ompk_call_end(&call), OMPK_ERR_INVALID_ARGUMENT);
+}
+
+/* Scratch blocks are reused on GPUs (no cudaMalloc/cudaFree per call) and always usable. */
+Test(core, scratch_cache) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int i = 0; i < nd; i++) {
+        unsigned char *p = ompk_scratch_alloc(devs[i], 100000);
+        cr_assert_not_null(p, "%s", ompk_last_error());
+        cr_assert_eq(ompk_memset(p, devs[i], 0x11, 100000), OMPK_OK);
+        ompk_scratch_free(devs[i], p);
+        unsigned char *q = ompk_scratch_alloc(devs[i], 90000);
+        cr_assert_not_null(q);
+        if (devs[i].type == OMPK_TARGET) cr_expect_eq(q, p, "a cached block was not reused");
+        unsigned char *r = ompk_scratch_alloc(devs[i], 90000); /* q is live: r must differ */
+        cr_assert_not_null(r);
+        cr_expect_neq(q, r);
+        unsigned char h[16];
+        cr_assert_eq(ompk_memset(r, devs[i], 0x22, 90000), OMPK_OK);
+        cr_assert_eq(ompk_memcpy(h, ompk_device_host(), r + 89984, devs[i], 16), OMPK_OK);
+        for (int k = 0; k < 16; k++) cr_assert_eq(h[k], 0x22);
+        ompk_scratch_free(devs[i], q);
+        ompk_scratch_free(devs[i], r);
+    }
+    ompk_scratch_trim();
 }

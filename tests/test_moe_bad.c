@@ -2,6 +2,7 @@
  * y untouched (poisoned bytes survive). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "ompk/moe.h"

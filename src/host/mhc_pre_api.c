@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "scratch.h"
 #include "error.h"
 #include "mhc_ref_pre.h"
 #include "ompk/mhc.h"
@@ -234,10 +235,10 @@ ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const
     a.sk_eps = p.sinkhorn_eps, a.repeat = p.sinkhorn_repeat;
     if (T == 0) return OMPK_OK;
 
-    void *ws = ompk_malloc(c.device, (size_t)mhc_pre_fwd_workspace(&a));
+    void *ws = ompk_scratch_alloc(c.device, (size_t)mhc_pre_fwd_workspace(&a));
     if (!ws) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, c.fn, "workspace");
     mhc_pre_fwd_kernel(ompk_exec_for(c.device), &a, ws);
-    ompk_free(c.device, ws);
+    ompk_scratch_free(c.device, ws);
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) {
         const ompk_tensor *ts[12] = {x,      phi,        gamma, alpha, bias,    h_in,
@@ -392,10 +393,10 @@ ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const
     a.dbias = (float *)dbias->data, a.sdbias = dbias->strides[0];
     a.dgamma = dgamma ? (float *)dgamma->data : NULL;
 
-    void *ws = ompk_malloc(c.device, (size_t)mhc_pre_bwd_workspace(&a));
+    void *ws = ompk_scratch_alloc(c.device, (size_t)mhc_pre_bwd_workspace(&a));
     if (!ws) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, c.fn, "workspace");
     mhc_pre_bwd_kernel(ompk_exec_for(c.device), &a, ws);
-    ompk_free(c.device, ws);
+    ompk_scratch_free(c.device, ws);
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) {
         const ompk_tensor *ts[18] = {x,      phi,         gamma,  alpha,   dh_in,  dh_post,

@@ -24,6 +24,7 @@
 
 #include "bf16.h"
 #include "router_topk.h"
+#include "scratch.h"
 
 /* Per-thread capacity of the on-stack lists; larger k use a workspace on the call's device (the
  * axis lists) and the output rows themselves (the heap). */
@@ -559,7 +560,7 @@ ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args
     if (per_tok > 0 && T > 0) {
         const int64_t cap = RT_WS_MAX_BYTES / (per_tok * 4);
         chunk = T < cap ? T : (cap > 0 ? cap : 1);
-        ws = ompk_malloc(a->device, (size_t)(chunk * per_tok * 4));
+        ws = ompk_scratch_alloc(a->device, (size_t)(chunk * per_tok * 4));
         if (!ws) return OMPK_ERR_OUT_OF_MEMORY;
     }
 
@@ -595,7 +596,7 @@ ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args
                 }
         }
     }
-    if (ws) ompk_free(a->device, ws);
+    if (ws) ompk_scratch_free(a->device, ws);
     return OMPK_OK;
 }
 
