@@ -21,3 +21,10 @@ set(OMPK_HOST_ARCH "x86-64-v3" CACHE STRING "-march for host code (empty: compil
 if(OMPK_HOST_ARCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
   add_compile_options(-march=${OMPK_HOST_ARCH})
 endif()
+
+# -std=c17 makes GCC stop contracting a*b+c into FMAs (ISO mode); clang contracts within an
+# expression by default. Contract under GCC too so both compilers' host code does the same
+# arithmetic (the portable kernels are FMA chains).
+if(CMAKE_C_COMPILER_ID STREQUAL "GNU")
+  add_compile_options(-ffp-contract=fast)
+endif()

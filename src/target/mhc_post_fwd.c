@@ -81,6 +81,7 @@ post_chunk8(const int n, const char *x, int64_t xsi, const float *comb, int64_t 
     post_compute8(n, xv, fv, cw, pw, out, osi, bf16, esz);
 }
 
+#ifdef OMPK_HAVE_BARE
 /* Element e of a chunk held as raw 16-byte words: bf16 (one word) or f32 (two words). Unpacking
  * at the point of use keeps the chunk in 4 (bf16) or 8 (f32) registers per stream instead of 8
  * floats, which is what bounds occupancy for the memory-bound GPU variant. */
@@ -127,6 +128,7 @@ post_token_raw(const int n, const int bf16, const char *restrict xt, int64_t xsi
         }
     }
 }
+#endif
 
 /* One d for one token, any strides. */
 static inline __attribute__((always_inline)) void
