@@ -15,7 +15,7 @@ typedef struct ompk_u128 {
 static inline void ompk_load8(const void *p, int is_bf16, float v[8]) {
     if (is_bf16) {
         ompk_u128 a = *(const ompk_u128 *)p;
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int k = 0; k < 4; k++) {
             ompk_f32_bits lo, hi;
             lo.u = a.w[k] << 16;
@@ -25,7 +25,7 @@ static inline void ompk_load8(const void *p, int is_bf16, float v[8]) {
         }
     } else {
         ompk_u128 a = ((const ompk_u128 *)p)[0], b = ((const ompk_u128 *)p)[1];
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int k = 0; k < 4; k++) {
             ompk_f32_bits x, y;
             x.u = a.w[k];
@@ -39,14 +39,14 @@ static inline void ompk_load8(const void *p, int is_bf16, float v[8]) {
 static inline void ompk_store8(void *p, int is_bf16, const float v[8]) {
     if (is_bf16) {
         ompk_u128 a;
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int k = 0; k < 4; k++)
             a.w[k] = (uint32_t)ompk_f32_to_bf16(v[2 * k]) |
                      ((uint32_t)ompk_f32_to_bf16(v[2 * k + 1]) << 16);
         *(ompk_u128 *)p = a;
     } else {
         ompk_u128 a, b;
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int k = 0; k < 4; k++) {
             ompk_f32_bits x, y;
             x.f = v[k];
