@@ -133,30 +133,9 @@ MHC_INLINE void post_bwd_chunk(const int N, const char *x, const int64_t *sx, co
         if (i < N && o < N) part[N + i * N + o] = dc[i][o];
 }
 
-#define MHC_N 1
-#include "mhc_post_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 2
-#include "mhc_post_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 3
-#include "mhc_post_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 4
-#include "mhc_post_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 5
-#include "mhc_post_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 6
-#include "mhc_post_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 7
-#include "mhc_post_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 8
-#include "mhc_post_bwd_n.inc"
-#undef MHC_N
+#define MHC_N_INC "mhc_post_bwd_n.inc"
+#include "mhc_each_n.inc"
+#undef MHC_N_INC
 
 void mhc_post_bwd_kernel(ompk_exec ex, const mhc_post_bwd_args *a, void *ws) {
 #define POST_BWD(N) post_bwd_launch_##N(ex, a, ws)

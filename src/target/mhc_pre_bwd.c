@@ -209,30 +209,9 @@ MHC_INLINE void bwd_dxdw(const int N, int64_t k, int64_t D, int64_t S, int64_t t
         if (m < M) pw[m * K + k] = acc[m];
 }
 
-#define MHC_N 1
-#include "mhc_pre_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 2
-#include "mhc_pre_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 3
-#include "mhc_pre_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 4
-#include "mhc_pre_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 5
-#include "mhc_pre_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 6
-#include "mhc_pre_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 7
-#include "mhc_pre_bwd_n.inc"
-#undef MHC_N
-#define MHC_N 8
-#include "mhc_pre_bwd_n.inc"
-#undef MHC_N
+#define MHC_N_INC "mhc_pre_bwd_n.inc"
+#include "mhc_each_n.inc"
+#undef MHC_N_INC
 
 void mhc_pre_bwd_kernel(ompk_exec ex, const mhc_pre_bwd_args *a, void *ws) {
 #define PRE_BWD(N) pre_bwd_launch_##N(ex, a, ws)

@@ -237,30 +237,9 @@ typedef struct pre_launch {
     mhc_pre_fwd_args args;
 } pre_launch;
 
-#define MHC_N 1
-#include "mhc_pre_fwd_n.inc"
-#undef MHC_N
-#define MHC_N 2
-#include "mhc_pre_fwd_n.inc"
-#undef MHC_N
-#define MHC_N 3
-#include "mhc_pre_fwd_n.inc"
-#undef MHC_N
-#define MHC_N 4
-#include "mhc_pre_fwd_n.inc"
-#undef MHC_N
-#define MHC_N 5
-#include "mhc_pre_fwd_n.inc"
-#undef MHC_N
-#define MHC_N 6
-#include "mhc_pre_fwd_n.inc"
-#undef MHC_N
-#define MHC_N 7
-#include "mhc_pre_fwd_n.inc"
-#undef MHC_N
-#define MHC_N 8
-#include "mhc_pre_fwd_n.inc"
-#undef MHC_N
+#define MHC_N_INC "mhc_pre_fwd_n.inc"
+#include "mhc_each_n.inc"
+#undef MHC_N_INC
 
 void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     const pre_geom g = pre_geometry(a);

@@ -107,30 +107,9 @@ MHC_INLINE void sk_bwd_token(const int N, const float *lg, const int64_t *sl, co
     }
 }
 
-#define MHC_N 1
-#include "mhc_sinkhorn_n.inc"
-#undef MHC_N
-#define MHC_N 2
-#include "mhc_sinkhorn_n.inc"
-#undef MHC_N
-#define MHC_N 3
-#include "mhc_sinkhorn_n.inc"
-#undef MHC_N
-#define MHC_N 4
-#include "mhc_sinkhorn_n.inc"
-#undef MHC_N
-#define MHC_N 5
-#include "mhc_sinkhorn_n.inc"
-#undef MHC_N
-#define MHC_N 6
-#include "mhc_sinkhorn_n.inc"
-#undef MHC_N
-#define MHC_N 7
-#include "mhc_sinkhorn_n.inc"
-#undef MHC_N
-#define MHC_N 8
-#include "mhc_sinkhorn_n.inc"
-#undef MHC_N
+#define MHC_N_INC "mhc_sinkhorn_n.inc"
+#include "mhc_each_n.inc"
+#undef MHC_N_INC
 
 void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
 #define SK_FWD(N) sk_fwd_launch_##N(ex, a)
