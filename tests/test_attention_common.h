@@ -178,13 +178,22 @@ static inline double att_check_bwd(att_case *c, const char *label) {
     ompk_tensor ho = att_host(&c->out, &c->tout);
     ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, &ho, c->scale, c->p.mask, rq, rk, rv);
     double g = sqrt((double)(c->Hq / c->Hkv));
+    /* The GPU tensor-core backward (bf16 on a GPU unless OMPK_ATTN_VARIANT=portable) rounds P
+     * and dS to bf16 before its matrix products, as FlashAttention-2 does: each gradient element
+     * then carries a random error of about 2^-8/sqrt(12) * sqrt(sum_i (P_ij dO_i)^2), which for
+     * causal rows near the diagonal (P ~ 1) reaches the one-rounding band. Its bf16 gradients
+     * get 2x that band. */
+    const char *var = getenv("OMPK_ATTN_VARIANT");
+    const int fast =
+        c->dt == OMPK_BF16 && c->dev.type == OMPK_TARGET && !(var && strcmp(var, "portable") == 0);
+    double bm = fast ? 2.0 : 1.0;
     char what[200];
     snprintf(what, sizeof what, "%s dq", label);
-    double w = att_worst(what, &c->dq, &c->tdq, rq, att_tol_m(c->dt, 1.0, c->tol_mult));
+    double w = att_worst(what, &c->dq, &c->tdq, rq, att_tol_m(c->dt, 1.0, c->tol_mult * bm));
     snprintf(what, sizeof what, "%s dk", label);
-    double w2 = att_worst(what, &c->dk, &c->tdk, rk, att_tol_m(c->dt, g, c->tol_mult));
+    double w2 = att_worst(what, &c->dk, &c->tdk, rk, att_tol_m(c->dt, g, c->tol_mult * bm));
     snprintf(what, sizeof what, "%s dv", label);
-    double w3 = att_worst(what, &c->dv, &c->tdv, rv, att_tol_m(c->dt, g, c->tol_mult));
+    double w3 = att_worst(what, &c->dv, &c->tdv, rv, att_tol_m(c->dt, g, c->tol_mult * bm));
     free(rq);
     free(rk);
     free(rv);

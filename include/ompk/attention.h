@@ -2,8 +2,8 @@
  *
  * Kernels: one OpenMP source (src/target/attention_portable.c) runs on the host's threads for
  * host tensors and on the GPU for target tensors; bf16 on a GPU can use tensor-core kernels
- * (src/target/attention_fast.c). OMPK_ATTN_VARIANT selects: unset = tensor-core forward,
- * portable backward; "fast" = tensor-core forward and backward; "portable" = portable only.
+ * (src/target/attention_fast.c). OMPK_ATTN_VARIANT selects: unset or "fast" = tensor-core
+ * forward and backward; "portable" = portable only.
  * A variant that cannot serve a call (f32, dh 256, unaligned rows) falls back to the portable
  * kernel. OMPK_VERIFY=1 / OMPK_TRACE=1 check or trace every call against the reference. */
 #ifndef OMPK_ATTENTION_H
