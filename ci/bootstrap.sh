@@ -14,6 +14,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+# The repo is formatted with clang-format 19 (.clang-format); older versions disagree on OpenMP
+# pragmas and casts, so make `clang-format` that one when it is older.
+cf_major=$(clang-format --version 2>/dev/null | sed -nE 's/.*version ([0-9]+).*/\1/p')
+if [ "${cf_major:-0}" -lt 19 ] && [ -x /usr/bin/clang-format-19 ]; then
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO update-alternatives --install /usr/bin/clang-format clang-format /usr/bin/clang-format-19 190 >/dev/null
+    $SUDO update-alternatives --set clang-format /usr/bin/clang-format-19 >/dev/null
+fi
 # The offload build needs CUDA's ptxas/nvlink (CUDA 12 or 13; see README). Without them the
 # default preset still builds, host-only, and says so.
 if [ ! -x "${OMPK_CUDA_PATH:-/usr/local/cuda}/bin/ptxas" ]; then
