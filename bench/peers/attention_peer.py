@@ -12,25 +12,11 @@ usage: attention_peer.py [--json FILE] [--filter S] [--quick] [--reps N]
 import argparse
 import json
 import platform
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-
-def timeit(fn, dev, reps, warmup):
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts), min(ts)
+from peer_timing import timeit
 
 
 def main():

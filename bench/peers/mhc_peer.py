@@ -13,11 +13,12 @@ The JSON file is rewritten after every record, so a run cut short keeps what it 
 import argparse
 import json
 import platform
-import statistics
 import time
 import traceback
 
 import torch
+
+from peer_timing import timeit
 
 NORM_EPS, HC_EPS, POST_MULT, REPEAT, SK_EPS = 1e-6, 1e-6, 2.0, 20, 1e-6
 
@@ -102,20 +103,6 @@ def post_bwd(x, comb, post, f, dout):
     dpost = torch.einsum("bsod,bsd->bso", g, f.float())
     dcomb = torch.einsum("bsid,bsod->bsio", x.float(), g)
     return dx, df, dpost, dcomb
-
-
-def timeit(fn, dev, reps, warmup):
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts), min(ts)
 
 
 def main():

@@ -13,10 +13,11 @@ usage: router_peer.py [--json FILE] [--filter S] [--quick] [--reps N]
 import argparse
 import json
 import platform
-import statistics
 import time
 
 import torch
+
+from peer_timing import timeit
 
 
 def full(sx, sy, k):
@@ -35,20 +36,6 @@ def axis(sx, sy, k):
     v, p = torch.topk(s, k, dim=1)
     i = torch.gather(ix, 1, p // kk) * N + torch.gather(iy, 1, p % kk)
     return v, i.to(torch.int32)
-
-
-def timeit(fn, dev, reps, warmup):
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts), min(ts)
 
 
 def main():
