@@ -44,6 +44,31 @@ static void dims(ompk_call *c, const char *name, const ompk_tensor *t, int nd,
     for (int d = 0; d < nd; d++) ompk_call_dim(c, name, t, d, shape[d]);
 }
 
+/* The inputs pre forward and pre backward share: x [B,S,n,D], phi [M,K], gamma [K] or NULL,
+ * alpha [3]. Fills the dimensions (0 while x is unreadable). */
+static void check_pre_inputs(ompk_call *c, const ompk_tensor *x, const ompk_tensor *phi,
+                             const ompk_tensor *gamma, const ompk_tensor *alpha, int64_t *B,
+                             int64_t *S, int64_t *n, int64_t *D) {
+    if (ompk_call_input(c, "x", x, 4, OMPK_DT_FLOAT)) {
+        *B = x->shape[0], *S = x->shape[1], *n = x->shape[2], *D = x->shape[3];
+        ompk_call_require(c, *n >= 1 && *n <= 8, OMPK_ERR_INVALID_ARGUMENT,
+                          "n = %lld streams, must be 1..8", (long long)*n);
+        ompk_call_require(c, *D >= 1, OMPK_ERR_INVALID_ARGUMENT, "D must be >= 1");
+        ompk_call_unit_stride(c, "x", x, 3);
+    }
+    const int64_t K = *n * *D, M = 2 * *n + *n * *n;
+    ompk_call_input(c, "phi", phi, 2, OMPK_DT(OMPK_F32));
+    dims(c, "phi", phi, 2, (int64_t[]){M, K});
+    ompk_call_unit_stride(c, "phi", phi, 1);
+    ompk_call_tensor(c, "gamma", gamma, 1, OMPK_DT(OMPK_F32), 0, 1);
+    if (gamma) {
+        ompk_call_dim(c, "gamma", gamma, 0, K);
+        ompk_call_unit_stride(c, "gamma", gamma, 0);
+    }
+    ompk_call_input(c, "alpha", alpha, 1, OMPK_DT(OMPK_F32));
+    ompk_call_dim(c, "alpha", alpha, 0, 3);
+}
+
 /* ---- verify / trace helpers ---------------------------------------------------------------- */
 
 typedef struct vset {
@@ -159,24 +184,8 @@ ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const
     const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
     check_params(&c, &p);
     int64_t B = 0, S = 0, n = 0, D = 0;
-    if (ompk_call_input(&c, "x", x, 4, OMPK_DT_FLOAT)) {
-        B = x->shape[0], S = x->shape[1], n = x->shape[2], D = x->shape[3];
-        ompk_call_require(&c, n >= 1 && n <= 8, OMPK_ERR_INVALID_ARGUMENT,
-                          "n = %lld streams, must be 1..8", (long long)n);
-        ompk_call_require(&c, D >= 1, OMPK_ERR_INVALID_ARGUMENT, "D must be >= 1");
-        ompk_call_unit_stride(&c, "x", x, 3);
-    }
-    const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
-    ompk_call_input(&c, "phi", phi, 2, OMPK_DT(OMPK_F32));
-    dims(&c, "phi", phi, 2, (int64_t[]){M, K});
-    ompk_call_unit_stride(&c, "phi", phi, 1);
-    ompk_call_tensor(&c, "gamma", gamma, 1, OMPK_DT(OMPK_F32), 0, 1);
-    if (gamma) {
-        ompk_call_dim(&c, "gamma", gamma, 0, K);
-        ompk_call_unit_stride(&c, "gamma", gamma, 0);
-    }
-    ompk_call_input(&c, "alpha", alpha, 1, OMPK_DT(OMPK_F32));
-    ompk_call_dim(&c, "alpha", alpha, 0, 3);
+    check_pre_inputs(&c, x, phi, gamma, alpha, &B, &S, &n, &D);
+    const int64_t T = B * S, M = 2 * n + n * n;
     ompk_call_input(&c, "bias", bias, 1, OMPK_DT(OMPK_F32));
     ompk_call_dim(&c, "bias", bias, 0, M);
     ompk_call_output(&c, "h_in", h_in, 3, OMPK_DT_FLOAT);
@@ -303,24 +312,8 @@ ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const
     const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
     check_params(&c, &p);
     int64_t B = 0, S = 0, n = 0, D = 0;
-    if (ompk_call_input(&c, "x", x, 4, OMPK_DT_FLOAT)) {
-        B = x->shape[0], S = x->shape[1], n = x->shape[2], D = x->shape[3];
-        ompk_call_require(&c, n >= 1 && n <= 8, OMPK_ERR_INVALID_ARGUMENT,
-                          "n = %lld streams, must be 1..8", (long long)n);
-        ompk_call_require(&c, D >= 1, OMPK_ERR_INVALID_ARGUMENT, "D must be >= 1");
-        ompk_call_unit_stride(&c, "x", x, 3);
-    }
+    check_pre_inputs(&c, x, phi, gamma, alpha, &B, &S, &n, &D);
     const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
-    ompk_call_input(&c, "phi", phi, 2, OMPK_DT(OMPK_F32));
-    dims(&c, "phi", phi, 2, (int64_t[]){M, K});
-    ompk_call_unit_stride(&c, "phi", phi, 1);
-    ompk_call_tensor(&c, "gamma", gamma, 1, OMPK_DT(OMPK_F32), 0, 1);
-    if (gamma) {
-        ompk_call_dim(&c, "gamma", gamma, 0, K);
-        ompk_call_unit_stride(&c, "gamma", gamma, 0);
-    }
-    ompk_call_input(&c, "alpha", alpha, 1, OMPK_DT(OMPK_F32));
-    ompk_call_dim(&c, "alpha", alpha, 0, 3);
     ompk_call_input(&c, "dh_in", dh_in, 3, OMPK_DT_FLOAT);
     dims(&c, "dh_in", dh_in, 3, (int64_t[]){B, S, D});
     ompk_call_unit_stride(&c, "dh_in", dh_in, 2);
