@@ -4,6 +4,7 @@
 #   OUT_DIR/bin      ompk-info, ompk-bench, tests/test_*, examples
 #   OUT_DIR/lib      libompk.so
 #   OUT_DIR/run.sh   the device-side driver (copied from ci/device/run.sh)
+#   OUT_DIR/fixtures the test fixtures of this checkout (the binaries name their path)
 #   .carry/runtime/runtime.tar.xz  (shared by all bundles) the LLVM 19 offload runtime and every
 #                    other non-system library the binaries load, found by ldd; rebuilt only when a
 #                    binary needs a library it lacks.
@@ -24,6 +25,8 @@ if [ -d "$build/examples" ]; then
 fi
 cp -L "$build/libompk.so" "$out/lib/"
 cp "$here/run.sh" "$out/run.sh"
+rm -rf "$out/fixtures" && cp -r "$repo/tests/fixtures" "$out/fixtures"
+echo "$repo/tests/fixtures" >"$out/fixture_dir"
 [ -d "$repo/bench/peers" ] && { rm -rf "$out/peers"; cp -r "$repo/bench/peers" "$out/peers"; }
 
 # Libraries the device image has itself (glibc, the C++ runtime, the CUDA driver) stay out.

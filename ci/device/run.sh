@@ -15,9 +15,13 @@ rt=/tmp/ompk-rt
 if [ ! -f "$rt/.ok" ]; then
     mkdir -p "$rt" && tar -C "$rt" -xJf "$repo/.carry/runtime/runtime.tar.xz" && touch "$rt/.ok"
 fi
-# test binaries carry this build machine's fixture path; make it resolve here too
-if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$repo" /work/main; fi
-export OMPK_FIXTURE_DIR="$repo/tests/fixtures"
+# Test binaries carry the fixture path of the checkout they were built in (a worktree, say);
+# the bundle brings that checkout's fixtures, and the path is made to resolve to them here.
+fixture_dir=$(cat "$B/fixture_dir" 2>/dev/null || echo /work/main/tests/fixtures)
+if [ ! -e "$fixture_dir" ]; then
+    mkdir -p "$(dirname "$fixture_dir")" && ln -s "$B/fixtures" "$fixture_dir"
+fi
+export OMPK_FIXTURE_DIR="$fixture_dir"
 run_ompk() {
     env LD_LIBRARY_PATH="$rt:$B/lib:/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu" \
         OMP_TARGET_OFFLOAD=MANDATORY "$@"
