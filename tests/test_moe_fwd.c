@@ -501,10 +501,13 @@ Test(moe_fwd, quantization_error_report) {
 }
 
 /* The K-blocked AMX kernels (bf16, int8) park C tiles between K chunks without changing any
- * element's operation sequence: bit-identical to the one-step kernels, emulated and real. The
- * shape gives several K chunks in both matmuls (H = 600: 19 bf16 / 10 int8 k-tiles; I = 1100). */
+ * element's operation sequence: bit-identical to the one-step kernels, emulated and real; the
+ * prefetch modes change no arithmetic either. The shape gives several K chunks in both matmuls
+ * (H = 600: 19 bf16 / 10 int8 k-tiles; I = 1100) and experts with 1, 2 and 3 row blocks. */
 static void kblock_case(ompk_moe_isa isa) {
-    const int64_t E = 3, H = 600, I = 1100, T = 40;
+    const int64_t E = 3, H = 600, I = 1100, T = 72;
+    /* (kblock, prefetch) per variant; variant 0 is the reference */
+    static const int var[5][2] = {{1, 0}, {-1, 0}, {-1, 1}, {1, 2}, {0, 0}};
     const int k = 2;
     tu_rng r = tu_rng_make(41);
     float *g = rand_f32(&r, E * I * H, 1.0 / sqrt((double)H)),
@@ -512,6 +515,7 @@ static void kblock_case(ompk_moe_isa isa) {
     float *d = rand_f32(&r, E * H * I, 1.0 / sqrt((double)I)), *x = rand_f32(&r, T * H, 1.0);
     float *w = malloc((size_t)(T * k) * 4),
           *y[2] = {malloc((size_t)(T * H) * 4), malloc((size_t)(T * H) * 4)};
+    cr_assert(w && y[0] && y[1]);
     int64_t *ids = malloc((size_t)(T * k) * 8);
     for (int64_t i = 0; i < T * k; i++) {
         ids[i] = i % k == 0 ? 0 : 1 + (int64_t)(tu_uniform(&r) * 2);
@@ -525,7 +529,7 @@ static void kblock_case(ompk_moe_isa isa) {
     ompk_tensor ti = ompk_tensor_make(ids, OMPK_I64, 2, si, ompk_device_host());
     ompk_tensor tw = ompk_tensor_make(w, OMPK_F32, 2, si, ompk_device_host());
     for (int f = OMPK_MOE_BF16; f <= OMPK_MOE_INT8; f++) {
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 5; v++) {
             ompk_moe_config c;
             memset(&c, 0, sizeof c);
             c.experts = E;
@@ -537,19 +541,24 @@ static void kblock_case(ompk_moe_isa isa) {
             c.isa = isa;
             c.threads = 2;
             c.amx_min_rows = 1;
-            c.no_kblock = v;
+            c.kblock = var[v][0];
+            c.prefetch = var[v][1];
             ompk_moe *m;
             cr_assert_eq(ompk_moe_create(&c, &m), OMPK_OK, "%s", ompk_last_error());
             cr_assert_eq(ompk_moe_load_weights(m, &tg, &tu, &td), OMPK_OK);
-            ompk_tensor ty = ompk_tensor_make(y[v], OMPK_F32, 2, sx, ompk_device_host());
+            ompk_tensor ty = ompk_tensor_make(y[v > 0], OMPK_F32, 2, sx, ompk_device_host());
             cr_assert_eq(ompk_moe_forward(m, &tx, &ti, &tw, &ty), OMPK_OK, "%s", ompk_last_error());
             ompk_moe_destroy(m);
+            if (v == 0) {
+                double sc = 0;
+                for (int64_t i = 0; i < T * H; i++) sc += fabs(y[0][i]);
+                cr_expect(sc > 0, "zero output");
+                continue;
+            }
+            cr_expect(memcmp(y[0], y[1], (size_t)(T * H) * 4) == 0,
+                      "%s %s: kblock %d prefetch %d differs from K-blocked, pipelined",
+                      ompk_moe_isa_name(isa), fmt_name(f), var[v][0], var[v][1]);
         }
-        double sc = 0;
-        for (int64_t i = 0; i < T * H; i++) sc += fabs(y[0][i]);
-        cr_expect(sc > 0, "zero output");
-        cr_expect(memcmp(y[0], y[1], (size_t)(T * H) * 4) == 0,
-                  "%s %s: K-blocked differs from one-step", ompk_moe_isa_name(isa), fmt_name(f));
     }
     free(g);
     free(u);

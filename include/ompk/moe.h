@@ -68,7 +68,14 @@ typedef struct ompk_moe_config {
     int no_pin;     /* 1: leave thread affinity alone */
     ompk_moe_isa isa;
     int amx_min_rows; /* experts with fewer routed rows use AVX-512; 0 = 4 */
-    int no_kblock;    /* 1: AMX without K-blocking (same results; for comparison) */
+    /* AMX K-blocking (bit-identical results either way): 0 = the default per format (off for
+     * bf16, on for int8, where it measured faster), 1 = on, -1 = off */
+    int kblock;
+    /* weight prefetch (bit-identical results): 0 = pipelined (each kernel call spreads the
+     * prefetch of the next work item's weights, and of its expert's activations when the expert
+     * changes, over its k-steps, so every core streams memory the whole time), 1 = each call
+     * prefetches its own tiles a few k-steps ahead, 2 = none (hardware prefetchers only) */
+    int prefetch;
 } ompk_moe_config;
 
 typedef struct ompk_moe ompk_moe;
@@ -84,6 +91,7 @@ typedef struct ompk_moe_stats {
     /* compute_ms by phase: gather (+ x quantization), gate/up + SiLU, quantization of a (int
      * formats), down, sum of partials and rounding of y */
     double phase_ms[5];
+    double fork_ms; /* of phase_ms[0]: starting the thread team and pinning it */
 } ompk_moe_stats;
 
 typedef struct ompk_moe_info {

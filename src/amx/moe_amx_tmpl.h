@@ -7,13 +7,27 @@
  * C2 rows 16-31 stream 0, C3 rows 16-31 stream 1; A4 rows 0-15, A5 rows 16-31 (k-tile t at
  * byte t*64 of each activation row, stride lda); B6 stream 0, B7 stream 1 (a packed tile,
  * stride 64). bf16: TDPBF16PS (16x32 by 16x(16x2)); int: TDPBSSD (16x64 by 16x(16x4)).
- * Required macros: MOE_AMX_FN, MOE_AMX_NAME, MOE_AMX_FLUSH, T_CFG, T_LOAD, T_STORE, T_ZERO,
- * T_DPBF16, T_DPBSSD, T_UNPACK4, T_PF (prefetch of one packed tile; nothing in the emulation).
+ * Required macros: MOE_AMX_FN, MOE_AMX_NAME, MOE_AMX_FLUSH, MOE_AMX_PIPE, T_CFG, T_LOAD,
+ * T_STORE, T_ZERO, T_DPBF16, T_DPBSSD, T_UNPACK4, T_PF (prefetch of one packed tile), T_PF1 (of
+ * one line); the prefetches do nothing in the emulation.
  *
- * Prefetch: a prefill streams every expert's weights from memory once while the tiles compute,
- * so the B tiles MOE_PF_KT k-steps ahead are requested early (the packed streams are contiguous,
- * running past the last k-tile just touches the next n-block). */
+ * Prefetch: a prefill streams every expert's weights from memory once while the tiles compute.
+ * Self prefetch (k->self_pf) requests the B tiles MOE_PF_KT k-steps ahead (the packed streams are
+ * contiguous, running past the last k-tile just touches the next n-block). Pipelined prefetch
+ * (k->pf) spreads the next work item's lines over this call's k-steps: the row-block passes that
+ * re-read B from L2 then keep the memory stream going too, so a core's demand on memory is even
+ * instead of bursting during the first pass (one core's bandwidth is bounded by the requests it
+ * can keep in flight, so bursts cost). */
 #define MOE_PF_KT 8
+
+/* Step s of total: this step's share of the pipelined prefetch regions. */
+MOE_AMX_FN static inline void MOE_AMX_PIPE(const moe_kargs *k, int s, int total) {
+    for (int r = 0; r < 2; r++) {
+        const int64_t lines = (k->pf_bytes[r] + 63) >> 6;
+        const int64_t l0 = lines * s / total, l1 = lines * (s + 1) / total;
+        for (int64_t l = l0; l < l1; l++) T_PF1(k->pf[r] + l * 64);
+    }
+}
 
 /* Add the int32 C tiles of group g, scaled per column, into out (fp32), and clear them. */
 MOE_AMX_FN static void MOE_AMX_FLUSH(const moe_kargs *k, int g, int two, int32_t *cst) {
@@ -56,7 +70,9 @@ MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
     T_ZERO(3);
     if (k->fmt == OMPK_MOE_BF16) {
         for (int t = 0; t < k->kt; t++) {
-            T_PF(k->b[0] + (t + MOE_PF_KT) * bs, k->b[1] + (t + MOE_PF_KT) * bs, 1024);
+            if (k->self_pf)
+                T_PF(k->b[0] + (t + MOE_PF_KT) * bs, k->b[1] + (t + MOE_PF_KT) * bs, 1024);
+            MOE_AMX_PIPE(k, t, k->kt);
             T_LOAD(4, a0 + t * 64, lda);
             T_LOAD(6, k->b[0] + t * bs, 64);
             T_LOAD(7, k->b[1] + t * bs, 64);
@@ -90,7 +106,8 @@ MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
             gcur = g;
         }
         const uint8_t *b0 = k->b[0] + t * bs, *b1 = k->b[1] + t * bs;
-        T_PF(b0 + MOE_PF_KT * bs, b1 + MOE_PF_KT * bs, is4 ? 512 : 1024);
+        if (k->self_pf) T_PF(b0 + MOE_PF_KT * bs, b1 + MOE_PF_KT * bs, is4 ? 512 : 1024);
+        MOE_AMX_PIPE(k, t, k->kt);
         if (is4) {
             T_UNPACK4(u0, b0, k->z[0] + (size_t)g * k->zstride);
             T_UNPACK4(u1, b1, k->z[1] + (size_t)g * k->zstride);
@@ -173,7 +190,8 @@ MOE_AMX_FN void MOE_AMX_NAME_N(const moe_kargs *k) {
                 }
             }
             for (int t = kc; t < ke; t++) {
-                T_PF(b0 + (t + MOE_PF_KT) * bs, b1 + (t + MOE_PF_KT) * bs, 1024);
+                if (k->self_pf) T_PF(b0 + (t + MOE_PF_KT) * bs, b1 + (t + MOE_PF_KT) * bs, 1024);
+                MOE_AMX_PIPE(k, kc * ns + j * (ke - kc) + t - kc, k->kt * ns);
                 T_LOAD(4, a0 + t * 64, lda);
                 T_LOAD(6, b0 + t * bs, 64);
                 T_LOAD(7, b1 + t * bs, 64);

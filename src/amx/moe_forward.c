@@ -179,6 +179,38 @@ static void axpy_row(float *restrict y, const float *restrict out, int r, float 
     for (int n = 0; n < 16; n++) y[16 + n] += w * out[(32 + r) * 16 + n];
 }
 
+/* Packed gate/up weights of n-block nb of expert e; down weights of column pair pr. */
+static const uint8_t *gu_b(const ompk_moe *m, const moe_part *pp, int64_t e, int nb) {
+    return pp->gu + (((size_t)e * pp->nbg + (size_t)nb) * m->ktg) * 2 * m->tb;
+}
+
+static const uint8_t *dn_b(const ompk_moe *m, const moe_part *pp, int64_t e, int pr) {
+    return pp->dn + ((size_t)e * m->nbd + 2 * (size_t)pr) * pp->ktd * m->tb;
+}
+
+/* The next work item's regions (weights, and activations when the expert changes). */
+typedef struct pipe_t {
+    const uint8_t *p[2];
+    int64_t n[2];
+} pipe_t;
+
+/* Part u of n (whole lines) of region r of src, into region r of dst. */
+static void pipe_part(const pipe_t *src, int r, int u, int n, pipe_t *dst) {
+    const int64_t lines = (src->n[r] + 63) / 64, l0 = lines * u / n, l1 = lines * (u + 1) / n;
+    dst->p[r] = l1 > l0 ? src->p[r] + l0 * 64 : NULL;
+    dst->n[r] = (l1 - l0) * 64;
+}
+
+/* Row-block pass rb of nrb prefetches its share (whole lines) of the next work item. */
+static void pipe_share(const pipe_t *nx, int rb, int nrb, moe_kargs *ka) {
+    for (int r = 0; r < 2; r++) {
+        const int64_t lines = (nx->n[r] + 63) / 64, l0 = lines * rb / nrb,
+                      l1 = lines * (rb + 1) / nrb;
+        ka->pf[r] = l1 > l0 ? nx->p[r] + l0 * 64 : NULL;
+        ka->pf_bytes[r] = (l1 - l0) * 64;
+    }
+}
+
 ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dtype xdt,
                     const int64_t *ids, const float *w, void *yd, int64_t ys, ompk_dtype ydt) {
     const int64_t E = m->E, H = m->H, Hk = m->Hk, Hn = m->Hn, Ipad = m->Ipad,
@@ -234,12 +266,16 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
         }
     }
     const int pin = saved != NULL;
-    double tm[4] = {0, 0, 0, 0}, tstart = omp_get_wtime();
+    double tm[4] = {0, 0, 0, 0}, tfork = 0, tstart = omp_get_wtime();
 
 #pragma omp parallel num_threads(m->threads)
     {
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         if (pin) pin_thread(m, tid, nth);
+        /* the team is up and pinned: what is left of phase 0 is the gather itself */
+#pragma omp barrier
+#pragma omp master
+        tfork = omp_get_wtime();
         uint8_t *kscr = tscr + (size_t)tid * m->tscr_bytes;
         float *kout = (float *)(kscr + MOE_KSCRATCH);
         float *rowf = kout + MOE_NSTEPS * 1024;
@@ -285,27 +321,55 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
 
 #pragma omp master
         tm[0] = omp_get_wtime();
-        /* phase 1: gate and up, SiLU*up in fp32 */
+        /* phase 1: gate and up, SiLU*up in fp32. A task is (expert, 4 n-blocks); tasks are
+         * claimed one ahead so the pipelined prefetch knows the next work item. */
         for (int p = 0; p < P; p++) {
             int lo, hi;
             group_of(p, P, nth, &lo, &hi);
             const moe_part *pp = &m->part[p];
             if (tid < lo || tid >= hi || pp->ip == 0) continue;
-            const int nch = pp->nbg / 4;
-            for (;;) {
-                int task;
+            const int nch = pp->nbg / 4, ntask = nact * nch;
+            const int64_t unit = (int64_t)m->ktg * 2 * m->tb; /* B bytes of one n-block */
+            int task, cold = 1;
 #pragma omp atomic capture
-                task = ctr[p]++;
-                if (task >= nact * nch) break;
+            task = ctr[p]++;
+            while (task < ntask) {
+                int next;
+#pragma omp atomic capture
+                next = ctr[p]++;
                 const int64_t e = active[task / nch];
                 const int c = task % nch;
                 const int64_t cnt = offs[e + 1] - offs[e];
                 const int kind = pick_kernel(m, cnt), ns = blocked(m, kind) ? 4 : 1;
+                const int isamx = kind == K_AMX || kind == K_AMX_EMU;
                 used_amx |= kind == K_AMX;
-                for (int64_t rb = 0; rb < cnt; rb += 32) {
-                    const int64_t row0 = offs[e] + rb;
-                    const int mr = (int)(cnt - rb < 32 ? cnt - rb : 32);
-                    for (int nb = c * 4; nb < c * 4 + 4; nb += ns) {
+                /* the next task: its first weights, and its expert's activations when the
+                 * expert changes (those spread over all of this task's n-steps) */
+                pipe_t nt = {{NULL, NULL}, {0, 0}};
+                if (m->prefetch == 0 && next < ntask) {
+                    const int64_t e2 = active[next / nch], c2 = next % nch;
+                    const int64_t cnt2 = offs[e2 + 1] - offs[e2];
+                    nt.p[0] = gu_b(m, pp, e2, (int)c2 * 4);
+                    nt.n[0] = (blocked(m, pick_kernel(m, cnt2)) ? 4 : 1) * unit;
+                    if (e2 != e) {
+                        nt.p[1] = xg + offs[e2] * ldx;
+                        nt.n[1] = cnt2 * ldx;
+                    }
+                }
+                for (int nb = c * 4; nb < c * 4 + 4; nb += ns) {
+                    pipe_t nx = {{NULL, NULL}, {0, 0}};
+                    if (m->prefetch == 0 && nb + ns < c * 4 + 4) {
+                        nx.p[0] = gu_b(m, pp, e, nb + ns);
+                        nx.n[0] = ns * unit;
+                    } else {
+                        nx.p[0] = nt.p[0];
+                        nx.n[0] = nt.n[0];
+                    }
+                    pipe_part(&nt, 1, (nb - c * 4) / ns, 4 / ns, &nx);
+                    const int nrb = (int)((cnt + 31) / 32);
+                    for (int rb = 0; rb < nrb; rb++) {
+                        const int64_t row0 = offs[e] + rb * 32;
+                        const int mr = (int)(cnt - rb * 32 < 32 ? cnt - rb * 32 : 32);
                         moe_kargs ka;
                         memset(&ka, 0, sizeof ka);
                         ka.fmt = m->fmt;
@@ -313,8 +377,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.kt = m->ktg;
                         ka.a = xg + row0 * ldx;
                         ka.lda = ldx;
-                        const uint8_t *b =
-                            pp->gu + (((size_t)e * pp->nbg + nb) * m->ktg) * 2 * m->tb;
+                        const uint8_t *b = gu_b(m, pp, e, nb);
                         ka.b[0] = b;
                         ka.b[1] = b + m->tb;
                         ka.bstride = 2 * m->tb;
@@ -338,6 +401,8 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.nsteps = ns;
                         ka.nstride = (int64_t)m->ktg * 2 * m->tb;
                         ka.sstep = 16;
+                        ka.self_pf = m->prefetch == 1 || (m->prefetch == 0 && cold && rb == 0);
+                        pipe_share(&nx, rb, nrb, &ka);
                         run_kernel(kind, &ka);
                         for (int j = 0; j < ns; j++) {
                             const int64_t col = pp->i0 + (nb + j) * 16;
@@ -349,7 +414,10 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                                 silu_rows(kout + j * 1024, mr, dst, Ipad, !isint);
                         }
                     }
+                    /* the vector kernels ignore the prefetch fields */
+                    cold = !isamx;
                 }
+                task = next;
             }
         }
 #pragma omp barrier
@@ -363,7 +431,9 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
 
 #pragma omp master
         tm[2] = omp_get_wtime();
-        /* phase 2: down projection into the partition's fp32 partial of y */
+        /* phase 2: down projection into the partition's fp32 partial of y. A work item is
+         * (expert, up to MOE_NSTEPS column pairs) with all its row blocks, so its weights are
+         * read from memory once and from L2 for the other row blocks. */
         for (int p = 0; p < P; p++) {
             int lo, hi;
             int gsz = group_of(p, P, nth, &lo, &hi);
@@ -374,17 +444,45 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                       pr1 = (int)((int64_t)(rank + 1) * npairs / gsz);
             if (pr0 == pr1) continue;
             float *ypp = yp + (size_t)p * Tm * Hn;
+            const int64_t unit = 2 * (int64_t)pp->ktd * m->tb; /* B bytes of one pair */
+            int cold = 1;
             for (int ai = 0; ai < nact; ai++) {
                 const int64_t e = active[ai];
                 const int64_t cnt = offs[e + 1] - offs[e];
                 const int kind = pick_kernel(m, cnt), bl = blocked(m, kind);
+                const int isamx = kind == K_AMX || kind == K_AMX_EMU;
+                const int nrb = (int)((cnt + 31) / 32);
                 used_amx |= kind == K_AMX;
-                for (int64_t rb = 0; rb < cnt; rb += 32) {
-                    const int64_t row0 = offs[e] + rb;
-                    const int mr = (int)(cnt - rb < 32 ? cnt - rb : 32);
-                    for (int pr = pr0, ns; pr < pr1; pr += ns) {
-                        ns = bl ? (pr1 - pr < MOE_NSTEPS ? pr1 - pr : MOE_NSTEPS) : 1;
-                        const int nb = 2 * pr;
+                /* the next expert: its first weights, and its activations spread over all of
+                 * this expert's column steps */
+                pipe_t nt = {{NULL, NULL}, {0, 0}};
+                if (m->prefetch == 0 && ai + 1 < nact) {
+                    const int64_t e2 = active[ai + 1], cnt2 = offs[e2 + 1] - offs[e2];
+                    const int r = pr1 - pr0;
+                    nt.p[0] = dn_b(m, pp, e2, pr0);
+                    nt.n[0] =
+                        (blocked(m, pick_kernel(m, cnt2)) ? (r < MOE_NSTEPS ? r : MOE_NSTEPS) : 1) *
+                        unit;
+                    nt.p[1] = abuf + offs[e2] * lda;
+                    nt.n[1] = cnt2 * lda;
+                }
+                const int nsm = bl ? MOE_NSTEPS : 1, nsteps_all = (pr1 - pr0 + nsm - 1) / nsm;
+                for (int pr = pr0, ns; pr < pr1; pr += ns) {
+                    ns = bl ? (pr1 - pr < MOE_NSTEPS ? pr1 - pr : MOE_NSTEPS) : 1;
+                    pipe_t nx = {{NULL, NULL}, {0, 0}};
+                    if (m->prefetch == 0 && pr + ns < pr1) {
+                        const int r = pr1 - pr - ns;
+                        nx.p[0] = dn_b(m, pp, e, pr + ns);
+                        nx.n[0] = (bl ? (r < MOE_NSTEPS ? r : MOE_NSTEPS) : 1) * unit;
+                    } else {
+                        nx.p[0] = nt.p[0];
+                        nx.n[0] = nt.n[0];
+                    }
+                    pipe_part(&nt, 1, (pr - pr0) / nsm, nsteps_all, &nx);
+                    const int nb = 2 * pr;
+                    for (int rb = 0; rb < nrb; rb++) {
+                        const int64_t row0 = offs[e] + rb * 32;
+                        const int mr = (int)(cnt - rb * 32 < 32 ? cnt - rb * 32 : 32);
                         moe_kargs ka;
                         memset(&ka, 0, sizeof ka);
                         ka.fmt = m->fmt;
@@ -392,7 +490,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.kt = pp->ktd;
                         ka.a = abuf + row0 * lda + pp->i0 * (int64_t)es;
                         ka.lda = lda;
-                        ka.b[0] = pp->dn + ((size_t)e * m->nbd + nb) * pp->ktd * m->tb;
+                        ka.b[0] = dn_b(m, pp, e, pr);
                         ka.b[1] = ka.b[0] + (size_t)pp->ktd * m->tb;
                         ka.bstride = m->tb;
                         if (isint) {
@@ -416,6 +514,8 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.nsteps = ns;
                         ka.nstride = 2 * (int64_t)pp->ktd * m->tb;
                         ka.sstep = 32;
+                        ka.self_pf = m->prefetch == 1 || (m->prefetch == 0 && cold && rb == 0);
+                        pipe_share(&nx, rb, nrb, &ka);
                         run_kernel(kind, &ka);
                         for (int j = 0; j < ns; j++)
                             for (int r = 0; r < mr; r++) {
@@ -426,6 +526,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                                     axpy_row(yr, kout + j * 1024, r, roww[row0 + r]);
                             }
                     }
+                    cold = !isamx;
                 }
             }
         }
@@ -447,6 +548,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
     }
     double tend = omp_get_wtime();
     m->stats.phase_ms[0] = (tm[0] - tstart) * 1e3;
+    m->stats.fork_ms = (tfork - tstart) * 1e3;
     for (int i = 1; i < 4; i++) m->stats.phase_ms[i] = (tm[i] - tm[i - 1]) * 1e3;
     m->stats.phase_ms[4] = (tend - tm[3]) * 1e3;
     if (saved) {

@@ -73,6 +73,11 @@ typedef struct moe_kargs {
     int nsteps;       /* K-blocked kernel only: n-steps, 1..MOE_NSTEPS */
     int64_t nstride;  /* bytes between the weight streams of consecutive n-steps */
     int64_t sstep;    /* floats between the scales of consecutive n-steps */
+    int self_pf;      /* prefetch this call's own B tiles MOE_PF_KT k-steps ahead */
+    /* pipelined prefetch (to L2): the lines of these regions, spread evenly over the call's
+     * k-steps (the next work item's weights and activations); none where pf_bytes is 0 */
+    const uint8_t *pf[2];
+    int64_t pf_bytes[2];
 } moe_kargs;
 
 typedef void (*moe_kernel_fn)(const moe_kargs *k);
@@ -144,7 +149,8 @@ struct ompk_moe {
     int threads;
     int loaded;
     int amx_min_rows;
-    int kblock; /* use the K-blocked AMX kernels where the format allows */
+    int kblock;   /* use the K-blocked AMX kernels where the format allows */
+    int prefetch; /* ompk_moe_config.prefetch */
     /* scratch arena: one allocation, explicit offsets, a canary after every buffer */
     uint8_t *arena;
     size_t arena_bytes;

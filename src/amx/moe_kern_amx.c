@@ -20,6 +20,8 @@
 #define T_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
 #define T_UNPACK4(d, s, z) moe_amx_unpack4(d, s, z)
 #define T_PF(p0, p1, n) moe_amx_prefetch(p0, p1, n)
+#define T_PF1(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+#define MOE_AMX_PIPE moe_amx_pipe
 
 MOE_AMX_FN static inline void moe_amx_prefetch(const uint8_t *p0, const uint8_t *p1, int n) {
     for (int o = 0; o < n; o += 64) {

@@ -122,5 +122,7 @@ static void emu_unpack4(uint8_t *dst, const uint8_t *src, const uint8_t *z) {
 #define T_DPBSSD(c, a, b) emu_dpbssd(c, a, b)
 #define T_UNPACK4(d, s, z) emu_unpack4(d, s, z)
 #define T_PF(p0, p1, n) ((void)(p0), (void)(p1), (void)(n))
+#define T_PF1(p) ((void)(p))
+#define MOE_AMX_PIPE moe_amx_emu_pipe
 
 #include "moe_amx_tmpl.h"
