@@ -334,19 +334,23 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
 #pragma omp atomic capture
             task = ctr[p]++;
             while (task < ntask) {
-                int next;
-#pragma omp atomic capture
-                next = ctr[p]++;
                 const int64_t e = active[task / nch];
                 const int c = task % nch;
                 const int64_t cnt = offs[e + 1] - offs[e];
                 const int kind = pick_kernel(m, cnt), ns = blocked(m, kind) ? 4 : 1;
                 const int isamx = kind == K_AMX || kind == K_AMX_EMU;
                 used_amx |= kind == K_AMX;
+                /* claimed before this task's work only where it is prefetched: the vector
+                 * kernels (decode) keep the finer dynamic balance */
+                int next = -1;
+                if (m->prefetch == 0 && isamx) {
+#pragma omp atomic capture
+                    next = ctr[p]++;
+                }
                 /* the next task: its first weights, and its expert's activations when the
                  * expert changes (those spread over all of this task's n-steps) */
                 pipe_t nt = {{NULL, NULL}, {0, 0}};
-                if (m->prefetch == 0 && next < ntask) {
+                if (next >= 0 && next < ntask) {
                     const int64_t e2 = active[next / nch], c2 = next % nch;
                     const int64_t cnt2 = offs[e2 + 1] - offs[e2];
                     nt.p[0] = gu_b(m, pp, e2, (int)c2 * 4);
@@ -416,6 +420,10 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                     }
                     /* the vector kernels ignore the prefetch fields */
                     cold = !isamx;
+                }
+                if (next < 0) {
+#pragma omp atomic capture
+                    next = ctr[p]++;
                 }
                 task = next;
             }
