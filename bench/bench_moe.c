@@ -408,7 +408,11 @@ static int bench_moe(ompk_bench_ctx *ctx) {
             static const struct {
                 int kblock, prefetch;
                 const char *name;
-            } av[] = {{1, 0, "-kblock"}, {-1, 0, "-nokblock"}, {0, 1, "-selfpf"}, {0, 2, "-nopf"}};
+            } av[] = {{1, 0, "-kblock"},
+                      {-1, 0, "-nokblock"},
+                      {0, 1, "-selfpf"},
+                      {0, 2, "-nopf"},
+                      {0, 3, "-pfsparse"}};
             for (size_t i = 0; i < sizeof av / sizeof av[0]; i++) {
                 /* skip the one that equals the default (bf16: no K-blocking; int8: K-blocked) */
                 if (av[i].kblock == (f == OMPK_MOE_BF16 ? -1 : 1)) continue;

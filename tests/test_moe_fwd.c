@@ -507,7 +507,7 @@ Test(moe_fwd, quantization_error_report) {
 static void kblock_case(ompk_moe_isa isa) {
     const int64_t E = 3, H = 600, I = 1100, T = 72;
     /* (kblock, prefetch) per variant; variant 0 is the reference */
-    static const int var[5][2] = {{1, 0}, {-1, 0}, {-1, 1}, {1, 2}, {0, 0}};
+    static const int var[6][2] = {{1, 0}, {-1, 0}, {-1, 1}, {1, 2}, {0, 0}, {-1, 3}};
     const int k = 2;
     tu_rng r = tu_rng_make(41);
     float *g = rand_f32(&r, E * I * H, 1.0 / sqrt((double)H)),
@@ -529,7 +529,7 @@ static void kblock_case(ompk_moe_isa isa) {
     ompk_tensor ti = ompk_tensor_make(ids, OMPK_I64, 2, si, ompk_device_host());
     ompk_tensor tw = ompk_tensor_make(w, OMPK_F32, 2, si, ompk_device_host());
     for (int f = OMPK_MOE_BF16; f <= OMPK_MOE_INT8; f++) {
-        for (int v = 0; v < 5; v++) {
+        for (int v = 0; v < 6; v++) {
             ompk_moe_config c;
             memset(&c, 0, sizeof c);
             c.experts = E;

@@ -74,7 +74,9 @@ typedef struct ompk_moe_config {
     /* weight prefetch (bit-identical results): 0 = pipelined (each kernel call spreads the
      * prefetch of the next work item's weights, and of its expert's activations when the expert
      * changes, over its k-steps, so every core streams memory the whole time), 1 = each call
-     * prefetches its own tiles a few k-steps ahead, 2 = none (hardware prefetchers only) */
+     * prefetches its own tiles a few k-steps ahead, 2 = none (hardware prefetchers only),
+     * 3 = pipelined on one line in four (fewer requests in flight; the L2 streamer, which these
+     * requests train, fetches the rest) */
     int prefetch;
 } ompk_moe_config;
 

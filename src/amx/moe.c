@@ -106,8 +106,8 @@ static ompk_status check_config(const ompk_moe_config *c) {
     if (c->threads < 0 || c->threads > 4096 || c->amx_min_rows < 0)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f,
                          "threads must be in 0..4096, amx_min_rows >= 0");
-    if (c->kblock < -1 || c->kblock > 1 || c->prefetch < 0 || c->prefetch > 2)
-        return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f, "kblock must be -1..1, prefetch 0..2");
+    if (c->kblock < -1 || c->kblock > 1 || c->prefetch < 0 || c->prefetch > 3)
+        return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f, "kblock must be -1..1, prefetch 0..3");
     return OMPK_OK;
 }
 

@@ -22,10 +22,12 @@
 
 /* Step s of total: this step's share of the pipelined prefetch regions. */
 MOE_AMX_FN static inline void MOE_AMX_PIPE(const moe_kargs *k, int s, int total) {
+    const int64_t step = k->pf_step > 0 ? k->pf_step : 64;
     for (int r = 0; r < 2; r++) {
-        const int64_t lines = (k->pf_bytes[r] + 63) >> 6;
+        if (k->pf_bytes[r] <= 0) continue;
+        const int64_t lines = (k->pf_bytes[r] + step - 1) / step;
         const int64_t l0 = lines * s / total, l1 = lines * (s + 1) / total;
-        for (int64_t l = l0; l < l1; l++) T_PF1(k->pf[r] + l * 64);
+        for (int64_t l = l0; l < l1; l++) T_PF1(k->pf[r] + l * step);
     }
 }
 

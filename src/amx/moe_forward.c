@@ -265,7 +265,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
             saved = NULL;
         }
     }
-    const int pin = saved != NULL;
+    const int pin = saved != NULL, pipe = m->prefetch == 0 || m->prefetch == 3;
     double tm[4] = {0, 0, 0, 0}, tfork = 0, tstart = omp_get_wtime();
 
 #pragma omp parallel num_threads(m->threads)
@@ -343,7 +343,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 /* claimed before this task's work only where it is prefetched: the vector
                  * kernels (decode) keep the finer dynamic balance */
                 int next = -1;
-                if (m->prefetch == 0 && isamx) {
+                if (pipe && isamx) {
 #pragma omp atomic capture
                     next = ctr[p]++;
                 }
@@ -362,7 +362,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 }
                 for (int nb = c * 4; nb < c * 4 + 4; nb += ns) {
                     pipe_t nx = {{NULL, NULL}, {0, 0}};
-                    if (m->prefetch == 0 && nb + ns < c * 4 + 4) {
+                    if (pipe && nb + ns < c * 4 + 4) {
                         nx.p[0] = gu_b(m, pp, e, nb + ns);
                         nx.n[0] = ns * unit;
                     } else {
@@ -405,8 +405,9 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.nsteps = ns;
                         ka.nstride = (int64_t)m->ktg * 2 * m->tb;
                         ka.sstep = 16;
-                        ka.self_pf = m->prefetch == 1 || (m->prefetch == 0 && cold && rb == 0);
+                        ka.self_pf = m->prefetch == 1 || (pipe && cold && rb == 0);
                         pipe_share(&nx, rb, nrb, &ka);
+                        ka.pf_step = m->prefetch == 3 ? 256 : 64;
                         run_kernel(kind, &ka);
                         for (int j = 0; j < ns; j++) {
                             const int64_t col = pp->i0 + (nb + j) * 16;
@@ -464,7 +465,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 /* the next expert: its first weights, and its activations spread over all of
                  * this expert's column steps */
                 pipe_t nt = {{NULL, NULL}, {0, 0}};
-                if (m->prefetch == 0 && ai + 1 < nact) {
+                if (pipe && ai + 1 < nact) {
                     const int64_t e2 = active[ai + 1], cnt2 = offs[e2 + 1] - offs[e2];
                     const int r = pr1 - pr0;
                     nt.p[0] = dn_b(m, pp, e2, pr0);
@@ -478,7 +479,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 for (int pr = pr0, ns; pr < pr1; pr += ns) {
                     ns = bl ? (pr1 - pr < MOE_NSTEPS ? pr1 - pr : MOE_NSTEPS) : 1;
                     pipe_t nx = {{NULL, NULL}, {0, 0}};
-                    if (m->prefetch == 0 && pr + ns < pr1) {
+                    if (pipe && pr + ns < pr1) {
                         const int r = pr1 - pr - ns;
                         nx.p[0] = dn_b(m, pp, e, pr + ns);
                         nx.n[0] = (bl ? (r < MOE_NSTEPS ? r : MOE_NSTEPS) : 1) * unit;
@@ -522,8 +523,9 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.nsteps = ns;
                         ka.nstride = 2 * (int64_t)pp->ktd * m->tb;
                         ka.sstep = 32;
-                        ka.self_pf = m->prefetch == 1 || (m->prefetch == 0 && cold && rb == 0);
+                        ka.self_pf = m->prefetch == 1 || (pipe && cold && rb == 0);
                         pipe_share(&nx, rb, nrb, &ka);
+                        ka.pf_step = m->prefetch == 3 ? 256 : 64;
                         run_kernel(kind, &ka);
                         for (int j = 0; j < ns; j++)
                             for (int r = 0; r < mr; r++) {
