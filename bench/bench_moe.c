@@ -399,7 +399,7 @@ static int bench_moe(ompk_bench_ctx *ctx) {
         for (int l = 0; l < nl; l++) ompk_moe_destroy(layers[l]);
         if (!ok) rc = 1;
         /* the same prefill on the vector path, and on AMX with the other K-blocking and
-         * prefetch choices (the default is listed first in each pair) */
+         * prefetch choices (each differs from the default in one of them) */
         if (host && f != OMPK_MOE_INT4 && ompk_moe_isa_available(OMPK_MOE_ISA_AMX) &&
             ompk_moe_isa_available(OMPK_MOE_ISA_AVX512BF16)) {
             ompk_moe *v = make_layer(&s, f, OMPK_MOE_ISA_AVX512BF16, Tp, &g, &u, &d, 0, 0);
@@ -412,7 +412,7 @@ static int bench_moe(ompk_bench_ctx *ctx) {
                       {-1, 0, "-nokblock"},
                       {0, 1, "-selfpf"},
                       {0, 2, "-nopf"},
-                      {0, 3, "-pfsparse"}};
+                      {0, 3, "-pfdense"}};
             for (size_t i = 0; i < sizeof av / sizeof av[0]; i++) {
                 /* skip the one that equals the default (bf16: no K-blocking; int8: K-blocked) */
                 if (av[i].kblock == (f == OMPK_MOE_BF16 ? -1 : 1)) continue;

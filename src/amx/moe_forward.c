@@ -407,7 +407,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.sstep = 16;
                         ka.self_pf = m->prefetch == 1 || (pipe && cold && rb == 0);
                         pipe_share(&nx, rb, nrb, &ka);
-                        ka.pf_step = m->prefetch == 3 ? 256 : 64;
+                        ka.pf_step = m->prefetch == 3 ? 64 : 256;
                         run_kernel(kind, &ka);
                         for (int j = 0; j < ns; j++) {
                             const int64_t col = pp->i0 + (nb + j) * 16;
@@ -525,7 +525,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.sstep = 32;
                         ka.self_pf = m->prefetch == 1 || (pipe && cold && rb == 0);
                         pipe_share(&nx, rb, nrb, &ka);
-                        ka.pf_step = m->prefetch == 3 ? 256 : 64;
+                        ka.pf_step = m->prefetch == 3 ? 64 : 256;
                         run_kernel(kind, &ka);
                         for (int j = 0; j < ns; j++)
                             for (int r = 0; r < mr; r++) {

@@ -78,7 +78,7 @@ typedef struct moe_kargs {
      * k-steps (the next work item's weights and activations); none where pf_bytes is 0 */
     const uint8_t *pf[2];
     int64_t pf_bytes[2];
-    int pf_step; /* bytes between the prefetched lines: 64 (all), 256 (one in four) */
+    int pf_step; /* bytes between the prefetched lines: 256 (one in four), 64 (all) */
 } moe_kargs;
 
 typedef void (*moe_kernel_fn)(const moe_kargs *k);
