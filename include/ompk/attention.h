@@ -6,7 +6,8 @@
  * accuracy (src/target/attention_f32tc.c). OMPK_ATTN_VARIANT selects: unset or "fast" =
  * tensor-core kernels where they apply; "portable" = portable only.
  * A variant that cannot serve a call (f32 backward, dh 256, rows not 16-byte aligned) falls
- * back to the portable kernel. OMPK_VERIFY=1 / OMPK_TRACE=1 check or trace every call against the reference. */
+ * back to the portable kernel. OMPK_VERIFY=1 / OMPK_TRACE=1 check or trace every call against the
+ * reference. */
 #ifndef OMPK_ATTENTION_H
 #define OMPK_ATTENTION_H
 
