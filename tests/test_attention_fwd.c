@@ -1,6 +1,7 @@
 /* ompk_attention_fwd against the double reference: every mask, GQA 1/4/8, every dh, odd and
- * unequal N/M, strided (BSHD) views, fully masked rows, large logits, optional lse, empty
- * shapes, verify mode. Runs on the host and on every GPU. */
+ * unequal N/M, strided (BSHD) views, rows not 16-byte aligned, fully masked rows, large logits,
+ * optional lse, empty shapes, verify mode; both variants, bf16 and f32. Runs on the host and on
+ * every GPU. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 
@@ -108,6 +109,28 @@ Test(attention_fwd, strided_bshd_views) {
                          OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, (uint64_t)(400 + bf), 1.0, 1);
             double w = att_check_fwd(&c, "bshd");
             cr_expect(w <= 1.0, "bshd %s: worst ratio %g", ompk_dtype_name(c.dt), w);
+            att_case_free(&c);
+        }
+}
+
+/* dh 64 views of rows 65 elements apart: the GPU tensor-core kernels load 16-byte row pieces
+ * and leave such calls to the portable kernel, which must give the same answers. */
+Test(attention_fwd, unaligned_row_pitch) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (int bf = 0; bf < 2; bf++) {
+            att_case c;
+            att_case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 2, 1, 33, 40, 65,
+                         OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, (uint64_t)(450 + bf), 1.0, 0);
+            ompk_tensor *views[8] = {&c.tq,    &c.tk,  &c.tv,  &c.tout,
+                                     &c.tdout, &c.tdq, &c.tdk, &c.tdv};
+            for (int i = 0; i < 8; i++) views[i]->shape[3] = 64;
+            c.dh = 64;
+            c.p.scale = 0.125f;
+            c.scale = 0.125;
+            double w = att_check_fwd(&c, "pitch 65");
+            cr_expect(w <= 1.0, "pitch 65 %s: worst ratio %g", ompk_dtype_name(c.dt), w);
             att_case_free(&c);
         }
 }
@@ -220,9 +243,9 @@ Test(attention_fwd, verify_mode_reports, .init = cr_redirect_stderr) {
     att_case_free(&c);
 }
 
-/* Both variants (OMPK_ATTN_VARIANT) against the reference on every device: on a GPU "fast"
- * takes the bf16 calls it can serve (tensor cores), the rest and "portable" run the portable
- * kernel. */
+/* Both variants (OMPK_ATTN_VARIANT) against the reference on every device, bf16 and f32: on a
+ * GPU "fast" takes the calls it can serve (bf16 tensor cores, f32 through 3xTF32), the rest
+ * and "portable" run the portable kernel. */
 Test(attention_fwd, variants_match_reference) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
@@ -235,19 +258,21 @@ Test(attention_fwd, variants_match_reference) {
                   {1, 8, 2, 1, 77, 96, 0},
                   {1, 2, 1, 129, 31, 80, 0},
                   {1, 2, 2, 100, 64, 32, 0}};
+    const ompk_dtype dts[2] = {OMPK_BF16, OMPK_F32};
     for (int di = 0; di < nd; di++)
-        for (int vi = 0; vi < 2; vi++) {
-            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+        for (int vi = 0; vi < 4; vi++) {
+            setenv("OMPK_ATTN_VARIANT", variants[vi % 2], 1);
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 for (int m = 0; m < 3; m++) {
                     att_case c;
-                    att_case_new(&c, devs[di], OMPK_BF16, shapes[si].B, shapes[si].Hq,
+                    att_case_new(&c, devs[di], dts[vi / 2], shapes[si].B, shapes[si].Hq,
                                  shapes[si].Hkv, shapes[si].N, shapes[si].M, shapes[si].dh,
                                  masks[m], (uint64_t)(900 + si * 3 + (size_t)m), 1.0,
                                  shapes[si].bshd);
                     char label[160];
-                    snprintf(label, sizeof label, "%s %s shape %zu mask=%s",
-                             tu_device_name(devs[di]), variants[vi], si, att_mask_name(masks[m]));
+                    snprintf(label, sizeof label, "%s %s %s shape %zu mask=%s",
+                             tu_device_name(devs[di]), variants[vi % 2], ompk_dtype_name(c.dt), si,
+                             att_mask_name(masks[m]));
                     double w = att_check_fwd(&c, label);
                     cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
                     att_case_free(&c);

@@ -23,7 +23,8 @@ ompk_attention_params ompk_attention_params_default(void) {
 /* OMPK_ATTN_VARIANT picks the GPU kernels (like BLIS_ARCH_TYPE; a variant that cannot serve
  * a call falls back to the portable kernel rather than failing):
  *   unset or "fast"  tensor-core forward and backward where they apply (both pass every
- *                    attention suite on an H200; the backward ran at 103 TFLOP/s there);
+ *                    attention suite on an H200; the backward ran at 103 TFLOP/s there), and
+ *                    the 3xTF32 tensor-core forward for f32 (attention_f32tc.c);
  *   "portable"       the portable kernels only. */
 static const char *variant_env(void) {
     const char *v = getenv("OMPK_ATTN_VARIANT");
@@ -169,6 +170,9 @@ ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const
     float *lsep = lse ? (float *)lse->data : NULL;
     if (fwd_variant_fast() && ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data))
         ompk_attn_fwd_fast(ex, &g, q->data, k->data, v->data, out->data, lsep);
+    else if (fwd_variant_fast() &&
+             ompk_attn_fwd_f32tc_ok(ex, &g, q->data, k->data, v->data, out->data))
+        ompk_attn_fwd_f32tc(ex, &g, q->data, k->data, v->data, out->data, lsep);
     else
         ompk_attn_fwd_portable(ex, &g, q->data, k->data, v->data, out->data, lsep);
 

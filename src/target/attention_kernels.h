@@ -34,6 +34,13 @@ int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, 
                           const void *v, const void *out);
 void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                         const void *v, void *out, float *lse);
+/* GPU forward for f32 on the tensor cores through 3xTF32 (attention_f32tc.c): whether it can
+ * serve this call (target tensors, f32, dh in {32, 64, 80, 96, 128}, 16-byte aligned rows),
+ * and the kernel. */
+int ompk_attn_fwd_f32tc_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                           const void *v, const void *out);
+void ompk_attn_fwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                         const void *v, void *out, float *lse);
 /* GPU backward on tensor cores: same conditions as the forward for all eight tensors
  * (q, k, v, out, dout, dq, dk, dv in that order in ptrs). */
 int ompk_attn_bwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *const ptrs[8]);

@@ -1,0 +1,531 @@
+/* Fast GPU forward for f32 attention: the FlashAttention-2 shape of attention_fast.c on the
+ * tensor cores through 3xTF32.
+ *
+ * Each f32 operand x is split into x_hi = tf32(x) (rounded to nearest) and x_lo = x - x_hi
+ * (exact in f32, then truncated to tf32), and a product a*b runs as three
+ * mma.sync.m16n8k8 tf32 with fp32 accumulation: a_lo*b_hi + a_hi*b_lo + a_hi*b_hi. The dropped
+ * a_lo*b_lo and the truncation of the lo parts leave a relative error of about 2^-21 per
+ * product, fp32 level (a single TF32 product errs by 2^-11, which the f32 tolerances reject).
+ * Both Q K^T and P V run this way; the online softmax is fp32, as in the bf16 kernel.
+ *
+ * One team of 4 warps owns 64 query rows of one (b, h); each warp owns 16 rows and keeps its
+ * raw f32 Q fragments (split again per tile: keeping hi and lo would not fit the register file
+ * next to the accumulator), the O accumulator and the row statistics in registers. Key/value
+ * tiles of 32 rows (f32 K 18 KB + V 17 KB at dh 128, under LLVM 19's 48 KB cap) stream through
+ * team-shared memory by cp.async, the next K landing while P*V runs.
+ *
+ * The k index of every mma is permuted, which a dot product allows, so that fragments come
+ * from wide loads and from registers:
+ *  - Q K^T: in the 16 columns 16c..16c+15 of dh, lane t4 owns columns 16c+4*t4..+3: the k-step
+ *    2c takes the first two as its k = t4 and t4 + 4, the k-step 2c+1 the last two. Q and K
+ *    fragments are then one 16-byte load per row (K conflict-free with rows of 16 mod 32 floats).
+ *  - P V: k = t4 and t4 + 4 of key tile kk are keys kk*8 + 2*t4 and + 1, exactly the two
+ *    columns the lane holds of S's accumulator: P enters P V from registers, no shuffle.
+ *    Output columns are permuted too (n-tile 2j + h, column n is dh column 16j + 2n + h), so a
+ *    lane's V fragment for two n-tiles is one 8-byte load (conflict-free with rows of 4 mod 16
+ *    floats) and its O row segment is one 16-byte store.
+ *
+ * Used for f32 target tensors with dh in {32, 64, 80, 96, 128} and 16-byte aligned rows;
+ * dh 256 (its accumulator and Q would not fit the registers) and misaligned views use the
+ * portable kernel, as does OMPK_ATTN_VARIANT=portable. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_kernels.h"
+
+#if defined(__clang__)
+#define ATTT_UNROLL _Pragma("unroll")
+#else
+#define ATTT_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+#define ATTT_BQ 64 /* query rows per team, 16 per warp */
+#define ATTT_BK 32 /* keys per shared tile */
+/* Row pitches in floats: K rows are read 16 bytes per lane (pitch 16 mod 32 floats), V rows
+ * 8 bytes per lane two rows apart (pitch 4 mod 16 floats); both keep 16-byte row starts. */
+#define ATTT_LDK(DH) ((DH) % 32 == 0 ? (DH) + 16 : (DH) + 32)
+#define ATTT_LDV(DH) ((DH) + 4)
+#define ATTT_SK_FLOATS (ATTT_BK * ATTT_LDK(128))
+#define ATTT_SV_FLOATS (ATTT_BK * ATTT_LDV(128))
+#define ATTT_LOG2E 1.4426950408889634f
+#define ATTT_LN2 0.6931471805599453f
+
+#if defined(ATTT_EMULATE)
+/* tests/test_attention_f32tc_emu.c: the team's 128 threads are host OpenMP threads and the
+ * warp instructions (mma.sync tf32, shuffles) exchange fragments through memory, so CI runs the
+ * kernel's own algorithm (operand split, permuted fragments, masks, online softmax) against the
+ * reference; the GPU run checks the real instructions. */
+#include <math.h>
+#include <omp.h>
+#define ATTT_HAVE 1
+#define ATTT_INLINE static inline __attribute__((always_inline))
+
+static int64_t attt_emu_block;
+static uint32_t attt_emu_u[128][6];
+static float attt_emu_f[128];
+static float attt_emu_sk[ATTT_SK_FLOATS] __attribute__((aligned(16)));
+static float attt_emu_sv[ATTT_SV_FLOATS] __attribute__((aligned(16)));
+#define ATTT_TID() omp_get_thread_num()
+#define ATTT_BID() attt_emu_block
+#define ATTT_SYNC() _Pragma("omp barrier")
+
+/* the tensor cores read a tf32 operand's top 19 bits */
+static float attt_emu_tf32(uint32_t w) {
+    union {
+        uint32_t u;
+        float f;
+    } x;
+    x.u = w & 0xffffe000u;
+    return x.f;
+}
+
+/* D = A * B + C for the warp's m16n8k8 tf32 tile, from the 32 lanes' fragments. Products of
+ * two tf32 values are exact in f32. */
+static void attt_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    for (int i = 0; i < 4; i++) attt_emu_u[tid][i] = a[i];
+    attt_emu_u[tid][4] = b0;
+    attt_emu_u[tid][5] = b1;
+#pragma omp barrier
+    const int gq = lane >> 2, t4 = lane & 3;
+    for (int e = 0; e < 4; e++) {
+        const int row = gq + (e >= 2 ? 8 : 0), col = t4 * 2 + (e & 1);
+        float acc = c[e];
+        for (int kk = 0; kk < 8; kk++) {
+            /* A[row][kk]: lane (row % 8) * 4 + kk % 4, register row / 8 + 2 (kk / 4) */
+            const int al = (row & 7) * 4 + (kk & 3), ar = (row >> 3) + 2 * (kk >> 2);
+            /* B[kk][col]: lane col * 4 + kk % 4, register kk / 4 */
+            const int bl = col * 4 + (kk & 3), br = 4 + (kk >> 2);
+            acc += attt_emu_tf32(attt_emu_u[w0 + al][ar]) * attt_emu_tf32(attt_emu_u[w0 + bl][br]);
+        }
+        c[e] = acc;
+    }
+#pragma omp barrier
+}
+
+static float attt_xor(float v, int m) {
+    const int tid = omp_get_thread_num();
+    attt_emu_f[tid] = v;
+#pragma omp barrier
+    const float o = attt_emu_f[tid ^ m];
+#pragma omp barrier
+    return o;
+}
+
+ATTT_INLINE float attt_ex2(float x) {
+    return exp2f(x);
+}
+
+ATTT_INLINE float attt_opaque(float x) {
+    return x;
+}
+
+/* cp.async completes at once here; the commit/wait bookkeeping has nothing to track */
+ATTT_INLINE void attt_cp16(float *dst, const float *src) {
+    memcpy(dst, src, 16);
+}
+ATTT_INLINE void attt_cp_commit(void) {}
+ATTT_INLINE void attt_cp_wait1(void) {}
+
+#elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#include <math.h>
+#include <omp.h>
+#include <ompx.h>
+#define ATTT_HAVE 1
+#define ATTT_REAL 1
+#define ATTT_INLINE static inline __attribute__((always_inline))
+/* nvptx64 variants: referenced through the variant mechanism only */
+#define ATTT_DEVICE static inline __attribute__((always_inline, unused))
+#define ATTT_TID() ompx_thread_id_x()
+#define ATTT_BID() ompx_block_id_x()
+#define ATTT_SYNC() ompx_sync_block_acq_rel()
+
+/* Host bodies only satisfy the host compilation of the bare region; the dispatch launches it on
+ * target tensors only, where the nvptx64 variants below replace them. */
+ATTT_INLINE void attt_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    (void)a, (void)b0, (void)b1, (void)c;
+}
+ATTT_INLINE float attt_xor(float v, int m) {
+    (void)m;
+    return v;
+}
+ATTT_INLINE float attt_ex2(float x) {
+    return exp2f(x);
+}
+ATTT_INLINE float attt_opaque(float x) {
+    return x;
+}
+ATTT_INLINE void attt_cp16(float *dst, const float *src) {
+    memcpy(dst, src, 16);
+}
+ATTT_INLINE void attt_cp_commit(void) {}
+ATTT_INLINE void attt_cp_wait1(void) {}
+
+#pragma omp begin declare variant match(device = {arch(nvptx64)})
+ATTT_DEVICE void attt_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    __asm__ volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+ATTT_DEVICE float attt_xor(float v, int m) {
+    return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, m, 0x1f);
+}
+ATTT_DEVICE float attt_ex2(float x) {
+    return __nvvm_ex2_approx_f(x);
+}
+/* x, as a value the compiler cannot see through: keeps the split of the loop-invariant Q
+ * fragments inside the key loop (hoisted, hi and lo of Q would take 2 DH/2 registers more and
+ * spill at dh 128). */
+ATTT_DEVICE float attt_opaque(float x) {
+    float y;
+    __asm__ volatile("mov.b32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+/* 16 bytes global -> shared without a register round trip; groups complete in commit order */
+ATTT_DEVICE void attt_cp16(float *dst, const float *src) {
+    uint32_t addr;
+    __asm__("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+            : "=r"(addr)
+            : "l"(dst));
+    __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(src) : "memory");
+}
+ATTT_DEVICE void attt_cp_commit(void) {
+    __asm__ volatile("cp.async.commit_group;" ::: "memory");
+}
+/* every committed group but the newest has landed (for this thread) */
+ATTT_DEVICE void attt_cp_wait1(void) {
+    __asm__ volatile("cp.async.wait_group 1;" ::: "memory");
+}
+#pragma omp end declare variant
+#endif
+
+#ifdef ATTT_HAVE
+
+typedef struct attt_f4 {
+    float v[4];
+} __attribute__((aligned(16))) attt_f4;
+
+typedef struct attt_f2 {
+    float v[2];
+} __attribute__((aligned(8))) attt_f2;
+
+ATTT_INLINE uint32_t attt_bits(float x) {
+    union {
+        float f;
+        uint32_t u;
+    } c;
+    c.f = x;
+    return c.u;
+}
+
+ATTT_INLINE float attt_float(uint32_t u) {
+    union {
+        uint32_t u;
+        float f;
+    } c;
+    c.u = u;
+    return c.f;
+}
+
+/* x = hi + lo: hi is x rounded to tf32 (nearest, ties away from zero: adding half a tf32 ulp
+ * to the magnitude bits), lo the exact remainder (|lo| <= 2^-11 |x|) truncated to tf32. */
+ATTT_INLINE void attt_split(float x, uint32_t *hi, uint32_t *lo) {
+    const uint32_t h = (attt_bits(x) + 0x1000u) & 0xffffe000u;
+    *hi = h;
+    *lo = attt_bits(x - attt_float(h)) & 0xffffe000u;
+}
+
+/* c += a * b in 3xTF32: the two small cross terms first, then the large one. */
+ATTT_INLINE void attt_mma3(float c[4], const uint32_t ah[4], const uint32_t al[4], uint32_t bh0,
+                           uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    attt_mma(c, al, bh0, bh1);
+    attt_mma(c, ah, bl0, bl1);
+    attt_mma(c, ah, bh0, bh1);
+}
+
+ATTT_INLINE int64_t attt_limit(int mask, int64_t i, int64_t n, int64_t m) {
+    int64_t lim = m;
+    if (mask == 1)
+        lim = i + 1;
+    else if (mask == 2)
+        lim = i + 1 + m - n;
+    lim = lim > m ? m : lim;
+    return lim < 0 ? 0 : lim;
+}
+
+/* Rows kt .. kt+31 of one head's K or V into a shared tile of pitch ld (zeros past M). */
+ATTT_INLINE void attt_load_tile(float *tile, const float *base, int64_t rs, int64_t kt, int64_t M,
+                                int tid, int ld, const int DH) {
+    for (int c = tid; c < ATTT_BK * DH / 4; c += 128) {
+        const int rr = c / (DH / 4), cc = (c - rr * (DH / 4)) * 4;
+        float *d = tile + rr * ld + cc;
+        if (kt + rr < M) {
+            attt_cp16(d, base + (kt + rr) * rs + cc);
+        } else {
+            attt_f4 z = {{0.f, 0.f, 0.f, 0.f}};
+            *(attt_f4 *)d = z;
+        }
+    }
+}
+
+/* One team: 64 query rows (block qb of head (b, h)), DH a compile-time constant. */
+ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const float *k,
+                               const float *v, float *out, float *lse, float *sk, float *sv,
+                               const int DH) {
+    const int LDK = ATTT_LDK(DH), LDV = ATTT_LDV(DH);
+    const int tid = ATTT_TID(), lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, t4 = lane & 3;
+    const int64_t N = g->N, M = g->M;
+    const int64_t nqb = (N + ATTT_BQ - 1) / ATTT_BQ;
+    const int64_t blk = ATTT_BID();
+    const int64_t bh = blk / nqb;
+    /* heaviest (last, under a causal mask) query blocks first */
+    const int64_t qb = nqb - 1 - (blk - bh * nqb);
+    const int64_t b = bh / g->Hq, h = bh - b * g->Hq, hk = h / (g->Hq / g->Hkv);
+    const int64_t row0 = qb * ATTT_BQ + warp * 16;
+    const int64_t r0 = row0 + gq, r1 = row0 + gq + 8;
+    const float sl2 = g->scale * ATTT_LOG2E;
+
+    /* qr[c][0] / qr[c][1]: columns 16c + 4 t4 .. + 3 of rows r0 / r1 */
+    float qr[8][2][4];
+    const float *q0 = q + b * g->qs[0] + h * g->qs[1] + r0 * g->qs[2];
+    const float *q1 = q + b * g->qs[0] + h * g->qs[1] + r1 * g->qs[2];
+    ATTT_UNROLL
+    for (int c = 0; c < DH / 16; c++) {
+        const attt_f4 z = {{0.f, 0.f, 0.f, 0.f}};
+        const attt_f4 x0 = r0 < N ? *(const attt_f4 *)(q0 + c * 16 + t4 * 4) : z;
+        const attt_f4 x1 = r1 < N ? *(const attt_f4 *)(q1 + c * 16 + t4 * 4) : z;
+        ATTT_UNROLL
+        for (int i = 0; i < 4; i++) {
+            qr[c][0][i] = x0.v[i];
+            qr[c][1][i] = x1.v[i];
+        }
+    }
+    const int64_t lim0 = r0 < N ? attt_limit(g->mask, r0, N, M) : 0;
+    const int64_t lim1 = r1 < N ? attt_limit(g->mask, r1, N, M) : 0;
+    const int64_t last = (qb + 1) * ATTT_BQ - 1 < N - 1 ? (qb + 1) * ATTT_BQ - 1 : N - 1;
+    const int64_t jmax = attt_limit(g->mask, last, N, M);
+
+    float o[16][4];
+    ATTT_UNROLL
+    for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    const float *kh = k + b * g->ks[0] + hk * g->ks[1];
+    const float *vh = v + b * g->vs[0] + hk * g->vs[1];
+    /* cp.async groups are committed K0 V0 K1 V1 ...: "all but the newest group" is always the
+     * tile needed next */
+    if (jmax > 0) {
+        attt_load_tile(sk, kh, g->ks[2], 0, M, tid, LDK, DH);
+        attt_cp_commit();
+        attt_load_tile(sv, vh, g->vs[2], 0, M, tid, LDV, DH);
+        attt_cp_commit();
+    }
+    for (int64_t kt = 0; kt < jmax; kt += ATTT_BK) {
+        attt_cp_wait1();
+        ATTT_SYNC();
+
+        float s[4][4];
+        ATTT_UNROLL
+        for (int nt = 0; nt < 4; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        ATTT_UNROLL
+        for (int c = 0; c < DH / 16; c++) {
+            /* A fragments of k-steps 2c (columns +0, +1) and 2c+1 (+2, +3) */
+            uint32_t ah[2][4], al[2][4];
+            ATTT_UNROLL
+            for (int st = 0; st < 2; st++) {
+                attt_split(attt_opaque(qr[c][0][2 * st]), &ah[st][0], &al[st][0]);
+                attt_split(attt_opaque(qr[c][1][2 * st]), &ah[st][1], &al[st][1]);
+                attt_split(attt_opaque(qr[c][0][2 * st + 1]), &ah[st][2], &al[st][2]);
+                attt_split(attt_opaque(qr[c][1][2 * st + 1]), &ah[st][3], &al[st][3]);
+            }
+            ATTT_UNROLL
+            for (int nt = 0; nt < 4; nt++) {
+                const attt_f4 kv = *(const attt_f4 *)(sk + (nt * 8 + gq) * LDK + c * 16 + t4 * 4);
+                uint32_t bh[4], bl[4];
+                ATTT_UNROLL
+                for (int i = 0; i < 4; i++) attt_split(kv.v[i], &bh[i], &bl[i]);
+                /* 16 columns at a time into a fresh accumulator: large logits would otherwise
+                 * round every product into a sum of their full size */
+                float t[4] = {0.f, 0.f, 0.f, 0.f};
+                attt_mma3(t, ah[0], al[0], bh[0], bh[1], bl[0], bl[1]);
+                attt_mma3(t, ah[1], al[1], bh[2], bh[3], bl[2], bl[3]);
+                ATTT_UNROLL
+                for (int e = 0; e < 4; e++) s[nt][e] += t[e];
+            }
+        }
+        ATTT_SYNC(); /* every warp is done with this K tile */
+        if (kt + ATTT_BK < jmax) attt_load_tile(sk, kh, g->ks[2], kt + ATTT_BK, M, tid, LDK, DH);
+        attt_cp_commit();
+
+        float mx0 = m0, mx1 = m1;
+        /* visible keys of this tile for rows r0 and r1, as tile-relative counts */
+        const int c0 = (int)(lim0 - kt < ATTT_BK ? lim0 - kt : ATTT_BK);
+        const int c1 = (int)(lim1 - kt < ATTT_BK ? lim1 - kt : ATTT_BK);
+        ATTT_UNROLL
+        for (int nt = 0; nt < 4; nt++) ATTT_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const int key = nt * 8 + t4 * 2 + (e & 1);
+            const float x = key < (e < 2 ? c0 : c1) ? s[nt][e] * sl2 : -INFINITY;
+            s[nt][e] = x;
+            if (e < 2)
+                mx0 = x > mx0 ? x : mx0;
+            else
+                mx1 = x > mx1 ? x : mx1;
+        }
+        mx0 = fmaxf(mx0, attt_xor(mx0, 1));
+        mx0 = fmaxf(mx0, attt_xor(mx0, 2));
+        mx1 = fmaxf(mx1, attt_xor(mx1, 1));
+        mx1 = fmaxf(mx1, attt_xor(mx1, 2));
+        /* rows with nothing visible yet keep m = -inf; exponentials against 0 give p = 0 */
+        const float base0 = mx0 == -INFINITY ? 0.f : mx0, base1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float a0 = attt_ex2(m0 - base0), a1 = attt_ex2(m1 - base1);
+        m0 = mx0;
+        m1 = mx1;
+        float ps0 = 0.f, ps1 = 0.f;
+        ATTT_UNROLL
+        for (int nt = 0; nt < 4; nt++) {
+            s[nt][0] = attt_ex2(s[nt][0] - base0);
+            s[nt][1] = attt_ex2(s[nt][1] - base0);
+            s[nt][2] = attt_ex2(s[nt][2] - base1);
+            s[nt][3] = attt_ex2(s[nt][3] - base1);
+            ps0 += s[nt][0] + s[nt][1];
+            ps1 += s[nt][2] + s[nt][3];
+        }
+        l0 = l0 * a0 + ps0;
+        l1 = l1 * a1 + ps1;
+        ATTT_UNROLL
+        for (int n = 0; n < DH / 8; n++) {
+            o[n][0] *= a0;
+            o[n][1] *= a0;
+            o[n][2] *= a1;
+            o[n][3] *= a1;
+        }
+        attt_cp_wait1();
+        ATTT_SYNC(); /* this V tile has landed */
+        ATTT_UNROLL
+        for (int kk = 0; kk < 4; kk++) {
+            /* P's A fragment: k = t4 is key 2 t4 (C element 0 / 2), k = t4 + 4 key 2 t4 + 1 */
+            uint32_t ph[4], pl[4];
+            attt_split(s[kk][0], &ph[0], &pl[0]);
+            attt_split(s[kk][2], &ph[1], &pl[1]);
+            attt_split(s[kk][1], &ph[2], &pl[2]);
+            attt_split(s[kk][3], &ph[3], &pl[3]);
+            const float *v0 = sv + (kk * 8 + t4 * 2) * LDV + gq * 2;
+            ATTT_UNROLL
+            for (int j = 0; j < DH / 16; j++) {
+                /* x0 / x1: keys 2 t4 / 2 t4 + 1 (B rows k = t4 / t4 + 4) of n-tiles 2j, 2j+1 */
+                const attt_f2 x0 = *(const attt_f2 *)(v0 + j * 16);
+                const attt_f2 x1 = *(const attt_f2 *)(v0 + LDV + j * 16);
+                uint32_t bh[4], bl[4];
+                attt_split(x0.v[0], &bh[0], &bl[0]);
+                attt_split(x1.v[0], &bh[1], &bl[1]);
+                attt_split(x0.v[1], &bh[2], &bl[2]);
+                attt_split(x1.v[1], &bh[3], &bl[3]);
+                attt_mma3(o[2 * j], ph, pl, bh[0], bh[1], bl[0], bl[1]);
+                attt_mma3(o[2 * j + 1], ph, pl, bh[2], bh[3], bl[2], bl[3]);
+            }
+        }
+        ATTT_SYNC(); /* every warp is done with this V tile */
+        if (kt + ATTT_BK < jmax) attt_load_tile(sv, vh, g->vs[2], kt + ATTT_BK, M, tid, LDV, DH);
+        attt_cp_commit();
+    }
+    l0 += attt_xor(l0, 1);
+    l0 += attt_xor(l0, 2);
+    l1 += attt_xor(l1, 1);
+    l1 += attt_xor(l1, 2);
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    float *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
+    float *o1 = out + b * g->os[0] + h * g->os[1] + r1 * g->os[2];
+    ATTT_UNROLL
+    for (int j = 0; j < DH / 16; j++) {
+        /* columns 16j + 4 t4 .. + 3 are elements 0 and 1 of n-tiles 2j, 2j+1 interleaved */
+        const attt_f4 y0 = {
+            {o[2 * j][0] * i0, o[2 * j + 1][0] * i0, o[2 * j][1] * i0, o[2 * j + 1][1] * i0}};
+        const attt_f4 y1 = {
+            {o[2 * j][2] * i1, o[2 * j + 1][2] * i1, o[2 * j][3] * i1, o[2 * j + 1][3] * i1}};
+        if (r0 < N) *(attt_f4 *)(o0 + j * 16 + t4 * 4) = y0;
+        if (r1 < N) *(attt_f4 *)(o1 + j * 16 + t4 * 4) = y1;
+    }
+    if (lse && t4 == 0) {
+        const int64_t lb = b * g->ls[0] + h * g->ls[1];
+        if (r0 < N) lse[lb + r0 * g->ls[2]] = l0 > 0.f ? (m0 + log2f(l0)) * ATTT_LN2 : -INFINITY;
+        if (r1 < N) lse[lb + r1 * g->ls[2]] = l1 > 0.f ? (m1 + log2f(l1)) * ATTT_LN2 : -INFINITY;
+    }
+}
+
+#ifdef ATTT_REAL
+static int attt_aligned(const void *p, const int64_t s[3]) {
+    return ((uintptr_t)p & 15) == 0 && s[0] % 4 == 0 && s[1] % 4 == 0 && s[2] % 4 == 0;
+}
+
+int ompk_attn_fwd_f32tc_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                           const void *v, const void *out) {
+    if (!ex.on_target || g->bf16) return 0;
+    if (g->dh != 32 && g->dh != 64 && g->dh != 80 && g->dh != 96 && g->dh != 128) return 0;
+    const int64_t nqb = (g->N + ATTT_BQ - 1) / ATTT_BQ;
+    if (g->B * g->Hq * nqb > 0x7fffffff) return 0;
+    return attt_aligned(q, g->qs) && attt_aligned(k, g->ks) && attt_aligned(v, g->vs) &&
+           attt_aligned(out, g->os);
+}
+
+/* One kernel per head dim, so each gets its own register allocation. */
+// clang-format off
+#define ATTT_LAUNCH(DH)                                                                            \
+    static void attt_launch_##DH(ompk_exec ex, const ompk_attn_geom *gp, const float *q,           \
+                                 const float *k, const float *v, float *out, float *lse) {         \
+        const ompk_attn_geom g = *gp;                                                              \
+        const int teams = (int)(g.B * g.Hq * ((g.N + ATTT_BQ - 1) / ATTT_BQ));                     \
+        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(128) device(ex.device) is_device_ptr(q, k, v, out, lse) firstprivate(g)") \
+        {                                                                                          \
+            static float sk[ATTT_SK_FLOATS] __attribute__((aligned(16)));                          \
+            static float sv[ATTT_SV_FLOATS] __attribute__((aligned(16)));                          \
+            _Pragma("omp allocate(sk, sv) allocator(omp_pteam_mem_alloc)")                         \
+            attt_fwd_team(&g, q, k, v, out, lse, sk, sv, DH);                                      \
+        }                                                                                          \
+    }
+ATTT_LAUNCH(32)
+ATTT_LAUNCH(64)
+ATTT_LAUNCH(80)
+ATTT_LAUNCH(96)
+ATTT_LAUNCH(128)
+// clang-format on
+
+void ompk_attn_fwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                         const void *v, void *out, float *lse) {
+    switch (g->dh) {
+    case 32:
+        attt_launch_32(ex, g, q, k, v, out, lse);
+        break;
+    case 64:
+        attt_launch_64(ex, g, q, k, v, out, lse);
+        break;
+    case 80:
+        attt_launch_80(ex, g, q, k, v, out, lse);
+        break;
+    case 96:
+        attt_launch_96(ex, g, q, k, v, out, lse);
+        break;
+    default:
+        attt_launch_128(ex, g, q, k, v, out, lse);
+        break;
+    }
+}
+#endif /* ATTT_REAL */
+
+#endif /* ATTT_HAVE */
+
+#if !defined(ATTT_HAVE)
+int ompk_attn_fwd_f32tc_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                           const void *v, const void *out) {
+    (void)ex, (void)g, (void)q, (void)k, (void)v, (void)out;
+    return 0; /* no GPU image in this build: the portable kernel serves every call */
+}
+
+void ompk_attn_fwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                         const void *v, void *out, float *lse) {
+    ompk_attn_fwd_portable(ex, g, q, k, v, out, lse);
+}
+#endif

@@ -1,0 +1,131 @@
+/* The 3xTF32 GPU forward for f32 (src/target/attention_f32tc.c) run on the host: the source is
+ * included with ATTT_EMULATE, which makes each team 128 host threads and turns mma.sync tf32
+ * (operands read as their top 19 bits, as the tensor cores do) and the shuffles into fragment
+ * exchanges through memory. CI thereby checks the kernel's own algorithm (operand split,
+ * permuted fragments, tile loads, masks, online softmax) against the double reference with the
+ * f32 tolerances of the other suites; the GPU run of test_attention_fwd checks the real
+ * instructions. */
+#define ATTT_EMULATE 1
+#include "attention_f32tc.c"
+
+#include <criterion/criterion.h>
+
+#include "test_attention_common.h"
+
+/* 128 threads on a CI machine of a few cores: waiting threads sleep instead of spinning (read
+ * when the OpenMP runtime starts, which LLVM's does lazily, after this constructor). */
+static void __attribute__((constructor)) emu_passive_wait(void) {
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+}
+
+/* Shapes stay small: every emulated warp instruction is two barriers of 128 threads. */
+
+static void emu_team(const ompk_attn_geom *g, const float *q, const float *k, const float *v,
+                     float *out, float *lse) {
+    switch (g->dh) {
+    case 32:
+        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 32);
+        break;
+    case 64:
+        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 64);
+        break;
+    case 80:
+        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 80);
+        break;
+    case 96:
+        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 96);
+        break;
+    default:
+        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 128);
+        break;
+    }
+}
+
+/* Every team of the grid in turn, its threads as one OpenMP team of 128. */
+static int emu_run(att_case *c) {
+    ompk_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
+    const ompk_tensor *ts[5] = {&c->tq, &c->tk, &c->tv, &c->tout, &c->tlse};
+    int64_t *ss[5] = {g.qs, g.ks, g.vs, g.os, g.ls};
+    for (int i = 0; i < 5; i++)
+        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
+    g.scale = (float)c->scale;
+    g.mask = (int)c->p.mask;
+    g.bf16 = 0;
+    const float *q = c->q.host, *k = c->k.host, *v = c->v.host;
+    float *out = c->out.host, *lse = c->lse.host;
+    const int64_t teams = g.B * g.Hq * ((g.N + ATTT_BQ - 1) / ATTT_BQ);
+    int ok = 1;
+    for (int64_t t = 0; t < teams && ok; t++) {
+        attt_emu_block = t;
+#pragma omp parallel num_threads(128)
+        {
+            if (omp_get_num_threads() != 128) {
+#pragma omp single
+                ok = 0;
+            } else {
+                emu_team(&g, q, k, v, out, lse);
+            }
+        }
+    }
+    return ok;
+}
+
+static void check(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int64_t dh,
+                  ompk_attention_mask mask, int bshd, double qk_std, double tol_mult,
+                  uint64_t seed) {
+    att_case c;
+    att_case_new(&c, ompk_device_host(), OMPK_F32, B, Hq, Hkv, N, M, dh, mask, seed, qk_std, bshd);
+    cr_assert(emu_run(&c), "could not form a team of 128 host threads");
+    ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk), hv = att_host(&c.v, &c.tv);
+    double *ro = malloc(sizeof(double) * (size_t)(c.out.numel + 1));
+    double *rl = malloc(sizeof(double) * (size_t)(c.lse.numel + 1));
+    ompk_attention_ref_fwd(&hq, &hk, &hv, c.scale, mask, ro, rl);
+    char what[160];
+    snprintf(what, sizeof what, "emu f32 B%lld Hq%lld Hkv%lld N%lld M%lld dh%lld mask=%s bshd=%d",
+             (long long)B, (long long)Hq, (long long)Hkv, (long long)N, (long long)M, (long long)dh,
+             att_mask_name(mask), bshd);
+    /* the f32 bands of test_attention_fwd, unchanged */
+    double w = att_worst(what, &c.out, &c.tout, ro, att_tol_m(OMPK_F32, 1.0, tol_mult));
+    double wl = att_worst(what, &c.lse, &c.tlse, rl, att_tol_m(OMPK_F32, 1.0, tol_mult));
+    cr_expect(w <= 1.0 && wl <= 1.0, "%s: worst ratio out %g lse %g", what, w, wl);
+    free(ro);
+    free(rl);
+    att_case_free(&c);
+}
+
+Test(attention_f32tc_emu, head_dims) {
+    const int64_t dhs[5] = {32, 64, 80, 96, 128};
+    for (int i = 0; i < 5; i++)
+        check(1, 1, 1, 70, 75, dhs[i], OMPK_ATTN_MASK_NONE, 0, 1.0, 1.0, 10 + (uint64_t)i);
+}
+
+Test(attention_f32tc_emu, masks_gqa_odd_lengths) {
+    check(1, 4, 1, 65, 130, 64, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 1.0, 1.0, 21);
+    check(1, 2, 2, 130, 65, 96, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 1.0, 22);
+    check(2, 2, 1, 1, 17, 128, OMPK_ATTN_MASK_NONE, 1, 1.0, 1.0, 23);
+    check(1, 2, 1, 17, 1, 32, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 1.0, 1.0, 24);
+}
+
+/* Rows with no visible key give out = 0 and lse = -inf; logits of std ~900 keep the 20x band
+ * that test_attention_fwd gives every f32 kernel there. */
+Test(attention_f32tc_emu, fully_masked_rows_and_large_logits) {
+    check(1, 1, 1, 100, 20, 64, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 1.0, 31);
+    check(1, 1, 1, 65, 80, 128, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 30.0, 20.0, 32);
+    check(1, 1, 1, 65, 80, 128, OMPK_ATTN_MASK_NONE, 0, 30.0, 20.0, 33);
+}
+
+/* The split itself: hi + lo reproduces x to 2^-21 of |x|, and both halves are tf32 values. */
+Test(attention_f32tc_emu, operand_split) {
+    tu_rng r = tu_rng_make(5);
+    for (int i = 0; i < 100000; i++) {
+        const float x = (float)(tu_normal(&r) * pow(2.0, (double)(i % 41 - 20)));
+        uint32_t hi, lo;
+        attt_split(x, &hi, &lo);
+        cr_assert_eq(hi & 0x1fffu, 0u);
+        cr_assert_eq(lo & 0x1fffu, 0u);
+        const double e = fabs((double)attt_float(hi) + (double)attt_float(lo) - (double)x);
+        cr_assert(e <= ldexp(fabs((double)x), -21), "x %.9g: hi + lo off by %g", (double)x, e);
+    }
+}
