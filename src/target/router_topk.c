@@ -202,33 +202,30 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
     }
 }
 
-/* GPU variant for k <= 32 and N <= 256: one warp per token, everything in registers.
+/* GPU variant for k <= 32 and N <= 256: one warp per token (several tokens per warp in turn),
+ * everything in registers, no serial arg-max rounds.
  * Keys pack (value, index) into one uint64 whose unsigned order is the contract's order (value
  * descending through an order-preserving map of the float with -0 folded onto +0, then the lower
- * index through its complement), so a warp arg-max is two redux.sync.max instructions.
- *  - each lane loads 8 strided values per axis (coalesced), sorts them with a network, and the
- *    warp extracts the top L of each axis in L rounds; rank r lands in lane r % 32;
- *  - the candidates (a+1)(b+1) <= k (at most 119) are spread over the lanes, 4 each, their sums
- *    formed from shuffled list entries, and the k best extracted the same way;
- *  - the exact-count check of the portable kernel decides whether ties at tau need the scan
- *    for the lowest tied indices; the warp does that scan itself, 32 columns per step (a
+ * index through its complement), so sorting keys sorts by the contract.
+ *  - each axis row (padded to 32*S, S = 2 or 8 keys per lane) is sorted by a warp bitonic
+ *    network, sx and sy in lockstep: O(N log^2 N) work spread over 32 lanes with two independent
+ *    chains, where extracting the top k+1 one arg-max at a time was k+1 dependent warp rounds;
+ *  - the candidates (a+1)(b+1) <= k (at most 119; their rank map is built once per warp) take
+ *    their sums from shuffled ranks and are sorted by a second bitonic network (1 or 4 per lane),
+ *    which leaves rank r in lane r / CS: the outputs are written without another exchange;
+ *  - exactness: every pair outside the candidate set is dominated (both ranks no better) by a
+ *    frontier pair (a, k / (a+1)), a <= k; if no frontier sum reaches tau (the k-th candidate's
+ *    sum) no outside pair does, and the candidates' top k is the answer. Otherwise the slots at
+ *    tau are refilled by the warp scanning all pairs in flattened order, 32 columns per step (a
  *    single-thread scan there, latency-bound on global loads, cost ~1 ms per kernel when even a
- *    handful of the 16384 tokens tied); a token holding NaN or +inf is finished by lane 0 with the
- *    portable per-token routine.
+ *    handful of the 16384 tokens tied); a token holding NaN or +inf is finished by lane 0 with
+ *    the portable per-token routine.
  * OMPK_ROUTER_VARIANT=portable forces the portable kernel. */
 #if defined(RT_WARP_EMULATE)
 /* tests/test_router_warp.c: the warp code on 32 host threads, collectives through memory */
 #define RT_HAVE_WARP 1
 static unsigned rt_emu_u[32];
 static int rt_emu_i[32];
-static inline unsigned rt_wmax(unsigned v) {
-#pragma omp barrier
-    rt_emu_u[omp_get_thread_num()] = v;
-#pragma omp barrier
-    unsigned m = 0;
-    for (int l = 0; l < 32; l++) m = rt_emu_u[l] > m ? rt_emu_u[l] : m;
-    return m;
-}
 static inline int rt_wadd(int v) {
 #pragma omp barrier
     rt_emu_i[omp_get_thread_num()] = v;
@@ -257,9 +254,6 @@ static inline unsigned rt_wballot(int pred) {
 #define RT_HAVE_BARE 1
 
 /* Host bodies only satisfy the host compilation of the region; the kernel launches on GPUs. */
-static inline unsigned rt_wmax(unsigned v) {
-    return v;
-}
 static inline int rt_wadd(int v) {
     return v;
 }
@@ -271,9 +265,6 @@ static inline unsigned rt_wballot(int pred) {
     return pred != 0;
 }
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
-static inline __attribute__((unused)) unsigned rt_wmax(unsigned v) {
-    return __nvvm_redux_sync_umax(v, (int)0xffffffff);
-}
 static inline __attribute__((unused)) int rt_wadd(int v) {
     return __nvvm_redux_sync_add(v, (int)0xffffffff);
 }
@@ -290,6 +281,18 @@ static inline __attribute__((unused)) unsigned rt_wballot(int pred) {
 #define RT_BARE_KMAX 32
 #define RT_BARE_NMAX 256
 #define RT_WARPS 4
+/* tokens per warp: the candidate map is built once per warp, and 16384 tokens then fill the
+ * H200's resident warp slots about once */
+#define RT_TOK_PER_WARP 4
+
+/* The network helpers take their sizes as literals; forced inlining makes every loop's trip
+ * count a constant, so the loops unroll and the key arrays stay in registers. */
+#define RT_AI static inline __attribute__((always_inline))
+#if defined(__clang__)
+#define RT_UNROLL _Pragma("unroll")
+#else
+#define RT_UNROLL _Pragma("GCC unroll 64")
+#endif
 
 static inline unsigned rt_ord(float v) {
     ompk_f32_bits b;
@@ -307,178 +310,107 @@ static inline uint64_t rt_key(float v, int32_t idx) {
     return ((uint64_t)rt_ord(v) << 32) | (uint32_t)~(uint32_t)idx;
 }
 
-/* the warp's best key (every lane gets it) */
-static inline uint64_t rt_warp_best(uint64_t mine) {
-    const unsigned hi = rt_wmax((unsigned)(mine >> 32));
-    const unsigned lo = rt_wmax((unsigned)(mine >> 32) == hi ? (unsigned)mine : 0u);
+static inline uint64_t rt_wshfl64(uint64_t v, int src) {
+    const unsigned hi = rt_wshfl((unsigned)(v >> 32), src), lo = rt_wshfl((unsigned)v, src);
     return ((uint64_t)hi << 32) | lo;
 }
 
-/* list entry r (held by lane r % 32 in slot r / 32), fetched by every lane for its own r */
-static inline uint64_t rt_fetch(uint64_t s0, uint64_t s1, int r, int two_slots) {
-    const int src = r & 31;
-    unsigned hi = rt_wshfl((unsigned)(s0 >> 32), src), lo = rt_wshfl((unsigned)s0, src);
-    if (two_slots) {
-        const unsigned hi1 = rt_wshfl((unsigned)(s1 >> 32), src);
-        const unsigned lo1 = rt_wshfl((unsigned)s1, src);
-        if (r >= 32) hi = hi1, lo = lo1;
-    }
-    return ((uint64_t)hi << 32) | lo;
+/* NaN and +inf break the monotone-sum argument (inf + -inf) */
+static inline int rt_bad(float f) {
+    return !(f < __builtin_inff()) && f != -__builtin_inff();
 }
 
-#define RT_CE(v, i, j)                                                                             \
-    do {                                                                                           \
-        if (v[i] < v[j]) {                                                                         \
-            const uint64_t t_ = v[i];                                                              \
-            v[i] = v[j];                                                                           \
-            v[j] = t_;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-static inline void rt_sort8(uint64_t *v) {
-    RT_CE(v, 0, 1);
-    RT_CE(v, 2, 3);
-    RT_CE(v, 4, 5);
-    RT_CE(v, 6, 7);
-    RT_CE(v, 0, 2);
-    RT_CE(v, 1, 3);
-    RT_CE(v, 4, 6);
-    RT_CE(v, 5, 7);
-    RT_CE(v, 1, 2);
-    RT_CE(v, 5, 6);
-    RT_CE(v, 0, 4);
-    RT_CE(v, 3, 7);
-    RT_CE(v, 1, 5);
-    RT_CE(v, 2, 6);
-    RT_CE(v, 1, 4);
-    RT_CE(v, 3, 6);
-    RT_CE(v, 2, 4);
-    RT_CE(v, 3, 5);
-    RT_CE(v, 3, 4);
-}
-
-static inline void rt_sort4(uint64_t *v) {
-    RT_CE(v, 0, 1);
-    RT_CE(v, 2, 3);
-    RT_CE(v, 0, 2);
-    RT_CE(v, 1, 3);
-    RT_CE(v, 1, 2);
-}
-
-/* Top L of one axis: lane r % 32 receives rank r in slot r / 32. */
-static inline void rt_warp_axis(const void *p, int64_t off, int64_t st, int N, int bf16, int L,
-                                int lane, int *bad, uint64_t *s0, uint64_t *s1) {
-    uint64_t v[8];
-    for (int m = 0; m < 8; m++) {
-        const int i = lane + 32 * m;
-        v[m] = 0; /* below every real key */
-        if (i < N) {
-            const float f = ompk_load_f(p, off + i * st, bf16);
-            if (!(f < __builtin_inff()) && f != -__builtin_inff()) *bad = 1; /* NaN, +inf */
-            v[m] = rt_key(f, i);
+/* Descending bitonic sort of 32*S keys, lane l holding elements l*S .. l*S + S-1, so rank r
+ * ends in lane r / S, slot r % S. With two = 1 a second array is sorted in lockstep. The steps
+ * run as one flat loop so that full unrolling turns (size, d) into constants. */
+RT_AI void rt_bitonic(uint64_t *u, uint64_t *v, const int S, const int two, int lane) {
+    const int logn = S == 1 ? 5 : S == 2 ? 6 : S == 4 ? 7 : 8;
+    int size = 2, d = 1;
+    RT_UNROLL
+    for (int st = 0; st < logn * (logn + 1) / 2; st++) {
+        if (d < S) {
+            RT_UNROLL
+            for (int m = 0; m < S; m++) {
+                if (m & d) continue;
+                const int desc = ((lane * S + m) & size) == 0;
+                if ((u[m] < u[m | d]) == desc) {
+                    const uint64_t t = u[m];
+                    u[m] = u[m | d];
+                    u[m | d] = t;
+                }
+                if (two && (v[m] < v[m | d]) == desc) {
+                    const uint64_t t = v[m];
+                    v[m] = v[m | d];
+                    v[m | d] = t;
+                }
+            }
+        } else {
+            const int j = d / S, src = lane ^ j;
+            const int takemax = ((lane & j) == 0) == (((lane * S) & size) == 0);
+            RT_UNROLL
+            for (int m = 0; m < S; m++) {
+                const uint64_t p = rt_wshfl64(u[m], src);
+                if ((p > u[m]) == takemax) u[m] = p;
+                if (two) {
+                    const uint64_t q = rt_wshfl64(v[m], src);
+                    if ((q > v[m]) == takemax) v[m] = q;
+                }
+            }
         }
-    }
-    rt_sort8(v);
-    *s0 = *s1 = 0;
-    for (int r = 0; r < L; r++) {
-        const uint64_t w = rt_warp_best(v[0]);
-        if (lane == (r & 31)) {
-            if (r < 32)
-                *s0 = w;
-            else
-                *s1 = w;
-        }
-        if (v[0] == w) {
-            for (int m = 0; m < 7; m++) v[m] = v[m + 1];
-            v[7] = 0;
+        if (d == 1) {
+            size <<= 1;
+            d = size >> 1;
+        } else {
+            d >>= 1;
         }
     }
 }
 
-static inline void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
-                                 int64_t ys, int bf16, int N, int k, int L, int lane, float *sc,
-                                 int64_t sc1, int32_t *ix, int64_t ix1) {
-    int bad = 0;
-    uint64_t x0, x1, y0, y1;
-    rt_warp_axis(sx, xo, xs, N, bf16, L, lane, &bad, &x0, &x1);
-    rt_warp_axis(sy, yo, ys, N, bf16, L, lane, &bad, &y0, &y1);
-    const int two = L > 32;
+/* rank `lane` of a sorted array (lane r / S, slot r % S) */
+RT_AI uint64_t rt_rank_to_lane(const uint64_t *v, const int S, int lane) {
+    uint64_t out = 0;
+    RT_UNROLL
+    for (int j = 0; j < S; j++) {
+        const uint64_t t = rt_wshfl64(v[j], lane / S);
+        if (lane % S == j) out = t;
+    }
+    return out;
+}
 
-    /* candidates c = lane + 32 s, in row-major order over rows a of length min(L, k/(a+1)) */
-    int ca[4], cb[4];
-    for (int s = 0; s < 4; s++) ca[s] = -1, cb[s] = 0;
-    for (int a = 0, base = 0; a < L; a++) {
-        int len = k / (a + 1);
-        len = len > L ? L : len;
-        if (len == 0) break;
-        for (int s = 0; s < 4; s++) {
-            const int c = lane + 32 * s;
-            if (c >= base && c < base + len) ca[s] = a, cb[s] = c - base;
+/* the candidate set {(a, b): a, b < N, (a+1)(b+1) <= k}, row-major */
+static inline int rt_cand_count(int N, int k) {
+    int c = 0;
+    for (int a = 0; a < k && a < N; a++) c += k / (a + 1) < N ? k / (a + 1) : N;
+    return c;
+}
+
+/* candidate lane*CS + m -> ranks (ca[m], cb[m]); ca = -1 past the end */
+RT_AI void rt_cand_map(int N, int k, int lane, const int CS, int *ca, int *cb) {
+    RT_UNROLL
+    for (int m = 0; m < CS; m++) ca[m] = -1, cb[m] = 0;
+    for (int a = 0, base = 0; a < k && a < N; a++) {
+        const int len = k / (a + 1) < N ? k / (a + 1) : N;
+        RT_UNROLL
+        for (int m = 0; m < CS; m++) {
+            const int c = lane * CS + m;
+            if (c >= base && c < base + len) ca[m] = a, cb[m] = c - base;
         }
         base += len;
     }
-    uint64_t cand[4];
-    for (int s = 0; s < 4; s++) {
-        const uint64_t kx = rt_fetch(x0, x1, ca[s] < 0 ? 0 : ca[s], two);
-        const uint64_t ky = rt_fetch(y0, y1, cb[s], two);
-        const float sum = rt_unord((unsigned)(kx >> 32)) + rt_unord((unsigned)(ky >> 32));
-        const int32_t i = (int32_t)~(uint32_t)kx, j = (int32_t)~(uint32_t)ky;
-        cand[s] = ca[s] < 0 ? 0 : rt_key(sum, i * N + j);
-    }
-    rt_sort4(cand);
-    uint64_t mine = 0, w = 0;
-    for (int r = 0; r < k; r++) {
-        w = rt_warp_best(cand[0]);
-        if (lane == r) mine = w;
-        if (cand[0] == w) cand[0] = cand[1], cand[1] = cand[2], cand[2] = cand[3], cand[3] = 0;
-    }
-    const float tau = rt_unord((unsigned)(w >> 32));
+}
 
-    /* exact count of sums >= tau on the L x L rank grid (rows are lanes) */
-    const float xa0 = rt_unord((unsigned)(x0 >> 32)), xa1 = rt_unord((unsigned)(x1 >> 32));
-    int rc0 = 0, rc1 = 0;
-    for (int b = 0; b < L; b++) {
-        const float yb = rt_unord((unsigned)(rt_fetch(y0, y1, b, two) >> 32));
-        rc0 += lane < L && xa0 + yb >= tau;
-        rc1 += lane + 32 < L && xa1 + yb >= tau;
-    }
-    const int last = L - 1;
-    int unsure =
-        N > L && (rc0 == L || rc1 == L || (lane == (last & 31) && (last < 32 ? rc0 : rc1) > 0));
-    if (rt_wadd(bad) > 0) {
-        /* NaN or +inf: no total order to exploit; the portable routine still writes valid pairs */
-        if (lane == 0) {
-            float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
-            int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
-            rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1, 1);
-            for (int r = 0; r < k; r++) {
-                sc[r * sc1] = lhv[r];
-                ix[r * ix1] = lhi[r];
-            }
-        }
-        return;
-    }
-    const int sure = rt_wadd(unsure) == 0 && rt_wadd(rc0 + rc1) == k;
-    /* slots kept from the extraction: all k, or those strictly above tau */
-    const int w0 = sure ? k : rt_wadd(lane < k && rt_unord((unsigned)(mine >> 32)) > tau);
-    if (lane < w0) {
-        const int32_t p = (int32_t)~(uint32_t)mine, i = p / N, j = p % N;
-        sc[lane * sc1] = ompk_load_f(sx, xo + i * xs, bf16) + ompk_load_f(sy, yo + j * ys, bf16);
-        ix[lane * ix1] = p;
-    }
-    if (sure) return;
-
-    /* Ties at tau: slots w0.. get the lowest flattened indices whose sum is tau, found by the
-     * whole warp scanning rows in ascending i (rows that cannot reach tau skipped) and, within a
-     * row, ascending j, 32 columns per step; a ballot orders the hits of one step. */
+/* Ties at tau: slots fill.. get the lowest flattened indices whose sum is tau, found by the
+ * whole warp scanning rows in ascending i (rows that cannot reach tau skipped) and, within a
+ * row, ascending j, 32 columns per step; a ballot orders the hits of one step. */
+static void rt_warp_tie_fill(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
+                             int64_t ys, int bf16, int N, int k, int lane, float tau, float ymax,
+                             int fill, float *sc, int64_t sc1, int32_t *ix, int64_t ix1) {
     float xr[8], yr[8];
     for (int m = 0; m < 8; m++) {
         const int i = lane + 32 * m;
         xr[m] = i < N ? ompk_load_f(sx, xo + i * xs, bf16) : 0.0f;
         yr[m] = i < N ? ompk_load_f(sy, yo + i * ys, bf16) : 0.0f;
     }
-    const float ymax = rt_unord(rt_wshfl((unsigned)(y0 >> 32), 0));
-    int fill = w0;
     for (int mi = 0; mi < 8; mi++) {
         unsigned rows = rt_wballot(lane + 32 * mi < N && xr[mi] + ymax >= tau);
         while (rows && fill < k) {
@@ -504,6 +436,121 @@ static inline void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const v
     }
 }
 
+RT_AI void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
+                         int64_t ys, int bf16, int N, int k, int lane, const int S, const int CS,
+                         const int *ca, const int *cb, float *sc, int64_t sc1, int32_t *ix,
+                         int64_t ix1) {
+    uint64_t kx[8], ky[8];
+    int bad = 0;
+    RT_UNROLL
+    for (int m = 0; m < S; m++) {
+        const int i = lane * S + m;
+        kx[m] = ky[m] = 0; /* below every real key */
+        if (i < N) {
+            const float fx = ompk_load_f(sx, xo + i * xs, bf16);
+            const float fy = ompk_load_f(sy, yo + i * ys, bf16);
+            bad |= rt_bad(fx) | rt_bad(fy);
+            kx[m] = rt_key(fx, i);
+            ky[m] = rt_key(fy, i);
+        }
+    }
+    if (rt_wballot(bad)) {
+        /* NaN or +inf: no total order to exploit; the portable routine still writes valid pairs */
+        if (lane == 0) {
+            float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
+            int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
+            const int L = k + 1 < N ? k + 1 : N;
+            rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1, 1);
+            for (int r = 0; r < k; r++) {
+                sc[r * sc1] = lhv[r];
+                ix[r * ix1] = lhi[r];
+            }
+        }
+        return;
+    }
+    rt_bitonic(kx, ky, S, 1, lane);
+    /* lane r holds rank r of each axis; candidates and the frontier only read ranks <= 32 */
+    const uint64_t x0 = rt_rank_to_lane(kx, S, lane), y0 = rt_rank_to_lane(ky, S, lane);
+    const float x32 = rt_unord(rt_wshfl((unsigned)(kx[0] >> 32), (32 / S) & 31));
+    const float y32 = rt_unord(rt_wshfl((unsigned)(ky[0] >> 32), (32 / S) & 31));
+
+    uint64_t c[4];
+    RT_UNROLL
+    for (int m = 0; m < CS; m++) {
+        const uint64_t px = rt_wshfl64(x0, ca[m] < 0 ? 0 : ca[m]), py = rt_wshfl64(y0, cb[m]);
+        const float s = rt_unord((unsigned)(px >> 32)) + rt_unord((unsigned)(py >> 32));
+        const int32_t i = (int32_t)~(uint32_t)px, j = (int32_t)~(uint32_t)py;
+        c[m] = ca[m] < 0 ? 0 : rt_key(s, i * N + j);
+    }
+    rt_bitonic(c, c, CS, 0, lane);
+
+    /* tau = the sum at rank k - 1 (lane (k-1) / CS, slot (k-1) % CS) */
+    uint64_t sel = c[0];
+    RT_UNROLL
+    for (int m = 1; m < CS; m++)
+        if ((k - 1) % CS == m) sel = c[m];
+    const float tau = rt_unord(rt_wshfl((unsigned)(sel >> 32), (k - 1) / CS));
+
+    /* frontier pair (a, k / (a+1)) in lane a; (32, 0) (k = 32 only) in lane 0 */
+    const float xa = rt_unord((unsigned)(x0 >> 32));
+    const int b = k / (lane + 1);
+    const float yb = rt_unord(rt_wshfl((unsigned)(y0 >> 32), b & 31));
+    int hit = lane <= k && lane < N && b < N && xa + (b == 32 ? y32 : yb) >= tau;
+    if (lane == 0 && k >= 32 && N > 32 && x32 + rt_unord((unsigned)(y0 >> 32)) >= tau) hit = 1;
+    const int sure = rt_wballot(hit) == 0;
+
+    int above = 0;
+    RT_UNROLL
+    for (int m = 0; m < CS; m++)
+        above += lane * CS + m < k && rt_unord((unsigned)(c[m] >> 32)) > tau;
+    /* slots kept from the candidates: all k, or those strictly above tau */
+    const int w0 = sure ? k : rt_wadd(above);
+    RT_UNROLL
+    for (int m = 0; m < CS; m++) {
+        const int r = lane * CS + m;
+        if (r < w0) {
+            /* the sum again from the inputs: the key folded -0 onto +0 */
+            const int32_t p = (int32_t)~(uint32_t)c[m], i = p / N, j = p % N;
+            sc[r * sc1] = ompk_load_f(sx, xo + i * xs, bf16) + ompk_load_f(sy, yo + j * ys, bf16);
+            ix[r * ix1] = p;
+        }
+    }
+    if (sure) return;
+    const float ymax = rt_unord(rt_wshfl((unsigned)(y0 >> 32), 0));
+    rt_warp_tie_fill(sx, xo, xs, sy, yo, ys, bf16, N, k, lane, tau, ymax, w0, sc, sc1, ix, ix1);
+}
+
+RT_AI void rt_warp_run(const void *sx, int64_t sx0, int64_t sx1, const void *sy, int64_t sy0,
+                       int64_t sy1, int bf16, int N, int k, int lane, int64_t t0, int64_t step,
+                       int64_t T, float *sc, int64_t sc0, int64_t sc1, int32_t *ix, int64_t ix0,
+                       int64_t ix1, const int S, const int CS) {
+    int ca[4], cb[4];
+    rt_cand_map(N, k, lane, CS, ca, cb);
+    for (int64_t t = t0; t < T; t += step)
+        rt_warp_token(sx, t * sx0, sx1, sy, t * sy0, sy1, bf16, N, k, lane, S, CS, ca, cb,
+                      sc + t * sc0, sc1, ix + t * ix0, ix1);
+}
+
+/* One warp's share of the tokens: t0, t0 + step, ... < T (N <= 256, k <= 32). */
+static inline void rt_warp_tokens(const void *sx, int64_t sx0, int64_t sx1, const void *sy,
+                                  int64_t sy0, int64_t sy1, int bf16, int N, int k, int lane,
+                                  int64_t t0, int64_t step, int64_t T, float *sc, int64_t sc0,
+                                  int64_t sc1, int32_t *ix, int64_t ix0, int64_t ix1) {
+    const int many = rt_cand_count(N, k) > 32;
+    if (N <= 64 && !many)
+        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane, t0, step, T, sc, sc0, sc1, ix,
+                    ix0, ix1, 2, 1);
+    else if (N <= 64)
+        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane, t0, step, T, sc, sc0, sc1, ix,
+                    ix0, ix1, 2, 4);
+    else if (!many)
+        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane, t0, step, T, sc, sc0, sc1, ix,
+                    ix0, ix1, 8, 1);
+    else
+        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane, t0, step, T, sc, sc0, sc1, ix,
+                    ix0, ix1, 8, 4);
+}
+
 #endif
 
 #ifdef RT_HAVE_BARE
@@ -518,20 +565,19 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     float *sc = a->scores;
     int32_t *ix = a->indices;
     const int64_t T = a->T;
-    const int N = (int)a->N, k = (int)a->k, L = k + 1 < N ? k + 1 : N, bf16 = a->is_bf16;
+    const int N = (int)a->N, k = (int)a->k, bf16 = a->is_bf16;
     const int64_t sx0 = a->sx0, sx1 = a->sx1, sy0 = a->sy0, sy1 = a->sy1;
     const int64_t sc0 = a->sc0, sc1 = a->sc1, ix0 = a->ix0, ix1 = a->ix1;
-    const int64_t want = (T + RT_WARPS - 1) / RT_WARPS;
+    const int64_t want = (T + RT_WARPS * RT_TOK_PER_WARP - 1) / (RT_WARPS * RT_TOK_PER_WARP);
     const int teams = (int)(want < 65536 ? want : 65536);
 #pragma omp target teams ompx_bare num_teams(teams) thread_limit(32 * RT_WARPS) device(ex.device)  \
     is_device_ptr(sx, sy, sc, ix)                                                                  \
-    firstprivate(T, N, k, L, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)
+    firstprivate(T, N, k, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)
     {
         const int lane = ompx_thread_id_x() & 31, warp = ompx_thread_id_x() >> 5;
-        const int64_t stride = (int64_t)ompx_grid_dim_x() * RT_WARPS;
-        for (int64_t t = (int64_t)ompx_block_id_x() * RT_WARPS + warp; t < T; t += stride)
-            rt_warp_token(sx, t * sx0, sx1, sy, t * sy0, sy1, bf16, N, k, L, lane, sc + t * sc0,
-                          sc1, ix + t * ix0, ix1);
+        rt_warp_tokens(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane,
+                       (int64_t)ompx_block_id_x() * RT_WARPS + warp,
+                       (int64_t)ompx_grid_dim_x() * RT_WARPS, T, sc, sc0, sc1, ix, ix0, ix1);
     }
 }
 #endif
