@@ -62,8 +62,21 @@ static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed) {
 #pragma omp parallel num_threads(32)
     {
         if (omp_get_thread_num() == 0) nthr = omp_get_num_threads();
-        rt_warp_tokens(x, N, 1, y, N, 1, 0, (int)N, (int)k, omp_get_thread_num(), 0, 1, T, sc, k, 1,
-                       ix, k, 1);
+        const int lane = omp_get_thread_num();
+        int S, CS;
+        rt_warp_shape((int)N, (int)k, &S, &CS);
+        if (S == 2 && CS == 1)
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
+                        1);
+        else if (S == 2)
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
+                        4);
+        else if (CS == 1)
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
+                        1);
+        else
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
+                        4);
     }
     cr_assert_eq(nthr, 32, "need 32 threads to emulate a warp, got %d", nthr);
     for (int64_t e = 0; e < T * k; e++) {

@@ -202,8 +202,8 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
     }
 }
 
-/* GPU variant for k <= 32 and N <= 256: one warp per token (several tokens per warp in turn),
- * everything in registers, no serial arg-max rounds.
+/* GPU variant for k <= 32 and N <= 256: one warp per token, everything in registers, no serial
+ * arg-max rounds.
  * Keys pack (value, index) into one uint64 whose unsigned order is the contract's order (value
  * descending through an order-preserving map of the float with -0 folded onto +0, then the lower
  * index through its complement), so sorting keys sorts by the contract.
@@ -281,9 +281,10 @@ static inline __attribute__((unused)) unsigned rt_wballot(int pred) {
 #define RT_BARE_KMAX 32
 #define RT_BARE_NMAX 256
 #define RT_WARPS 4
-/* tokens per warp: the candidate map is built once per warp, and 16384 tokens then fill the
- * H200's resident warp slots about once */
-#define RT_TOK_PER_WARP 4
+/* Tokens per warp. The candidate map is built once per warp, but a grid that fits the resident
+ * warp slots about once (4 tokens per warp fill an H200 1.1 times at 72 registers) pays a whole
+ * extra wave for the remainder; one token per warp leaves a tail of one block. */
+#define RT_TOK_PER_WARP 1
 
 /* The network helpers take their sizes as literals; forced inlining makes every loop's trip
  * count a constant, so the loops unroll and the key arrays stay in registers. */
@@ -402,16 +403,18 @@ RT_AI void rt_cand_map(int N, int k, int lane, const int CS, int *ca, int *cb) {
 /* Ties at tau: slots fill.. get the lowest flattened indices whose sum is tau, found by the
  * whole warp scanning rows in ascending i (rows that cannot reach tau skipped) and, within a
  * row, ascending j, 32 columns per step; a ballot orders the hits of one step. */
-static void rt_warp_tie_fill(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
-                             int64_t ys, int bf16, int N, int k, int lane, float tau, float ymax,
-                             int fill, float *sc, int64_t sc1, int32_t *ix, int64_t ix1) {
+static __attribute__((noinline)) void rt_warp_tie_fill(const void *sx, int64_t xo, int64_t xs,
+                                                       const void *sy, int64_t yo, int64_t ys,
+                                                       int bf16, int N, int k, int lane, float tau,
+                                                       float ymax, int fill, float *sc, int64_t sc1,
+                                                       int32_t *ix, int64_t ix1) {
     float xr[8], yr[8];
     for (int m = 0; m < 8; m++) {
         const int i = lane + 32 * m;
         xr[m] = i < N ? ompk_load_f(sx, xo + i * xs, bf16) : 0.0f;
         yr[m] = i < N ? ompk_load_f(sy, yo + i * ys, bf16) : 0.0f;
     }
-    for (int mi = 0; mi < 8; mi++) {
+    for (int mi = 0; 32 * mi < N; mi++) {
         unsigned rows = rt_wballot(lane + 32 * mi < N && xr[mi] + ymax >= tau);
         while (rows && fill < k) {
             const int src = __builtin_ctz(rows);
@@ -420,7 +423,7 @@ static void rt_warp_tie_fill(const void *sx, int64_t xo, int64_t xs, const void 
             xb.f = xr[mi];
             xb.u = rt_wshfl(xb.u, src);
             const int32_t i = src + 32 * mi;
-            for (int mj = 0; mj < 8; mj++) {
+            for (int mj = 0; 32 * mj < N; mj++) {
                 const int j = lane + 32 * mj;
                 const float s = xb.f + yr[mj];
                 const int hit = j < N && s == tau;
@@ -436,10 +439,28 @@ static void rt_warp_tie_fill(const void *sx, int64_t xo, int64_t xs, const void 
     }
 }
 
-RT_AI void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
-                         int64_t ys, int bf16, int N, int k, int lane, const int S, const int CS,
-                         const int *ca, const int *cb, float *sc, int64_t sc1, int32_t *ix,
-                         int64_t ix1) {
+/* A token holding NaN or +inf has no total order to exploit: the portable routine, run by one
+ * lane, still writes valid pairs. Kept out of line, like the tie scan, so the rare paths' local
+ * arrays and registers stay out of the kernel's budget. */
+static __attribute__((noinline)) void rt_token_lane(const void *sx, int64_t xo, int64_t xs,
+                                                    const void *sy, int64_t yo, int64_t ys,
+                                                    int bf16, int N, int k, float *sc, int64_t sc1,
+                                                    int32_t *ix, int64_t ix1) {
+    float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
+    int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
+    const int L = k + 1 < N ? k + 1 : N;
+    rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1, 1);
+    for (int r = 0; r < k; r++) {
+        sc[r * sc1] = lhv[r];
+        ix[r * ix1] = lhi[r];
+    }
+}
+
+/* One token; sx, sy, sc, ix point at the token's rows (in-row strides fit in int32). */
+RT_AI void rt_warp_token(const void *sx, int xs, const void *sy, int ys, int bf16, int N, int k,
+                         int lane, const int S, const int CS, const int *ca, const int *cb,
+                         float *sc, int sc1, int32_t *ix, int ix1) {
+    const int64_t xo = 0, yo = 0;
     uint64_t kx[8], ky[8];
     int bad = 0;
     RT_UNROLL
@@ -455,17 +476,7 @@ RT_AI void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const void *sy,
         }
     }
     if (rt_wballot(bad)) {
-        /* NaN or +inf: no total order to exploit; the portable routine still writes valid pairs */
-        if (lane == 0) {
-            float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
-            int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
-            const int L = k + 1 < N ? k + 1 : N;
-            rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1, 1);
-            for (int r = 0; r < k; r++) {
-                sc[r * sc1] = lhv[r];
-                ix[r * ix1] = lhi[r];
-            }
-        }
+        if (lane == 0) rt_token_lane(sx, xo, xs, sy, yo, ys, bf16, N, k, sc, sc1, ix, ix1);
         return;
     }
     rt_bitonic(kx, ky, S, 1, lane);
@@ -520,35 +531,36 @@ RT_AI void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const void *sy,
     rt_warp_tie_fill(sx, xo, xs, sy, yo, ys, bf16, N, k, lane, tau, ymax, w0, sc, sc1, ix, ix1);
 }
 
-RT_AI void rt_warp_run(const void *sx, int64_t sx0, int64_t sx1, const void *sy, int64_t sy0,
-                       int64_t sy1, int bf16, int N, int k, int lane, int64_t t0, int64_t step,
-                       int64_t T, float *sc, int64_t sc0, int64_t sc1, int32_t *ix, int64_t ix0,
-                       int64_t ix1, const int S, const int CS) {
+/* The lane number, hidden from the optimizer: with it visible, every network step's lane
+ * predicates (partner, direction) were hoisted out of the token loop and held live across it,
+ * 114-220 registers instead of the working set's. */
+static inline int rt_opaque(int v) {
+    __asm__ volatile("" : "+r"(v));
+    return v;
+}
+
+static inline const void *rt_row(const void *p, int64_t off, int bf16) {
+    return bf16 ? (const void *)((const uint16_t *)p + off)
+                : (const void *)((const float *)p + off);
+}
+
+/* One warp's share of the tokens: t0, t0 + step, ... < T (N <= 256, k <= 32; S and CS as
+ * rt_warp_shape gives them, literals at every call). */
+RT_AI void rt_warp_run(const void *sx, int64_t sx0, int sx1, const void *sy, int64_t sy0, int sy1,
+                       int bf16, int N, int k, int lane, int64_t t0, int64_t step, int64_t T,
+                       float *sc, int64_t sc0, int sc1, int32_t *ix, int64_t ix0, int ix1,
+                       const int S, const int CS) {
     int ca[4], cb[4];
     rt_cand_map(N, k, lane, CS, ca, cb);
     for (int64_t t = t0; t < T; t += step)
-        rt_warp_token(sx, t * sx0, sx1, sy, t * sy0, sy1, bf16, N, k, lane, S, CS, ca, cb,
-                      sc + t * sc0, sc1, ix + t * ix0, ix1);
+        rt_warp_token(rt_row(sx, t * sx0, bf16), sx1, rt_row(sy, t * sy0, bf16), sy1, bf16, N, k,
+                      rt_opaque(lane), S, CS, ca, cb, sc + t * sc0, sc1, ix + t * ix0, ix1);
 }
 
-/* One warp's share of the tokens: t0, t0 + step, ... < T (N <= 256, k <= 32). */
-static inline void rt_warp_tokens(const void *sx, int64_t sx0, int64_t sx1, const void *sy,
-                                  int64_t sy0, int64_t sy1, int bf16, int N, int k, int lane,
-                                  int64_t t0, int64_t step, int64_t T, float *sc, int64_t sc0,
-                                  int64_t sc1, int32_t *ix, int64_t ix0, int64_t ix1) {
-    const int many = rt_cand_count(N, k) > 32;
-    if (N <= 64 && !many)
-        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane, t0, step, T, sc, sc0, sc1, ix,
-                    ix0, ix1, 2, 1);
-    else if (N <= 64)
-        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane, t0, step, T, sc, sc0, sc1, ix,
-                    ix0, ix1, 2, 4);
-    else if (!many)
-        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane, t0, step, T, sc, sc0, sc1, ix,
-                    ix0, ix1, 8, 1);
-    else
-        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane, t0, step, T, sc, sc0, sc1, ix,
-                    ix0, ix1, 8, 4);
+/* keys per lane per axis (S: 32*S >= N) and candidates per lane (CS: 32*CS >= their count) */
+static inline void rt_warp_shape(int N, int k, int *S, int *CS) {
+    *S = N <= 64 ? 2 : 8;
+    *CS = rt_cand_count(N, k) <= 32 ? 1 : 4;
 }
 
 #endif
@@ -556,9 +568,24 @@ static inline void rt_warp_tokens(const void *sx, int64_t sx0, int64_t sx1, cons
 #ifdef RT_HAVE_BARE
 static int rt_use_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     if (!ex.on_target || a->k > RT_BARE_KMAX || a->N > RT_BARE_NMAX) return 0;
+    /* in-row offsets are int32 there (N <= 256) */
+    const int64_t lim = INT32_MAX / RT_BARE_NMAX;
+    if (a->sx1 > lim || a->sy1 > lim || a->sc1 > lim || a->ix1 > lim) return 0;
     const char *v = getenv("OMPK_ROUTER_VARIANT");
     return !(v && strcmp(v, "portable") == 0);
 }
+
+/* One kernel per (S, CS), so that each gets the registers of its own network sizes. */
+// clang-format off
+#define RT_BARE_REGION(S_, CS_)                                                                    \
+    _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(32 * RT_WARPS) device(ex.device) is_device_ptr(sx, sy, sc, ix) firstprivate(T, N, k, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)") \
+    {                                                                                              \
+        const int lane = ompx_thread_id_x() & 31, warp = ompx_thread_id_x() >> 5;                  \
+        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane,                                  \
+                    (int64_t)ompx_block_id_x() * RT_WARPS + warp,                                  \
+                    (int64_t)ompx_grid_dim_x() * RT_WARPS, T, sc, sc0, sc1, ix, ix0, ix1, S_, CS_); \
+    }
+// clang-format on
 
 static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     const void *sx = a->sx, *sy = a->sy;
@@ -566,19 +593,20 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     int32_t *ix = a->indices;
     const int64_t T = a->T;
     const int N = (int)a->N, k = (int)a->k, bf16 = a->is_bf16;
-    const int64_t sx0 = a->sx0, sx1 = a->sx1, sy0 = a->sy0, sy1 = a->sy1;
-    const int64_t sc0 = a->sc0, sc1 = a->sc1, ix0 = a->ix0, ix1 = a->ix1;
+    const int64_t sx0 = a->sx0, sy0 = a->sy0, sc0 = a->sc0, ix0 = a->ix0;
+    const int sx1 = (int)a->sx1, sy1 = (int)a->sy1, sc1 = (int)a->sc1, ix1 = (int)a->ix1;
     const int64_t want = (T + RT_WARPS * RT_TOK_PER_WARP - 1) / (RT_WARPS * RT_TOK_PER_WARP);
     const int teams = (int)(want < 65536 ? want : 65536);
-#pragma omp target teams ompx_bare num_teams(teams) thread_limit(32 * RT_WARPS) device(ex.device)  \
-    is_device_ptr(sx, sy, sc, ix)                                                                  \
-    firstprivate(T, N, k, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)
-    {
-        const int lane = ompx_thread_id_x() & 31, warp = ompx_thread_id_x() >> 5;
-        rt_warp_tokens(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane,
-                       (int64_t)ompx_block_id_x() * RT_WARPS + warp,
-                       (int64_t)ompx_grid_dim_x() * RT_WARPS, T, sc, sc0, sc1, ix, ix0, ix1);
-    }
+    int S, CS;
+    rt_warp_shape(N, k, &S, &CS);
+    if (S == 2 && CS == 1)
+        RT_BARE_REGION(2, 1)
+    else if (S == 2)
+        RT_BARE_REGION(2, 4)
+    else if (CS == 1)
+        RT_BARE_REGION(8, 1)
+    else
+        RT_BARE_REGION(8, 4)
 }
 #endif
 
