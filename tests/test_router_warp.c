@@ -45,7 +45,8 @@ static void gen(int cls, int64_t T, int64_t N, uint64_t seed, float *x, float *y
     }
 }
 
-static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed) {
+/* ar: the N > 64, k <= 11 kernel takes the axis ranks by arg-max rounds (1) or by the sort (0) */
+static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed, int ar) {
     float *x = malloc(sizeof(float) * (size_t)(T * N)),
           *y = malloc(sizeof(float) * (size_t)(T * N));
     float *sc = malloc(sizeof(float) * (size_t)(T * k)),
@@ -67,16 +68,19 @@ static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed) {
         rt_warp_shape((int)N, (int)k, &S, &CS);
         if (S == 2 && CS == 1)
             rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
-                        1);
+                        1, 0);
         else if (S == 2)
             rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
-                        4);
+                        4, 0);
+        else if (CS == 1 && ar)
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
+                        1, 1);
         else if (CS == 1)
             rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
-                        1);
+                        1, 0);
         else
             rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
-                        4);
+                        4, 0);
     }
     cr_assert_eq(nthr, 32, "need 32 threads to emulate a warp, got %d", nthr);
     for (int64_t e = 0; e < T * k; e++) {
@@ -103,6 +107,9 @@ Test(router_warp, matches_reference) {
             for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
                 const int64_t N = Ns[ni], k = ks[ki];
                 if (k > N * N) continue;
-                check(cls, 2, N, k, (uint64_t)(cls * 1000 + N * 7 + k));
+                int S, CS;
+                rt_warp_shape((int)N, (int)k, &S, &CS);
+                check(cls, 2, N, k, (uint64_t)(cls * 1000 + N * 7 + k), 1);
+                if (S == 8 && CS == 1) check(cls, 2, N, k, (uint64_t)(cls * 1000 + N * 7 + k), 0);
             }
 }

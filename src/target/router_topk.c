@@ -226,6 +226,14 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
 #define RT_HAVE_WARP 1
 static unsigned rt_emu_u[32];
 static int rt_emu_i[32];
+static inline unsigned rt_wmax(unsigned v) {
+#pragma omp barrier
+    rt_emu_u[omp_get_thread_num()] = v;
+#pragma omp barrier
+    unsigned m = 0;
+    for (int l = 0; l < 32; l++) m = rt_emu_u[l] > m ? rt_emu_u[l] : m;
+    return m;
+}
 static inline int rt_wadd(int v) {
 #pragma omp barrier
     rt_emu_i[omp_get_thread_num()] = v;
@@ -254,6 +262,9 @@ static inline unsigned rt_wballot(int pred) {
 #define RT_HAVE_BARE 1
 
 /* Host bodies only satisfy the host compilation of the region; the kernel launches on GPUs. */
+static inline unsigned rt_wmax(unsigned v) {
+    return v;
+}
 static inline int rt_wadd(int v) {
     return v;
 }
@@ -265,6 +276,9 @@ static inline unsigned rt_wballot(int pred) {
     return pred != 0;
 }
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
+static inline __attribute__((unused)) unsigned rt_wmax(unsigned v) {
+    return __nvvm_redux_sync_umax(v, (int)0xffffffff);
+}
 static inline __attribute__((unused)) int rt_wadd(int v) {
     return __nvvm_redux_sync_add(v, (int)0xffffffff);
 }
@@ -324,11 +338,11 @@ static inline int rt_bad(float f) {
 /* Descending bitonic sort of 32*S keys, lane l holding elements l*S .. l*S + S-1, so rank r
  * ends in lane r / S, slot r % S. With two = 1 a second array is sorted in lockstep. The steps
  * run as one flat loop so that full unrolling turns (size, d) into constants. */
-RT_AI void rt_bitonic(uint64_t *u, uint64_t *v, const int S, const int two, int lane) {
-    const int logn = S == 1 ? 5 : S == 2 ? 6 : S == 4 ? 7 : 8;
+RT_AI void rt_bitonic_steps(uint64_t *u, uint64_t *v, const int S, const int two, int lane,
+                            const int steps) {
     int size = 2, d = 1;
     RT_UNROLL
-    for (int st = 0; st < logn * (logn + 1) / 2; st++) {
+    for (int st = 0; st < steps; st++) {
         if (d < S) {
             RT_UNROLL
             for (int m = 0; m < S; m++) {
@@ -367,6 +381,11 @@ RT_AI void rt_bitonic(uint64_t *u, uint64_t *v, const int S, const int two, int 
     }
 }
 
+RT_AI void rt_bitonic(uint64_t *u, uint64_t *v, const int S, const int two, int lane) {
+    const int logn = S == 1 ? 5 : S == 2 ? 6 : S == 4 ? 7 : 8;
+    rt_bitonic_steps(u, v, S, two, lane, logn * (logn + 1) / 2);
+}
+
 /* rank `lane` of a sorted array (lane r / S, slot r % S) */
 RT_AI uint64_t rt_rank_to_lane(const uint64_t *v, const int S, int lane) {
     uint64_t out = 0;
@@ -376,6 +395,35 @@ RT_AI uint64_t rt_rank_to_lane(const uint64_t *v, const int S, int lane) {
         if (lane % S == j) out = t;
     }
     return out;
+}
+
+/* the warp's best key (every lane gets it) */
+static inline uint64_t rt_warp_best(uint64_t mine) {
+    const unsigned hi = rt_wmax((unsigned)(mine >> 32));
+    const unsigned lo = rt_wmax((unsigned)(mine >> 32) == hi ? (unsigned)mine : 0u);
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* Top L <= 32 of two axes held 8 keys per lane: each lane sorts its 8 (registers only), then L
+ * warp arg-max rounds, the two axes' rounds interleaved; rank r lands in lane r. For N = 256
+ * and small k this is fewer instructions than sorting all 256 (the session-1 kernel used it). */
+RT_AI void rt_axis_rounds(uint64_t *u, uint64_t *v, int L, int lane, uint64_t *ou, uint64_t *ov) {
+    /* the first 6 steps (runs up to 8) stay in registers; lane 0's directions make every
+     * lane's run descending */
+    rt_bitonic_steps(u, v, 8, 1, 0, 6);
+    *ou = *ov = 0;
+    for (int r = 0; r < L; r++) {
+        const uint64_t wu = rt_warp_best(u[0]), wv = rt_warp_best(v[0]);
+        if (lane == r) *ou = wu, *ov = wv;
+        const int su = u[0] == wu, sv = v[0] == wv;
+        RT_UNROLL
+        for (int m = 0; m < 7; m++) {
+            if (su) u[m] = u[m + 1];
+            if (sv) v[m] = v[m + 1];
+        }
+        if (su) u[7] = 0;
+        if (sv) v[7] = 0;
+    }
 }
 
 /* the candidate set {(a, b): a, b < N, (a+1)(b+1) <= k}, row-major */
@@ -458,8 +506,8 @@ static __attribute__((noinline)) void rt_token_lane(const void *sx, int64_t xo, 
 
 /* One token; sx, sy, sc, ix point at the token's rows (in-row strides fit in int32). */
 RT_AI void rt_warp_token(const void *sx, int xs, const void *sy, int ys, int bf16, int N, int k,
-                         int lane, const int S, const int CS, const int *ca, const int *cb,
-                         float *sc, int sc1, int32_t *ix, int ix1) {
+                         int lane, const int S, const int CS, const int AR, const int *ca,
+                         const int *cb, float *sc, int sc1, int32_t *ix, int ix1) {
     const int64_t xo = 0, yo = 0;
     uint64_t kx[8], ky[8];
     int bad = 0;
@@ -479,11 +527,18 @@ RT_AI void rt_warp_token(const void *sx, int xs, const void *sy, int ys, int bf1
         if (lane == 0) rt_token_lane(sx, xo, xs, sy, yo, ys, bf16, N, k, sc, sc1, ix, ix1);
         return;
     }
-    rt_bitonic(kx, ky, S, 1, lane);
-    /* lane r holds rank r of each axis; candidates and the frontier only read ranks <= 32 */
-    const uint64_t x0 = rt_rank_to_lane(kx, S, lane), y0 = rt_rank_to_lane(ky, S, lane);
-    const float x32 = rt_unord(rt_wshfl((unsigned)(kx[0] >> 32), (32 / S) & 31));
-    const float y32 = rt_unord(rt_wshfl((unsigned)(ky[0] >> 32), (32 / S) & 31));
+    /* lane r gets rank r of each axis; candidates and the frontier only read ranks <= k */
+    uint64_t x0, y0;
+    float x32 = 0.0f, y32 = 0.0f; /* rank 32: read by k = 32 only */
+    if (S == 8 && AR) {
+        rt_axis_rounds(kx, ky, k + 1, lane, &x0, &y0); /* k <= 11 here */
+    } else {
+        rt_bitonic(kx, ky, S, 1, lane);
+        x0 = rt_rank_to_lane(kx, S, lane);
+        y0 = rt_rank_to_lane(ky, S, lane);
+        x32 = rt_unord(rt_wshfl((unsigned)(kx[0] >> 32), (32 / S) & 31));
+        y32 = rt_unord(rt_wshfl((unsigned)(ky[0] >> 32), (32 / S) & 31));
+    }
 
     uint64_t c[4];
     RT_UNROLL
@@ -549,15 +604,17 @@ static inline const void *rt_row(const void *p, int64_t off, int bf16) {
 RT_AI void rt_warp_run(const void *sx, int64_t sx0, int sx1, const void *sy, int64_t sy0, int sy1,
                        int bf16, int N, int k, int lane, int64_t t0, int64_t step, int64_t T,
                        float *sc, int64_t sc0, int sc1, int32_t *ix, int64_t ix0, int ix1,
-                       const int S, const int CS) {
+                       const int S, const int CS, const int AR) {
     int ca[4], cb[4];
     rt_cand_map(N, k, lane, CS, ca, cb);
     for (int64_t t = t0; t < T; t += step)
         rt_warp_token(rt_row(sx, t * sx0, bf16), sx1, rt_row(sy, t * sy0, bf16), sy1, bf16, N, k,
-                      rt_opaque(lane), S, CS, ca, cb, sc + t * sc0, sc1, ix + t * ix0, ix1);
+                      rt_opaque(lane), S, CS, AR, ca, cb, sc + t * sc0, sc1, ix + t * ix0, ix1);
 }
 
-/* keys per lane per axis (S: 32*S >= N) and candidates per lane (CS: 32*CS >= their count) */
+/* keys per lane per axis (S: 32*S >= N) and candidates per lane (CS: 32*CS >= their count).
+ * With S = 8 and CS = 1 (N > 64, k <= 11) the kernel takes the top k+1 of each axis by arg-max
+ * rounds over per-lane sorted 8s (AR = 1), not the full 256-key sort. */
 static inline void rt_warp_shape(int N, int k, int *S, int *CS) {
     *S = N <= 64 ? 2 : 8;
     *CS = rt_cand_count(N, k) <= 32 ? 1 : 4;
@@ -577,13 +634,13 @@ static int rt_use_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
 
 /* One kernel per (S, CS), so that each gets the registers of its own network sizes. */
 // clang-format off
-#define RT_BARE_REGION(S_, CS_)                                                                    \
+#define RT_BARE_REGION(S_, CS_, AR_)                                                                    \
     _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(32 * RT_WARPS) device(ex.device) is_device_ptr(sx, sy, sc, ix) firstprivate(T, N, k, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)") \
     {                                                                                              \
         const int lane = ompx_thread_id_x() & 31, warp = ompx_thread_id_x() >> 5;                  \
         rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane,                                  \
                     (int64_t)ompx_block_id_x() * RT_WARPS + warp,                                  \
-                    (int64_t)ompx_grid_dim_x() * RT_WARPS, T, sc, sc0, sc1, ix, ix0, ix1, S_, CS_); \
+                    (int64_t)ompx_grid_dim_x() * RT_WARPS, T, sc, sc0, sc1, ix, ix0, ix1, S_, CS_, AR_); \
     }
 // clang-format on
 
@@ -599,14 +656,19 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     const int teams = (int)(want < 65536 ? want : 65536);
     int S, CS;
     rt_warp_shape(N, k, &S, &CS);
+    /* OMPK_ROUTER_VARIANT=sort: the full axis sort also where arg-max rounds are the default */
+    const char *v = getenv("OMPK_ROUTER_VARIANT");
+    const int rounds = !(v && strcmp(v, "sort") == 0);
     if (S == 2 && CS == 1)
-        RT_BARE_REGION(2, 1)
+        RT_BARE_REGION(2, 1, 0)
     else if (S == 2)
-        RT_BARE_REGION(2, 4)
+        RT_BARE_REGION(2, 4, 0)
+    else if (CS == 1 && rounds)
+        RT_BARE_REGION(8, 1, 1)
     else if (CS == 1)
-        RT_BARE_REGION(8, 1)
+        RT_BARE_REGION(8, 1, 0)
     else
-        RT_BARE_REGION(8, 4)
+        RT_BARE_REGION(8, 4, 0)
 }
 #endif
 
