@@ -1,6 +1,6 @@
 /* The GPU warp-per-token forward (k <= 32, N <= 256) run on the host: the kernel source is
- * included with RT_WARP_EMULATE, which turns the warp collectives (redux max/add, shuffles) into
- * exchanges through memory between 32 OpenMP threads, one per lane. So CI checks the warp
+ * included with RT_WARP_EMULATE, which turns the warp collectives (ballot, redux add, shuffles)
+ * into exchanges through memory between 32 OpenMP threads, one per lane. So CI checks the warp
  * algorithm itself against the brute-force reference, not only the portable kernel; the GPU run
  * of test_router_fwd checks the real instructions. */
 #define RT_WARP_EMULATE 1
@@ -45,7 +45,8 @@ static void gen(int cls, int64_t T, int64_t N, uint64_t seed, float *x, float *y
     }
 }
 
-static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed) {
+/* ar: the N > 64, k <= 11 kernel takes the axis ranks by arg-max rounds (1) or by the sort (0) */
+static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed, int ar) {
     float *x = malloc(sizeof(float) * (size_t)(T * N)),
           *y = malloc(sizeof(float) * (size_t)(T * N));
     float *sc = malloc(sizeof(float) * (size_t)(T * k)),
@@ -57,18 +58,31 @@ static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed) {
     ompk_tensor hx = ompk_tensor_make(x, OMPK_F32, 2, sh, ompk_device_host());
     ompk_tensor hy = ompk_tensor_make(y, OMPK_F32, 2, sh, ompk_device_host());
     cr_assert_eq(ompk_ref_router_topk_fwd(&hx, &hy, k, rs, ri), OMPK_OK);
-    const int L = (int)(k + 1 < N ? k + 1 : N);
     omp_set_dynamic(0);
-    for (int64_t t = 0; t < T; t++) {
-        int nthr = 0;
+    int nthr = 0;
 #pragma omp parallel num_threads(32)
-        {
-            if (omp_get_thread_num() == 0) nthr = omp_get_num_threads();
-            rt_warp_token(x, t * N, 1, y, t * N, 1, 0, (int)N, (int)k, L, omp_get_thread_num(),
-                          sc + t * k, 1, ix + t * k, 1);
-        }
-        cr_assert_eq(nthr, 32, "need 32 threads to emulate a warp, got %d", nthr);
+    {
+        if (omp_get_thread_num() == 0) nthr = omp_get_num_threads();
+        const int lane = omp_get_thread_num();
+        int S, CS;
+        rt_warp_shape((int)N, (int)k, &S, &CS);
+        if (S == 2 && CS == 1)
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
+                        1, 0);
+        else if (S == 2)
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
+                        4, 0);
+        else if (CS == 1 && ar)
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
+                        1, 1);
+        else if (CS == 1)
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
+                        1, 0);
+        else
+            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
+                        4, 0);
     }
+    cr_assert_eq(nthr, 32, "need 32 threads to emulate a warp, got %d", nthr);
     for (int64_t e = 0; e < T * k; e++) {
         if (cls == 5 && e / k == 1) continue; /* NaN token: order unspecified */
         if (ix[e] != ri[e] || !(sc[e] == rs[e]))
@@ -85,13 +99,17 @@ static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed) {
 }
 
 Test(router_warp, matches_reference) {
-    const int64_t Ns[] = {1, 2, 7, 48, 100, 256};
-    const int64_t ks[] = {1, 2, 8, 32};
+    const int64_t Ns[] = {1, 2, 7, 33, 48, 64, 100, 256};
+    /* 11 and 12 straddle the switch from 1 to 4 candidates per lane */
+    const int64_t ks[] = {1, 2, 8, 11, 12, 32};
     for (int cls = 0; cls < 6; cls++)
         for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
             for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
                 const int64_t N = Ns[ni], k = ks[ki];
                 if (k > N * N) continue;
-                check(cls, 2, N, k, (uint64_t)(cls * 1000 + N * 7 + k));
+                int S, CS;
+                rt_warp_shape((int)N, (int)k, &S, &CS);
+                check(cls, 2, N, k, (uint64_t)(cls * 1000 + N * 7 + k), 1);
+                if (S == 8 && CS == 1) check(cls, 2, N, k, (uint64_t)(cls * 1000 + N * 7 + k), 0);
             }
 }

@@ -202,19 +202,24 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
     }
 }
 
-/* GPU variant for k <= 32 and N <= 256: one warp per token, everything in registers.
+/* GPU variant for k <= 32 and N <= 256: one warp per token, everything in registers, no serial
+ * arg-max rounds.
  * Keys pack (value, index) into one uint64 whose unsigned order is the contract's order (value
  * descending through an order-preserving map of the float with -0 folded onto +0, then the lower
- * index through its complement), so a warp arg-max is two redux.sync.max instructions.
- *  - each lane loads 8 strided values per axis (coalesced), sorts them with a network, and the
- *    warp extracts the top L of each axis in L rounds; rank r lands in lane r % 32;
- *  - the candidates (a+1)(b+1) <= k (at most 119) are spread over the lanes, 4 each, their sums
- *    formed from shuffled list entries, and the k best extracted the same way;
- *  - the exact-count check of the portable kernel decides whether ties at tau need the scan
- *    for the lowest tied indices; the warp does that scan itself, 32 columns per step (a
+ * index through its complement), so sorting keys sorts by the contract.
+ *  - each axis row (padded to 32*S, S = 2 or 8 keys per lane) is sorted by a warp bitonic
+ *    network, sx and sy in lockstep: O(N log^2 N) work spread over 32 lanes with two independent
+ *    chains, where extracting the top k+1 one arg-max at a time was k+1 dependent warp rounds;
+ *  - the candidates (a+1)(b+1) <= k (at most 119; their rank map is built once per warp) take
+ *    their sums from shuffled ranks and are sorted by a second bitonic network (1 or 4 per lane),
+ *    which leaves rank r in lane r / CS: the outputs are written without another exchange;
+ *  - exactness: every pair outside the candidate set is dominated (both ranks no better) by a
+ *    frontier pair (a, k / (a+1)), a <= k; if no frontier sum reaches tau (the k-th candidate's
+ *    sum) no outside pair does, and the candidates' top k is the answer. Otherwise the slots at
+ *    tau are refilled by the warp scanning all pairs in flattened order, 32 columns per step (a
  *    single-thread scan there, latency-bound on global loads, cost ~1 ms per kernel when even a
- *    handful of the 16384 tokens tied); a token holding NaN or +inf is finished by lane 0 with the
- *    portable per-token routine.
+ *    handful of the 16384 tokens tied); a token holding NaN or +inf is finished by lane 0 with
+ *    the portable per-token routine.
  * OMPK_ROUTER_VARIANT=portable forces the portable kernel. */
 #if defined(RT_WARP_EMULATE)
 /* tests/test_router_warp.c: the warp code on 32 host threads, collectives through memory */
@@ -290,6 +295,19 @@ static inline __attribute__((unused)) unsigned rt_wballot(int pred) {
 #define RT_BARE_KMAX 32
 #define RT_BARE_NMAX 256
 #define RT_WARPS 4
+/* Tokens per warp. The candidate map is built once per warp, but a grid that fits the resident
+ * warp slots about once (4 tokens per warp fill an H200 1.1 times at 72 registers) pays a whole
+ * extra wave for the remainder; one token per warp leaves a tail of one block. */
+#define RT_TOK_PER_WARP 1
+
+/* The network helpers take their sizes as literals; forced inlining makes every loop's trip
+ * count a constant, so the loops unroll and the key arrays stay in registers. */
+#define RT_AI static inline __attribute__((always_inline))
+#if defined(__clang__)
+#define RT_UNROLL _Pragma("unroll")
+#else
+#define RT_UNROLL _Pragma("GCC unroll 64")
+#endif
 
 static inline unsigned rt_ord(float v) {
     ompk_f32_bits b;
@@ -307,6 +325,78 @@ static inline uint64_t rt_key(float v, int32_t idx) {
     return ((uint64_t)rt_ord(v) << 32) | (uint32_t)~(uint32_t)idx;
 }
 
+static inline uint64_t rt_wshfl64(uint64_t v, int src) {
+    const unsigned hi = rt_wshfl((unsigned)(v >> 32), src), lo = rt_wshfl((unsigned)v, src);
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* NaN and +inf break the monotone-sum argument (inf + -inf) */
+static inline int rt_bad(float f) {
+    return !(f < __builtin_inff()) && f != -__builtin_inff();
+}
+
+/* Descending bitonic sort of 32*S keys, lane l holding elements l*S .. l*S + S-1, so rank r
+ * ends in lane r / S, slot r % S. With two = 1 a second array is sorted in lockstep. The steps
+ * run as one flat loop so that full unrolling turns (size, d) into constants. */
+RT_AI void rt_bitonic_steps(uint64_t *u, uint64_t *v, const int S, const int two, int lane,
+                            const int steps) {
+    int size = 2, d = 1;
+    RT_UNROLL
+    for (int st = 0; st < steps; st++) {
+        if (d < S) {
+            RT_UNROLL
+            for (int m = 0; m < S; m++) {
+                if (m & d) continue;
+                const int desc = ((lane * S + m) & size) == 0;
+                if ((u[m] < u[m | d]) == desc) {
+                    const uint64_t t = u[m];
+                    u[m] = u[m | d];
+                    u[m | d] = t;
+                }
+                if (two && (v[m] < v[m | d]) == desc) {
+                    const uint64_t t = v[m];
+                    v[m] = v[m | d];
+                    v[m | d] = t;
+                }
+            }
+        } else {
+            const int j = d / S, src = lane ^ j;
+            const int takemax = ((lane & j) == 0) == (((lane * S) & size) == 0);
+            RT_UNROLL
+            for (int m = 0; m < S; m++) {
+                const uint64_t p = rt_wshfl64(u[m], src);
+                if ((p > u[m]) == takemax) u[m] = p;
+                if (two) {
+                    const uint64_t q = rt_wshfl64(v[m], src);
+                    if ((q > v[m]) == takemax) v[m] = q;
+                }
+            }
+        }
+        if (d == 1) {
+            size <<= 1;
+            d = size >> 1;
+        } else {
+            d >>= 1;
+        }
+    }
+}
+
+RT_AI void rt_bitonic(uint64_t *u, uint64_t *v, const int S, const int two, int lane) {
+    const int logn = S == 1 ? 5 : S == 2 ? 6 : S == 4 ? 7 : 8;
+    rt_bitonic_steps(u, v, S, two, lane, logn * (logn + 1) / 2);
+}
+
+/* rank `lane` of a sorted array (lane r / S, slot r % S) */
+RT_AI uint64_t rt_rank_to_lane(const uint64_t *v, const int S, int lane) {
+    uint64_t out = 0;
+    RT_UNROLL
+    for (int j = 0; j < S; j++) {
+        const uint64_t t = rt_wshfl64(v[j], lane / S);
+        if (lane % S == j) out = t;
+    }
+    return out;
+}
+
 /* the warp's best key (every lane gets it) */
 static inline uint64_t rt_warp_best(uint64_t mine) {
     const unsigned hi = rt_wmax((unsigned)(mine >> 32));
@@ -314,172 +404,65 @@ static inline uint64_t rt_warp_best(uint64_t mine) {
     return ((uint64_t)hi << 32) | lo;
 }
 
-/* list entry r (held by lane r % 32 in slot r / 32), fetched by every lane for its own r */
-static inline uint64_t rt_fetch(uint64_t s0, uint64_t s1, int r, int two_slots) {
-    const int src = r & 31;
-    unsigned hi = rt_wshfl((unsigned)(s0 >> 32), src), lo = rt_wshfl((unsigned)s0, src);
-    if (two_slots) {
-        const unsigned hi1 = rt_wshfl((unsigned)(s1 >> 32), src);
-        const unsigned lo1 = rt_wshfl((unsigned)s1, src);
-        if (r >= 32) hi = hi1, lo = lo1;
-    }
-    return ((uint64_t)hi << 32) | lo;
-}
-
-#define RT_CE(v, i, j)                                                                             \
-    do {                                                                                           \
-        if (v[i] < v[j]) {                                                                         \
-            const uint64_t t_ = v[i];                                                              \
-            v[i] = v[j];                                                                           \
-            v[j] = t_;                                                                             \
-        }                                                                                          \
-    } while (0)
-
-static inline void rt_sort8(uint64_t *v) {
-    RT_CE(v, 0, 1);
-    RT_CE(v, 2, 3);
-    RT_CE(v, 4, 5);
-    RT_CE(v, 6, 7);
-    RT_CE(v, 0, 2);
-    RT_CE(v, 1, 3);
-    RT_CE(v, 4, 6);
-    RT_CE(v, 5, 7);
-    RT_CE(v, 1, 2);
-    RT_CE(v, 5, 6);
-    RT_CE(v, 0, 4);
-    RT_CE(v, 3, 7);
-    RT_CE(v, 1, 5);
-    RT_CE(v, 2, 6);
-    RT_CE(v, 1, 4);
-    RT_CE(v, 3, 6);
-    RT_CE(v, 2, 4);
-    RT_CE(v, 3, 5);
-    RT_CE(v, 3, 4);
-}
-
-static inline void rt_sort4(uint64_t *v) {
-    RT_CE(v, 0, 1);
-    RT_CE(v, 2, 3);
-    RT_CE(v, 0, 2);
-    RT_CE(v, 1, 3);
-    RT_CE(v, 1, 2);
-}
-
-/* Top L of one axis: lane r % 32 receives rank r in slot r / 32. */
-static inline void rt_warp_axis(const void *p, int64_t off, int64_t st, int N, int bf16, int L,
-                                int lane, int *bad, uint64_t *s0, uint64_t *s1) {
-    uint64_t v[8];
-    for (int m = 0; m < 8; m++) {
-        const int i = lane + 32 * m;
-        v[m] = 0; /* below every real key */
-        if (i < N) {
-            const float f = ompk_load_f(p, off + i * st, bf16);
-            if (!(f < __builtin_inff()) && f != -__builtin_inff()) *bad = 1; /* NaN, +inf */
-            v[m] = rt_key(f, i);
-        }
-    }
-    rt_sort8(v);
-    *s0 = *s1 = 0;
+/* Top L <= 32 of two axes held 8 keys per lane: each lane sorts its 8 (registers only), then L
+ * warp arg-max rounds, the two axes' rounds interleaved; rank r lands in lane r. For N = 256
+ * and small k this is fewer instructions than sorting all 256 (the session-1 kernel used it). */
+RT_AI void rt_axis_rounds(uint64_t *u, uint64_t *v, int L, int lane, uint64_t *ou, uint64_t *ov) {
+    /* the first 6 steps (runs up to 8) stay in registers; lane 0's directions make every
+     * lane's run descending */
+    rt_bitonic_steps(u, v, 8, 1, 0, 6);
+    *ou = *ov = 0;
     for (int r = 0; r < L; r++) {
-        const uint64_t w = rt_warp_best(v[0]);
-        if (lane == (r & 31)) {
-            if (r < 32)
-                *s0 = w;
-            else
-                *s1 = w;
+        const uint64_t wu = rt_warp_best(u[0]), wv = rt_warp_best(v[0]);
+        if (lane == r) *ou = wu, *ov = wv;
+        const int su = u[0] == wu, sv = v[0] == wv;
+        RT_UNROLL
+        for (int m = 0; m < 7; m++) {
+            if (su) u[m] = u[m + 1];
+            if (sv) v[m] = v[m + 1];
         }
-        if (v[0] == w) {
-            for (int m = 0; m < 7; m++) v[m] = v[m + 1];
-            v[7] = 0;
-        }
+        if (su) u[7] = 0;
+        if (sv) v[7] = 0;
     }
 }
 
-static inline void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
-                                 int64_t ys, int bf16, int N, int k, int L, int lane, float *sc,
-                                 int64_t sc1, int32_t *ix, int64_t ix1) {
-    int bad = 0;
-    uint64_t x0, x1, y0, y1;
-    rt_warp_axis(sx, xo, xs, N, bf16, L, lane, &bad, &x0, &x1);
-    rt_warp_axis(sy, yo, ys, N, bf16, L, lane, &bad, &y0, &y1);
-    const int two = L > 32;
+/* the candidate set {(a, b): a, b < N, (a+1)(b+1) <= k}, row-major */
+static inline int rt_cand_count(int N, int k) {
+    int c = 0;
+    for (int a = 0; a < k && a < N; a++) c += k / (a + 1) < N ? k / (a + 1) : N;
+    return c;
+}
 
-    /* candidates c = lane + 32 s, in row-major order over rows a of length min(L, k/(a+1)) */
-    int ca[4], cb[4];
-    for (int s = 0; s < 4; s++) ca[s] = -1, cb[s] = 0;
-    for (int a = 0, base = 0; a < L; a++) {
-        int len = k / (a + 1);
-        len = len > L ? L : len;
-        if (len == 0) break;
-        for (int s = 0; s < 4; s++) {
-            const int c = lane + 32 * s;
-            if (c >= base && c < base + len) ca[s] = a, cb[s] = c - base;
+/* candidate lane*CS + m -> ranks (ca[m], cb[m]); ca = -1 past the end */
+RT_AI void rt_cand_map(int N, int k, int lane, const int CS, int *ca, int *cb) {
+    RT_UNROLL
+    for (int m = 0; m < CS; m++) ca[m] = -1, cb[m] = 0;
+    for (int a = 0, base = 0; a < k && a < N; a++) {
+        const int len = k / (a + 1) < N ? k / (a + 1) : N;
+        RT_UNROLL
+        for (int m = 0; m < CS; m++) {
+            const int c = lane * CS + m;
+            if (c >= base && c < base + len) ca[m] = a, cb[m] = c - base;
         }
         base += len;
     }
-    uint64_t cand[4];
-    for (int s = 0; s < 4; s++) {
-        const uint64_t kx = rt_fetch(x0, x1, ca[s] < 0 ? 0 : ca[s], two);
-        const uint64_t ky = rt_fetch(y0, y1, cb[s], two);
-        const float sum = rt_unord((unsigned)(kx >> 32)) + rt_unord((unsigned)(ky >> 32));
-        const int32_t i = (int32_t)~(uint32_t)kx, j = (int32_t)~(uint32_t)ky;
-        cand[s] = ca[s] < 0 ? 0 : rt_key(sum, i * N + j);
-    }
-    rt_sort4(cand);
-    uint64_t mine = 0, w = 0;
-    for (int r = 0; r < k; r++) {
-        w = rt_warp_best(cand[0]);
-        if (lane == r) mine = w;
-        if (cand[0] == w) cand[0] = cand[1], cand[1] = cand[2], cand[2] = cand[3], cand[3] = 0;
-    }
-    const float tau = rt_unord((unsigned)(w >> 32));
+}
 
-    /* exact count of sums >= tau on the L x L rank grid (rows are lanes) */
-    const float xa0 = rt_unord((unsigned)(x0 >> 32)), xa1 = rt_unord((unsigned)(x1 >> 32));
-    int rc0 = 0, rc1 = 0;
-    for (int b = 0; b < L; b++) {
-        const float yb = rt_unord((unsigned)(rt_fetch(y0, y1, b, two) >> 32));
-        rc0 += lane < L && xa0 + yb >= tau;
-        rc1 += lane + 32 < L && xa1 + yb >= tau;
-    }
-    const int last = L - 1;
-    int unsure =
-        N > L && (rc0 == L || rc1 == L || (lane == (last & 31) && (last < 32 ? rc0 : rc1) > 0));
-    if (rt_wadd(bad) > 0) {
-        /* NaN or +inf: no total order to exploit; the portable routine still writes valid pairs */
-        if (lane == 0) {
-            float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
-            int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
-            rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1, 1);
-            for (int r = 0; r < k; r++) {
-                sc[r * sc1] = lhv[r];
-                ix[r * ix1] = lhi[r];
-            }
-        }
-        return;
-    }
-    const int sure = rt_wadd(unsure) == 0 && rt_wadd(rc0 + rc1) == k;
-    /* slots kept from the extraction: all k, or those strictly above tau */
-    const int w0 = sure ? k : rt_wadd(lane < k && rt_unord((unsigned)(mine >> 32)) > tau);
-    if (lane < w0) {
-        const int32_t p = (int32_t)~(uint32_t)mine, i = p / N, j = p % N;
-        sc[lane * sc1] = ompk_load_f(sx, xo + i * xs, bf16) + ompk_load_f(sy, yo + j * ys, bf16);
-        ix[lane * ix1] = p;
-    }
-    if (sure) return;
-
-    /* Ties at tau: slots w0.. get the lowest flattened indices whose sum is tau, found by the
-     * whole warp scanning rows in ascending i (rows that cannot reach tau skipped) and, within a
-     * row, ascending j, 32 columns per step; a ballot orders the hits of one step. */
+/* Ties at tau: slots fill.. get the lowest flattened indices whose sum is tau, found by the
+ * whole warp scanning rows in ascending i (rows that cannot reach tau skipped) and, within a
+ * row, ascending j, 32 columns per step; a ballot orders the hits of one step. */
+static __attribute__((noinline)) void rt_warp_tie_fill(const void *sx, int64_t xo, int64_t xs,
+                                                       const void *sy, int64_t yo, int64_t ys,
+                                                       int bf16, int N, int k, int lane, float tau,
+                                                       float ymax, int fill, float *sc, int64_t sc1,
+                                                       int32_t *ix, int64_t ix1) {
     float xr[8], yr[8];
     for (int m = 0; m < 8; m++) {
         const int i = lane + 32 * m;
         xr[m] = i < N ? ompk_load_f(sx, xo + i * xs, bf16) : 0.0f;
         yr[m] = i < N ? ompk_load_f(sy, yo + i * ys, bf16) : 0.0f;
     }
-    const float ymax = rt_unord(rt_wshfl((unsigned)(y0 >> 32), 0));
-    int fill = w0;
-    for (int mi = 0; mi < 8; mi++) {
+    for (int mi = 0; 32 * mi < N; mi++) {
         unsigned rows = rt_wballot(lane + 32 * mi < N && xr[mi] + ymax >= tau);
         while (rows && fill < k) {
             const int src = __builtin_ctz(rows);
@@ -488,7 +471,7 @@ static inline void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const v
             xb.f = xr[mi];
             xb.u = rt_wshfl(xb.u, src);
             const int32_t i = src + 32 * mi;
-            for (int mj = 0; mj < 8; mj++) {
+            for (int mj = 0; 32 * mj < N; mj++) {
                 const int j = lane + 32 * mj;
                 const float s = xb.f + yr[mj];
                 const int hit = j < N && s == tau;
@@ -504,35 +487,188 @@ static inline void rt_warp_token(const void *sx, int64_t xo, int64_t xs, const v
     }
 }
 
+/* A token holding NaN or +inf has no total order to exploit: the portable routine, run by one
+ * lane, still writes valid pairs. Kept out of line, like the tie scan, so the rare paths' local
+ * arrays and registers stay out of the kernel's budget. */
+static __attribute__((noinline)) void rt_token_lane(const void *sx, int64_t xo, int64_t xs,
+                                                    const void *sy, int64_t yo, int64_t ys,
+                                                    int bf16, int N, int k, float *sc, int64_t sc1,
+                                                    int32_t *ix, int64_t ix1) {
+    float lxv[RT_BARE_KMAX + 1], lyv[RT_BARE_KMAX + 1], lhv[RT_BARE_KMAX];
+    int32_t lxi[RT_BARE_KMAX + 1], lyi[RT_BARE_KMAX + 1], lhi[RT_BARE_KMAX];
+    const int L = k + 1 < N ? k + 1 : N;
+    rt_token(sx, xo, xs, sy, yo, ys, bf16, N, k, L, lxv, lxi, lyv, lyi, lhv, lhi, 1, 1, 1);
+    for (int r = 0; r < k; r++) {
+        sc[r * sc1] = lhv[r];
+        ix[r * ix1] = lhi[r];
+    }
+}
+
+/* One token; sx, sy, sc, ix point at the token's rows (in-row strides fit in int32). */
+RT_AI void rt_warp_token(const void *sx, int xs, const void *sy, int ys, int bf16, int N, int k,
+                         int lane, const int S, const int CS, const int AR, const int *ca,
+                         const int *cb, float *sc, int sc1, int32_t *ix, int ix1) {
+    const int64_t xo = 0, yo = 0;
+    uint64_t kx[8], ky[8];
+    int bad = 0;
+    RT_UNROLL
+    for (int m = 0; m < S; m++) {
+        const int i = lane * S + m;
+        kx[m] = ky[m] = 0; /* below every real key */
+        if (i < N) {
+            const float fx = ompk_load_f(sx, xo + i * xs, bf16);
+            const float fy = ompk_load_f(sy, yo + i * ys, bf16);
+            bad |= rt_bad(fx) | rt_bad(fy);
+            kx[m] = rt_key(fx, i);
+            ky[m] = rt_key(fy, i);
+        }
+    }
+    if (rt_wballot(bad)) {
+        if (lane == 0) rt_token_lane(sx, xo, xs, sy, yo, ys, bf16, N, k, sc, sc1, ix, ix1);
+        return;
+    }
+    /* lane r gets rank r of each axis; candidates and the frontier only read ranks <= k */
+    uint64_t x0, y0;
+    float x32 = 0.0f, y32 = 0.0f; /* rank 32: read by k = 32 only */
+    if (S == 8 && AR) {
+        rt_axis_rounds(kx, ky, k + 1, lane, &x0, &y0); /* k <= 11 here */
+    } else {
+        rt_bitonic(kx, ky, S, 1, lane);
+        x0 = rt_rank_to_lane(kx, S, lane);
+        y0 = rt_rank_to_lane(ky, S, lane);
+        x32 = rt_unord(rt_wshfl((unsigned)(kx[0] >> 32), (32 / S) & 31));
+        y32 = rt_unord(rt_wshfl((unsigned)(ky[0] >> 32), (32 / S) & 31));
+    }
+
+    uint64_t c[4];
+    RT_UNROLL
+    for (int m = 0; m < CS; m++) {
+        const uint64_t px = rt_wshfl64(x0, ca[m] < 0 ? 0 : ca[m]), py = rt_wshfl64(y0, cb[m]);
+        const float s = rt_unord((unsigned)(px >> 32)) + rt_unord((unsigned)(py >> 32));
+        const int32_t i = (int32_t)~(uint32_t)px, j = (int32_t)~(uint32_t)py;
+        c[m] = ca[m] < 0 ? 0 : rt_key(s, i * N + j);
+    }
+    rt_bitonic(c, c, CS, 0, lane);
+
+    /* tau = the sum at rank k - 1 (lane (k-1) / CS, slot (k-1) % CS) */
+    uint64_t sel = c[0];
+    RT_UNROLL
+    for (int m = 1; m < CS; m++)
+        if ((k - 1) % CS == m) sel = c[m];
+    const float tau = rt_unord(rt_wshfl((unsigned)(sel >> 32), (k - 1) / CS));
+
+    /* frontier pair (a, k / (a+1)) in lane a; (32, 0) (k = 32 only) in lane 0 */
+    const float xa = rt_unord((unsigned)(x0 >> 32));
+    const int b = k / (lane + 1);
+    const float yb = rt_unord(rt_wshfl((unsigned)(y0 >> 32), b & 31));
+    int hit = lane <= k && lane < N && b < N && xa + (b == 32 ? y32 : yb) >= tau;
+    if (lane == 0 && k >= 32 && N > 32 && x32 + rt_unord((unsigned)(y0 >> 32)) >= tau) hit = 1;
+    const int sure = rt_wballot(hit) == 0;
+
+    int above = 0;
+    RT_UNROLL
+    for (int m = 0; m < CS; m++)
+        above += lane * CS + m < k && rt_unord((unsigned)(c[m] >> 32)) > tau;
+    /* slots kept from the candidates: all k, or those strictly above tau */
+    const int w0 = sure ? k : rt_wadd(above);
+    RT_UNROLL
+    for (int m = 0; m < CS; m++) {
+        const int r = lane * CS + m;
+        if (r < w0) {
+            /* the sum again from the inputs: the key folded -0 onto +0 */
+            const int32_t p = (int32_t)~(uint32_t)c[m], i = p / N, j = p % N;
+            sc[r * sc1] = ompk_load_f(sx, xo + i * xs, bf16) + ompk_load_f(sy, yo + j * ys, bf16);
+            ix[r * ix1] = p;
+        }
+    }
+    if (sure) return;
+    const float ymax = rt_unord(rt_wshfl((unsigned)(y0 >> 32), 0));
+    rt_warp_tie_fill(sx, xo, xs, sy, yo, ys, bf16, N, k, lane, tau, ymax, w0, sc, sc1, ix, ix1);
+}
+
+/* The lane number, hidden from the optimizer: with it visible, every network step's lane
+ * predicates (partner, direction) were hoisted out of the token loop and held live across it,
+ * 114-220 registers instead of the working set's. */
+static inline int rt_opaque(int v) {
+    __asm__ volatile("" : "+r"(v));
+    return v;
+}
+
+static inline const void *rt_row(const void *p, int64_t off, int bf16) {
+    return bf16 ? (const void *)((const uint16_t *)p + off)
+                : (const void *)((const float *)p + off);
+}
+
+/* One warp's share of the tokens: t0, t0 + step, ... < T (N <= 256, k <= 32; S and CS as
+ * rt_warp_shape gives them, literals at every call). */
+RT_AI void rt_warp_run(const void *sx, int64_t sx0, int sx1, const void *sy, int64_t sy0, int sy1,
+                       int bf16, int N, int k, int lane, int64_t t0, int64_t step, int64_t T,
+                       float *sc, int64_t sc0, int sc1, int32_t *ix, int64_t ix0, int ix1,
+                       const int S, const int CS, const int AR) {
+    int ca[4], cb[4];
+    rt_cand_map(N, k, lane, CS, ca, cb);
+    for (int64_t t = t0; t < T; t += step)
+        rt_warp_token(rt_row(sx, t * sx0, bf16), sx1, rt_row(sy, t * sy0, bf16), sy1, bf16, N, k,
+                      rt_opaque(lane), S, CS, AR, ca, cb, sc + t * sc0, sc1, ix + t * ix0, ix1);
+}
+
+/* keys per lane per axis (S: 32*S >= N) and candidates per lane (CS: 32*CS >= their count).
+ * With S = 8 and CS = 1 (N > 64, k <= 11) the kernel takes the top k+1 of each axis by arg-max
+ * rounds over per-lane sorted 8s (AR = 1), not the full 256-key sort. */
+static inline void rt_warp_shape(int N, int k, int *S, int *CS) {
+    *S = N <= 64 ? 2 : 8;
+    *CS = rt_cand_count(N, k) <= 32 ? 1 : 4;
+}
+
 #endif
 
 #ifdef RT_HAVE_BARE
 static int rt_use_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     if (!ex.on_target || a->k > RT_BARE_KMAX || a->N > RT_BARE_NMAX) return 0;
+    /* in-row offsets are int32 there (N <= 256) */
+    const int64_t lim = INT32_MAX / RT_BARE_NMAX;
+    if (a->sx1 > lim || a->sy1 > lim || a->sc1 > lim || a->ix1 > lim) return 0;
     const char *v = getenv("OMPK_ROUTER_VARIANT");
     return !(v && strcmp(v, "portable") == 0);
 }
+
+/* One kernel per (S, CS), so that each gets the registers of its own network sizes. */
+// clang-format off
+#define RT_BARE_REGION(S_, CS_, AR_)                                                                    \
+    _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(32 * RT_WARPS) device(ex.device) is_device_ptr(sx, sy, sc, ix) firstprivate(T, N, k, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)") \
+    {                                                                                              \
+        const int lane = ompx_thread_id_x() & 31, warp = ompx_thread_id_x() >> 5;                  \
+        rt_warp_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane,                                  \
+                    (int64_t)ompx_block_id_x() * RT_WARPS + warp,                                  \
+                    (int64_t)ompx_grid_dim_x() * RT_WARPS, T, sc, sc0, sc1, ix, ix0, ix1, S_, CS_, AR_); \
+    }
+// clang-format on
 
 static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     const void *sx = a->sx, *sy = a->sy;
     float *sc = a->scores;
     int32_t *ix = a->indices;
     const int64_t T = a->T;
-    const int N = (int)a->N, k = (int)a->k, L = k + 1 < N ? k + 1 : N, bf16 = a->is_bf16;
-    const int64_t sx0 = a->sx0, sx1 = a->sx1, sy0 = a->sy0, sy1 = a->sy1;
-    const int64_t sc0 = a->sc0, sc1 = a->sc1, ix0 = a->ix0, ix1 = a->ix1;
-    const int64_t want = (T + RT_WARPS - 1) / RT_WARPS;
+    const int N = (int)a->N, k = (int)a->k, bf16 = a->is_bf16;
+    const int64_t sx0 = a->sx0, sy0 = a->sy0, sc0 = a->sc0, ix0 = a->ix0;
+    const int sx1 = (int)a->sx1, sy1 = (int)a->sy1, sc1 = (int)a->sc1, ix1 = (int)a->ix1;
+    const int64_t want = (T + RT_WARPS * RT_TOK_PER_WARP - 1) / (RT_WARPS * RT_TOK_PER_WARP);
     const int teams = (int)(want < 65536 ? want : 65536);
-#pragma omp target teams ompx_bare num_teams(teams) thread_limit(32 * RT_WARPS) device(ex.device)  \
-    is_device_ptr(sx, sy, sc, ix)                                                                  \
-    firstprivate(T, N, k, L, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)
-    {
-        const int lane = ompx_thread_id_x() & 31, warp = ompx_thread_id_x() >> 5;
-        const int64_t stride = (int64_t)ompx_grid_dim_x() * RT_WARPS;
-        for (int64_t t = (int64_t)ompx_block_id_x() * RT_WARPS + warp; t < T; t += stride)
-            rt_warp_token(sx, t * sx0, sx1, sy, t * sy0, sy1, bf16, N, k, L, lane, sc + t * sc0,
-                          sc1, ix + t * ix0, ix1);
-    }
+    int S, CS;
+    rt_warp_shape(N, k, &S, &CS);
+    /* OMPK_ROUTER_VARIANT=sort: the full axis sort also where arg-max rounds are the default */
+    const char *v = getenv("OMPK_ROUTER_VARIANT");
+    const int rounds = !(v && strcmp(v, "sort") == 0);
+    if (S == 2 && CS == 1)
+        RT_BARE_REGION(2, 1, 0)
+    else if (S == 2)
+        RT_BARE_REGION(2, 4, 0)
+    else if (CS == 1 && rounds)
+        RT_BARE_REGION(8, 1, 1)
+    else if (CS == 1)
+        RT_BARE_REGION(8, 1, 0)
+    else
+        RT_BARE_REGION(8, 4, 0)
 }
 #endif
 
