@@ -1,6 +1,12 @@
 /* Offload health probe used by ompk-info and the device test script: a silent host fallback
- * (e.g. an image the runtime does not recognise) must be reported, not mistaken for a GPU. */
+ * (e.g. an image the runtime does not recognise) must be reported, not mistaken for a GPU.
+ * Also the launch probe: the fixed cost of one synchronous target region, which every small
+ * ompk call pays and which no kernel tuning can remove. */
 #include <omp.h>
+#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#include <ompx.h>
+#define PROBE_HAVE_BARE 1
+#endif
 
 #include "probe.h"
 
@@ -15,4 +21,30 @@ int ompk_probe_device(int dev) {
         sum = s;
     }
     return !on_host && sum == 55;
+}
+
+int ompk_probe_launch(int dev, ompk_probe_form form, int *word) {
+    if (dev < 0 || dev >= omp_get_num_devices() || !word) return -1;
+    switch (form) {
+    case OMPK_PROBE_BARE:
+#ifdef PROBE_HAVE_BARE
+#pragma omp target teams ompx_bare num_teams(1) thread_limit(32) device(dev) is_device_ptr(word)
+    {
+        if (ompx_thread_id_x() == 0) word[0] += 1;
+    }
+        return 0;
+#else
+        return -1;
+#endif
+    case OMPK_PROBE_COMBINED:
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(word)
+        for (int i = 0; i < 1; i++) word[i] += 1;
+        return 0;
+    case OMPK_PROBE_NOWAIT:
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(word) nowait
+        for (int i = 0; i < 1; i++) word[i] += 1;
+#pragma omp taskwait
+        return 0;
+    }
+    return -1;
 }
