@@ -167,7 +167,7 @@ ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const
 
     ompk_exec ex = ompk_exec_for(c.device);
     float *lsep = lse ? (float *)lse->data : NULL;
-    if (fwd_variant_fast() && ompk_attn_host_ok(ex, &g))
+    if (fwd_variant_fast() && ompk_attn_host_ok(ex, &g, 0))
         ompk_attn_fwd_host(&g, q->data, k->data, v->data, out->data, lsep);
     else if (fwd_variant_fast() &&
              ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data))
@@ -247,14 +247,17 @@ ompk_status ompk_attention_bwd(const ompk_tensor *dout, const ompk_tensor *q, co
     ompk_exec ex = ompk_exec_for(c.device);
     const void *ptrs[8] = {q->data,    k->data,  v->data,  out->data,
                            dout->data, dq->data, dk->data, dv->data};
-    if (bwd_variant_fast() && ompk_attn_host_ok(ex, &g)) {
+    int done = 0;
+    if (bwd_variant_fast() && ompk_attn_host_ok(ex, &g, 1)) {
         ompk_attn_rowsum(ex, &g, dout->data, out->data, dsum);
-        ompk_attn_bwd_host(&g, dout->data, q->data, k->data, v->data, (const float *)lse->data,
-                           dq->data, dk->data, dv->data, dsum);
-    } else if (bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs))
+        done =
+            ompk_attn_bwd_host(&g, dout->data, q->data, k->data, v->data, (const float *)lse->data,
+                               dq->data, dk->data, dv->data, dsum) == 0;
+    }
+    if (!done && bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs))
         ompk_attn_bwd_fast(ex, &g, dout->data, q->data, k->data, v->data, out->data,
                            (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
-    else
+    else if (!done)
         ompk_attn_bwd_portable(ex, &g, dout->data, q->data, k->data, v->data, out->data,
                                (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
     ompk_free(c.device, dsum);

@@ -12,6 +12,8 @@
  * Softmax statistics are lane-wise in f32, exp2 is a polynomial with vscalefps.
  * The backward is deterministic: each work item owns its output rows and sums in a fixed order. */
 #include <math.h>
+#include <omp.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -343,6 +345,204 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
     }
 }
 
+/* ---- f32: the same blocks with vfmadd231ps, values in lanes as they are ------------------- */
+
+/* xT[d][l] = row (r0 + l)[d] * mul, lanes from n on zero. The scores' scale goes into one
+ * operand before the dot product, as in the portable kernel (logits of several hundred then
+ * round alike). */
+ATH_INLINE void ath_stage_Tf(float (*restrict xT)[ATH_L], const float *src, int64_t rs, int64_t r0,
+                             int n, const int DH, float mul) {
+    for (int l = 0; l < ATH_L; l++) {
+        const float *row = src + (r0 + (l < n ? l : 0)) * rs;
+        for (int d = 0; d < DH; d++) xT[d][l] = l < n ? row[d] * mul : 0.f;
+    }
+}
+
+/* s[t] = sum_d xT[d] * row(t)[d] for t < n, 8 rows at a time (tails repeat the last row). */
+ATH_INLINE void ath_scores_f(__m512 *restrict s, const float (*restrict xT)[ATH_L],
+                             const float *base, int64_t rs, int n, const int DH) {
+    for (int t = 0; t < n; t += 8) {
+        const float *r[8];
+        for (int u = 0; u < 8; u++) r[u] = base + (t + u < n ? t + u : n - 1) * rs;
+        __m512 a[8];
+        for (int u = 0; u < 8; u++) a[u] = _mm512_setzero_ps();
+        for (int d = 0; d < DH; d++) {
+            const __m512 x = _mm512_loadu_ps(xT[d]);
+            for (int u = 0; u < 8; u++) a[u] = _mm512_fmadd_ps(x, _mm512_set1_ps(r[u][d]), a[u]);
+        }
+        for (int u = 0; u < 8; u++)
+            if (t + u < ATH_BK) s[t + u] = a[u];
+    }
+}
+
+/* acc[d][l] += sum_{t < n} w[t][l] * row(t)[d], 16 d at a time in registers. */
+ATH_INLINE void ath_accum_f(float (*restrict acc)[ATH_L], const __m512 *restrict w,
+                            const float *base, int64_t rs, int n, const int DH) {
+    for (int d = 0; d < DH; d += 16) {
+        __m512 c[16];
+        for (int u = 0; u < 16; u++) c[u] = _mm512_loadu_ps(acc[d + u]);
+        for (int t = 0; t < n; t++) {
+            const __m512 wv = w[t];
+            const float *r = base + t * rs + d;
+            for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(wv, _mm512_set1_ps(r[u]), c[u]);
+        }
+        for (int u = 0; u < 16; u++) _mm512_storeu_ps(acc[d + u], c[u]);
+    }
+}
+
+ATH_INLINE void ath_fwd_block_f(const ompk_attn_geom *g, const float *q, const float *k,
+                                const float *v, float *out, float *lse, int64_t b, int64_t h,
+                                int64_t i0, const int DH) {
+    enum { L = ATH_L, BK = ATH_BK };
+    const int64_t N = g->N, M = g->M, hk = h / (g->Hq / g->Hkv);
+    const int rb = (int)(N - i0 < L ? N - i0 : L);
+    float qT[ATH_DMAX][L], acc[ATH_DMAX][L];
+    __m512 s[BK];
+    float limf_a[L];
+    int64_t jmax = 0;
+    for (int r = 0; r < L; r++) {
+        int64_t lim = r < rb ? ath_key_limit(g->mask, i0 + r, N, M) : 0;
+        limf_a[r] = (float)lim;
+        jmax = lim > jmax ? lim : jmax;
+    }
+    const __m512 limf = _mm512_loadu_ps(limf_a);
+    ath_stage_Tf(qT, q + ath_row(g->qs, b, h, 0), g->qs[2], i0, rb, DH, g->scale * ATH_LOG2E);
+    memset(acc, 0, sizeof(float) * DH * L);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m = ninf, l = _mm512_setzero_ps();
+    const float *kb = k + ath_row(g->ks, b, hk, 0), *vb = v + ath_row(g->vs, b, hk, 0);
+    for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
+        const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
+        ath_scores_f(s, qT, kb + j0 * g->ks[2], g->ks[2], jn, DH);
+        __m512 mx = m;
+        for (int jj = 0; jj < jn; jj++) {
+            __mmask16 vis = _mm512_cmp_ps_mask(_mm512_set1_ps((float)(j0 + jj)), limf, _CMP_LT_OQ);
+            s[jj] = _mm512_mask_mov_ps(ninf, vis, s[jj]);
+            mx = _mm512_max_ps(mx, s[jj]);
+        }
+        __mmask16 live = _mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_OQ);
+        __m512 msafe = _mm512_maskz_mov_ps(live, mx);
+        __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_OQ),
+                                           ath_exp2(_mm512_sub_ps(m, msafe)));
+        __m512 sum = _mm512_setzero_ps();
+        for (int jj = 0; jj < jn; jj++) {
+            __m512 p = ath_exp2(_mm512_sub_ps(s[jj], msafe));
+            s[jj] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[jj], ninf, _CMP_NEQ_OQ), p);
+            sum = _mm512_add_ps(sum, s[jj]);
+        }
+        l = _mm512_fmadd_ps(l, alpha, sum);
+        m = _mm512_mask_mov_ps(ninf, live, mx);
+        for (int d = 0; d < DH; d++)
+            _mm512_storeu_ps(acc[d], _mm512_mul_ps(_mm512_loadu_ps(acc[d]), alpha));
+        ath_accum_f(acc, s, vb + j0 * g->vs[2], g->vs[2], jn, DH);
+    }
+    float la[L], ma[L];
+    _mm512_storeu_ps(la, l);
+    _mm512_storeu_ps(ma, m);
+    for (int r = 0; r < rb; r++) {
+        float inv = la[r] > 0.f ? 1.f / la[r] : 0.f;
+        float *o = out + ath_row(g->os, b, h, i0 + r);
+        for (int d = 0; d < DH; d++) o[d] = acc[d][r] * inv;
+        if (lse)
+            lse[ath_row(g->ls, b, h, i0 + r)] =
+                la[r] > 0.f ? (ma[r] + log2f(la[r])) * ATH_LN2 : -INFINITY;
+    }
+}
+
+/* f32 backward of kv head (b, hk) in one pass (five products, as FlashAttention-2): key blocks
+ * of 16 in lanes, ascending; for each, the group's query heads and rows ascending. dk, dv of the
+ * block are complete when it ends; dq rows accumulate in dqa ([G][N][DH] f32, the work item's
+ * own) in the same fixed order, key by key, so the result does not depend on scheduling. */
+ATH_INLINE void ath_bwd_head_f(const ompk_attn_geom *g, const float *dout, const float *q,
+                               const float *k, const float *v, const float *lse, const float *dsum,
+                               float *dq, float *dk, float *dv, int64_t b, int64_t hk,
+                               float *restrict dqa, const int DH) {
+    enum { L = ATH_L, BQ = ATH_BK };
+    const int64_t N = g->N, M = g->M, G = g->Hq / g->Hkv;
+    float kT[ATH_DMAX][L], vT[ATH_DMAX][L], dka[ATH_DMAX][L], dva[ATH_DMAX][L];
+    __m512 s[BQ], dp[BQ];
+    float dsm[BQ][L], jf_a[L];
+    memset(dqa, 0, sizeof(float) * (size_t)(G * N * DH));
+    const float *kb = k + ath_row(g->ks, b, hk, 0), *vb = v + ath_row(g->vs, b, hk, 0);
+    for (int64_t j0 = 0; j0 < M; j0 += L) {
+        const int cb = (int)(M - j0 < L ? M - j0 : L);
+        ath_stage_Tf(kT, kb, g->ks[2], j0, cb, DH, g->scale * ATH_LOG2E);
+        ath_stage_Tf(vT, vb, g->vs[2], j0, cb, DH, 1.f);
+        memset(dka, 0, sizeof(float) * DH * L);
+        memset(dva, 0, sizeof(float) * DH * L);
+        for (int c = 0; c < L; c++) jf_a[c] = c < cb ? (float)(j0 + c) : (float)M + 1.f;
+        const __m512 jf = _mm512_loadu_ps(jf_a);
+        const int64_t ifirst = ath_first_row(g->mask, j0, N, M);
+        for (int64_t hh = 0; hh < G; hh++) {
+            const int64_t h = hk * G + hh;
+            const float *qb = q + ath_row(g->qs, b, h, 0), *ob = dout + ath_row(g->dos, b, h, 0);
+            for (int64_t ii0 = ifirst; ii0 < N; ii0 += BQ) {
+                const int in = (int)(N - ii0 < BQ ? N - ii0 : BQ);
+                ath_scores_f(s, kT, qb + ii0 * g->qs[2], g->qs[2], in, DH);
+                ath_scores_f(dp, vT, ob + ii0 * g->dos[2], g->dos[2], in, DH);
+                for (int t = 0; t < in; t++) {
+                    int64_t i = ii0 + t;
+                    float lv = lse[ath_row(g->ls, b, h, i)];
+                    float lim = lv == -INFINITY ? 0.f : (float)ath_key_limit(g->mask, i, N, M);
+                    float l2 = lv == -INFINITY ? 0.f : lv * ATH_LOG2E;
+                    __mmask16 vis = _mm512_cmp_ps_mask(jf, _mm512_set1_ps(lim), _CMP_LT_OQ);
+                    __m512 p = ath_exp2(_mm512_sub_ps(s[t], _mm512_set1_ps(l2)));
+                    s[t] = _mm512_maskz_mov_ps(vis, p);
+                    __m512 di = _mm512_set1_ps(dsum[(b * g->Hq + h) * N + i]);
+                    dp[t] = _mm512_mul_ps(s[t], _mm512_sub_ps(dp[t], di));
+                    _mm512_storeu_ps(dsm[t], dp[t]);
+                }
+                ath_accum_f(dva, s, ob + ii0 * g->dos[2], g->dos[2], in, DH);
+                ath_accum_f(dka, dp, qb + ii0 * g->qs[2], g->qs[2], in, DH);
+                /* dq rows += dS row . K block: head dim in lanes, two rows at a time */
+                float *dqr = dqa + (hh * N + ii0) * DH;
+                for (int t = 0; t < in; t += 2) {
+                    const int two = t + 1 < in;
+                    for (int d0 = 0; d0 < DH; d0 += 64) {
+                        __m512 a0[4], a1[4];
+                        for (int z = 0; z < 4; z++)
+                            if (d0 + 16 * z < DH) {
+                                a0[z] = _mm512_loadu_ps(dqr + t * DH + d0 + 16 * z);
+                                a1[z] = two ? _mm512_loadu_ps(dqr + (t + 1) * DH + d0 + 16 * z)
+                                            : _mm512_setzero_ps();
+                            }
+                        for (int c = 0; c < cb; c++) {
+                            const float *kr = kb + (j0 + c) * g->ks[2] + d0;
+                            const __m512 w0 = _mm512_set1_ps(dsm[t][c]);
+                            const __m512 w1 = _mm512_set1_ps(two ? dsm[t + 1][c] : 0.f);
+                            for (int z = 0; z < 4; z++)
+                                if (d0 + 16 * z < DH) {
+                                    const __m512 kv = _mm512_loadu_ps(kr + 16 * z);
+                                    a0[z] = _mm512_fmadd_ps(w0, kv, a0[z]);
+                                    a1[z] = _mm512_fmadd_ps(w1, kv, a1[z]);
+                                }
+                        }
+                        for (int z = 0; z < 4; z++)
+                            if (d0 + 16 * z < DH) {
+                                _mm512_storeu_ps(dqr + t * DH + d0 + 16 * z, a0[z]);
+                                if (two) _mm512_storeu_ps(dqr + (t + 1) * DH + d0 + 16 * z, a1[z]);
+                            }
+                    }
+                }
+            }
+        }
+        for (int c = 0; c < cb; c++) {
+            float *ko = dk + ath_row(g->dks, b, hk, j0 + c),
+                  *vo = dv + ath_row(g->dvs, b, hk, j0 + c);
+            for (int d = 0; d < DH; d++) {
+                ko[d] = dka[d][c] * g->scale;
+                vo[d] = dva[d][c];
+            }
+        }
+    }
+    for (int64_t hh = 0; hh < G; hh++)
+        for (int64_t i = 0; i < N; i++) {
+            float *o = dq + ath_row(g->dqs, b, hk * G + hh, i);
+            const float *a = dqa + (hh * N + i) * DH;
+            for (int d = 0; d < DH; d++) o[d] = a[d] * g->scale;
+        }
+}
+
 #define ATH_SWITCH_DH(dh, CALL)                                                                    \
     switch (dh) {                                                                                  \
     case 32:                                                                                       \
@@ -369,8 +569,14 @@ ATH_TARGET static void ath_fwd_item(const ompk_attn_geom *g, const void *q, cons
                                     const void *v, void *out, float *lse, int64_t w, int64_t nblk) {
     int64_t i0 = (w % nblk) * ATH_L, bh = w / nblk;
 #define ATH_FWD(D) ath_fwd_block(g, q, k, v, out, lse, bh / g->Hq, bh % g->Hq, i0, D)
-    ATH_SWITCH_DH(g->dh, ATH_FWD)
+#define ATH_FWDF(D) ath_fwd_block_f(g, q, k, v, out, lse, bh / g->Hq, bh % g->Hq, i0, D)
+    if (g->bf16) {
+        ATH_SWITCH_DH(g->dh, ATH_FWD)
+    } else {
+        ATH_SWITCH_DH(g->dh, ATH_FWDF)
+    }
 #undef ATH_FWD
+#undef ATH_FWDF
 }
 
 ATH_TARGET static void ath_dq_item(const ompk_attn_geom *g, const void *dout, const void *q,
@@ -393,10 +599,28 @@ ATH_TARGET static void ath_dkdv_item(const ompk_attn_geom *g, const void *dout, 
 #undef ATH_DKDV
 }
 
-int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g) {
-    if (ex.on_target || !g->bf16 || g->dh % 16 != 0 || g->dh > ATH_DMAX) return 0;
+ATH_TARGET static void ath_bwd_head_item(const ompk_attn_geom *g, const void *dout, const void *q,
+                                         const void *k, const void *v, const float *lse,
+                                         const float *dsum, void *dq, void *dk, void *dv, int64_t w,
+                                         float *dqa) {
+#define ATH_HEADF(D)                                                                               \
+    ath_bwd_head_f(g, dout, q, k, v, lse, dsum, dq, dk, dv, w / g->Hkv, w % g->Hkv, dqa, D)
+    ATH_SWITCH_DH(g->dh, ATH_HEADF)
+#undef ATH_HEADF
+}
+
+/* f32 backward: one pass per kv head (five products), when the heads spread evenly over the
+ * threads. bf16 runs dk/dv and dq as two passes (seven products at the vdpbf16ps rate). */
+static int ath_f32_heads_ok(const ompk_attn_geom *g) {
+    const int64_t nt = omp_get_max_threads(), heads = g->B * g->Hkv;
+    return heads % nt == 0 || heads >= 4 * nt;
+}
+
+int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g, int bwd) {
+    if (ex.on_target || g->dh % 16 != 0 || g->dh > ATH_DMAX) return 0;
+    if (bwd && !g->bf16 && !ath_f32_heads_ok(g)) return 0;
     const ompk_cpu_features *f = ompk_cpu_get();
-    return f->avx512f && f->avx512bw && f->avx512vl && f->avx512_bf16;
+    return f->avx512f && f->avx512bw && f->avx512vl && (f->avx512_bf16 || !g->bf16);
 }
 
 /* Work items in order of decreasing cost under a causal mask (later query blocks see more
@@ -413,13 +637,29 @@ void ompk_attn_fwd_host(const ompk_attn_geom *gp, const void *q, const void *k, 
     }
 }
 
-void ompk_attn_bwd_host(const ompk_attn_geom *gp, const void *dout, const void *q, const void *k,
-                        const void *v, const float *lse, void *dq, void *dk, void *dv,
-                        const float *dsum) {
+int ompk_attn_bwd_host(const ompk_attn_geom *gp, const void *dout, const void *q, const void *k,
+                       const void *v, const float *lse, void *dq, void *dk, void *dv,
+                       const float *dsum) {
     const ompk_attn_geom g = *gp;
     const int64_t kblk = (g.M + ATH_L - 1) / ATH_L, kitems = g.B * g.Hkv * kblk;
     const int64_t qblk = (g.N + ATH_L - 1) / ATH_L, qitems = g.B * g.Hq * qblk;
     const int rev = g.mask != 0;
+    if (!g.bf16) {
+        /* each item owns a [G][N][dh] f32 dq accumulator */
+        const size_t per = sizeof(float) * (size_t)(g.Hq / g.Hkv * g.N * g.dh);
+        const int64_t heads = g.B * g.Hkv;
+        int failed = 0;
+#pragma omp parallel reduction(| : failed)
+        {
+            float *dqa = malloc(per);
+            failed = dqa == NULL;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t w = 0; w < heads; w++)
+                if (dqa) ath_bwd_head_item(&g, dout, q, k, v, lse, dsum, dq, dk, dv, w, dqa);
+            free(dqa);
+        }
+        return failed ? -1 : 0;
+    }
 #pragma omp parallel
     {
 #pragma omp for schedule(dynamic, 1) nowait
@@ -431,23 +671,24 @@ void ompk_attn_bwd_host(const ompk_attn_geom *gp, const void *dout, const void *
             ath_dq_item(&g, dout, q, k, v, lse, dsum, dq, x, qblk);
         }
     }
+    return 0;
 }
 
 #else /* not x86-64: the portable kernel serves every host call */
 
-int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g) {
-    (void)ex;
-    (void)g;
+int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g, int bwd) {
+    (void)ex, (void)g, (void)bwd;
     return 0;
 }
 void ompk_attn_fwd_host(const ompk_attn_geom *g, const void *q, const void *k, const void *v,
                         void *out, float *lse) {
     (void)g, (void)q, (void)k, (void)v, (void)out, (void)lse;
 }
-void ompk_attn_bwd_host(const ompk_attn_geom *g, const void *dout, const void *q, const void *k,
-                        const void *v, const float *lse, void *dq, void *dk, void *dv,
-                        const float *dsum) {
+int ompk_attn_bwd_host(const ompk_attn_geom *g, const void *dout, const void *q, const void *k,
+                       const void *v, const float *lse, void *dq, void *dk, void *dv,
+                       const float *dsum) {
     (void)g, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)dq, (void)dk, (void)dv;
     (void)dsum;
+    return -1;
 }
 #endif
