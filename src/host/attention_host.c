@@ -345,6 +345,117 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
     }
 }
 
+/* bf16 backward of kv head (b, hk) in one pass (five products), as ath_bwd_head_f below: dq
+ * rows accumulate in the item's own f32 dqa ([G][N][DH]) key pair by key pair, from dS rounded
+ * to bf16 and the block's keys interleaved in pairs. */
+ATH_INLINE void ath_bwd_head(const ompk_attn_geom *g, const ath_bf *dout, const ath_bf *q,
+                             const ath_bf *k, const ath_bf *v, const float *lse, const float *dsum,
+                             ath_bf *dq, ath_bf *dk, ath_bf *dv, int64_t b, int64_t hk,
+                             float *restrict dqa, const int DH) {
+    enum { L = ATH_L, BQ = ATH_BK };
+    const int64_t N = g->N, M = g->M, G = g->Hq / g->Hkv;
+    uint32_t kT[ATH_DMAX / 2][L], vT[ATH_DMAX / 2][L];
+    float dka[ATH_DMAX][L], dva[ATH_DMAX][L];
+    uint32_t qp[BQ / 2][ATH_DMAX], dop[BQ / 2][ATH_DMAX], kp[L / 2][ATH_DMAX];
+    __m512 s[BQ], dp[BQ];
+    __m512i pw[BQ / 2], dw[BQ / 2];
+    uint32_t dsb[BQ][L / 2];
+    float jf_a[L];
+    const __m512 qs = _mm512_set1_ps(g->scale * ATH_LOG2E);
+    memset(dqa, 0, sizeof(float) * (size_t)(G * N * DH));
+    const ath_bf *kb = k + ath_row(g->ks, b, hk, 0), *vb = v + ath_row(g->vs, b, hk, 0);
+    for (int64_t j0 = 0; j0 < M; j0 += L) {
+        const int cb = (int)(M - j0 < L ? M - j0 : L);
+        ath_stage_T(kT, kb, g->ks[2], j0, cb, DH);
+        ath_stage_T(vT, vb, g->vs[2], j0, cb, DH);
+        ath_stage_pairs(kp, kb, g->ks[2], j0, cb, DH);
+        for (int cp = (cb + 1) / 2; cp < L / 2; cp++) memset(kp[cp], 0, sizeof(uint32_t) * DH);
+        memset(dka, 0, sizeof(float) * DH * L);
+        memset(dva, 0, sizeof(float) * DH * L);
+        for (int c = 0; c < L; c++) jf_a[c] = c < cb ? (float)(j0 + c) : (float)M + 1.f;
+        const __m512 jf = _mm512_loadu_ps(jf_a);
+        const int64_t ifirst = ath_first_row(g->mask, j0, N, M);
+        for (int64_t hh = 0; hh < G; hh++) {
+            const int64_t h = hk * G + hh;
+            const ath_bf *qb = q + ath_row(g->qs, b, h, 0), *ob = dout + ath_row(g->dos, b, h, 0);
+            for (int64_t ii0 = ifirst; ii0 < N; ii0 += BQ) {
+                const int in = (int)(N - ii0 < BQ ? N - ii0 : BQ);
+                ath_scores(s, kT, qb + ii0 * g->qs[2], g->qs[2], in, DH);
+                ath_scores(dp, vT, ob + ii0 * g->dos[2], g->dos[2], in, DH);
+                for (int t = 0; t < in; t += 2) {
+                    __m512 p2[2], d2[2];
+                    for (int u = 0; u < 2; u++) {
+                        p2[u] = d2[u] = _mm512_setzero_ps();
+                        if (t + u < in) {
+                            int64_t i = ii0 + t + u;
+                            float lv = lse[ath_row(g->ls, b, h, i)];
+                            float lim =
+                                lv == -INFINITY ? 0.f : (float)ath_key_limit(g->mask, i, N, M);
+                            float l2 = lv == -INFINITY ? 0.f : lv * ATH_LOG2E;
+                            __mmask16 vis = _mm512_cmp_ps_mask(jf, _mm512_set1_ps(lim), _CMP_LT_OQ);
+                            __m512 p = ath_exp2(_mm512_fmsub_ps(s[t + u], qs, _mm512_set1_ps(l2)));
+                            p2[u] = _mm512_maskz_mov_ps(vis, p);
+                            __m512 di = _mm512_set1_ps(dsum[(b * g->Hq + h) * N + i]);
+                            d2[u] = _mm512_mul_ps(p2[u], _mm512_sub_ps(dp[t + u], di));
+                        }
+                        _mm256_storeu_si256((__m256i *)dsb[t + u],
+                                            (__m256i)_mm512_cvtneps_pbh(d2[u]));
+                    }
+                    pw[t / 2] = ath_pack_pair(p2[0], p2[1]);
+                    dw[t / 2] = ath_pack_pair(d2[0], d2[1]);
+                }
+                ath_stage_pairs(dop, ob, g->dos[2], ii0, in, DH);
+                ath_stage_pairs(qp, qb, g->qs[2], ii0, in, DH);
+                ath_accum(dva, pw, (const uint32_t(*)[ATH_DMAX])dop, (in + 1) / 2, DH);
+                ath_accum(dka, dw, (const uint32_t(*)[ATH_DMAX])qp, (in + 1) / 2, DH);
+                /* dq rows += dS row . K block: head dim in lanes, key pairs, two rows at a time */
+                float *dqr = dqa + (hh * N + ii0) * DH;
+                for (int t = 0; t < in; t += 2) {
+                    const int two = t + 1 < in;
+                    for (int d0 = 0; d0 < DH; d0 += 64) {
+                        __m512 a0[4], a1[4];
+                        for (int z = 0; z < 4; z++)
+                            if (d0 + 16 * z < DH) {
+                                a0[z] = _mm512_loadu_ps(dqr + t * DH + d0 + 16 * z);
+                                a1[z] = two ? _mm512_loadu_ps(dqr + (t + 1) * DH + d0 + 16 * z)
+                                            : _mm512_setzero_ps();
+                            }
+                        for (int cp = 0; cp < (cb + 1) / 2; cp++) {
+                            const __m512i w0 = _mm512_set1_epi32((int)dsb[t][cp]);
+                            const __m512i w1 = _mm512_set1_epi32((int)dsb[t + 1][cp]);
+                            for (int z = 0; z < 4; z++)
+                                if (d0 + 16 * z < DH) {
+                                    const __m512i kv = _mm512_loadu_si512(&kp[cp][d0 + 16 * z]);
+                                    a0[z] = ath_dp(a0[z], kv, w0);
+                                    a1[z] = ath_dp(a1[z], kv, w1);
+                                }
+                        }
+                        for (int z = 0; z < 4; z++)
+                            if (d0 + 16 * z < DH) {
+                                _mm512_storeu_ps(dqr + t * DH + d0 + 16 * z, a0[z]);
+                                if (two) _mm512_storeu_ps(dqr + (t + 1) * DH + d0 + 16 * z, a1[z]);
+                            }
+                    }
+                }
+            }
+        }
+        for (int c = 0; c < cb; c++) {
+            ath_bf *ko = dk + ath_row(g->dks, b, hk, j0 + c),
+                   *vo = dv + ath_row(g->dvs, b, hk, j0 + c);
+            for (int d = 0; d < DH; d++) {
+                ko[d] = ompk_f32_to_bf16(dka[d][c] * g->scale);
+                vo[d] = ompk_f32_to_bf16(dva[d][c]);
+            }
+        }
+    }
+    for (int64_t hh = 0; hh < G; hh++)
+        for (int64_t i = 0; i < N; i++) {
+            ath_bf *o = dq + ath_row(g->dqs, b, hk * G + hh, i);
+            const float *a = dqa + (hh * N + i) * DH;
+            for (int d = 0; d < DH; d++) o[d] = ompk_f32_to_bf16(a[d] * g->scale);
+        }
+}
+
 /* ---- f32: the same blocks with vfmadd231ps, values in lanes as they are ------------------- */
 
 /* xT[d][l] = row (r0 + l)[d] * mul, lanes from n on zero. The scores' scale goes into one
@@ -605,20 +716,28 @@ ATH_TARGET static void ath_bwd_head_item(const ompk_attn_geom *g, const void *do
                                          float *dqa) {
 #define ATH_HEADF(D)                                                                               \
     ath_bwd_head_f(g, dout, q, k, v, lse, dsum, dq, dk, dv, w / g->Hkv, w % g->Hkv, dqa, D)
-    ATH_SWITCH_DH(g->dh, ATH_HEADF)
+#define ATH_HEAD(D)                                                                                \
+    ath_bwd_head(g, dout, q, k, v, lse, dsum, dq, dk, dv, w / g->Hkv, w % g->Hkv, dqa, D)
+    if (g->bf16) {
+        ATH_SWITCH_DH(g->dh, ATH_HEAD)
+    } else {
+        ATH_SWITCH_DH(g->dh, ATH_HEADF)
+    }
 #undef ATH_HEADF
+#undef ATH_HEAD
 }
 
-/* f32 backward: one pass per kv head (five products), when the heads spread evenly over the
- * threads. bf16 runs dk/dv and dq as two passes (seven products at the vdpbf16ps rate). */
-static int ath_f32_heads_ok(const ompk_attn_geom *g) {
+/* Backward: one pass per kv head (five products) when the heads spread evenly over the
+ * threads; otherwise bf16 runs dk/dv and dq as two passes (seven products) and f32 is left to
+ * the portable kernel. */
+static int ath_heads_even(const ompk_attn_geom *g) {
     const int64_t nt = omp_get_max_threads(), heads = g->B * g->Hkv;
     return heads % nt == 0 || heads >= 4 * nt;
 }
 
 int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g, int bwd) {
     if (ex.on_target || g->dh % 16 != 0 || g->dh > ATH_DMAX) return 0;
-    if (bwd && !g->bf16 && !ath_f32_heads_ok(g)) return 0;
+    if (bwd && !g->bf16 && !ath_heads_even(g)) return 0;
     const ompk_cpu_features *f = ompk_cpu_get();
     return f->avx512f && f->avx512bw && f->avx512vl && (f->avx512_bf16 || !g->bf16);
 }
@@ -644,7 +763,7 @@ int ompk_attn_bwd_host(const ompk_attn_geom *gp, const void *dout, const void *q
     const int64_t kblk = (g.M + ATH_L - 1) / ATH_L, kitems = g.B * g.Hkv * kblk;
     const int64_t qblk = (g.N + ATH_L - 1) / ATH_L, qitems = g.B * g.Hq * qblk;
     const int rev = g.mask != 0;
-    if (!g.bf16) {
+    if (ath_heads_even(&g)) {
         /* each item owns a [G][N][dh] f32 dq accumulator */
         const size_t per = sizeof(float) * (size_t)(g.Hq / g.Hkv * g.N * g.dh);
         const int64_t heads = g.B * g.Hkv;
@@ -658,7 +777,8 @@ int ompk_attn_bwd_host(const ompk_attn_geom *gp, const void *dout, const void *q
                 if (dqa) ath_bwd_head_item(&g, dout, q, k, v, lse, dsum, dq, dk, dv, w, dqa);
             free(dqa);
         }
-        return failed ? -1 : 0;
+        if (!failed) return 0;
+        if (!g.bf16) return -1; /* bf16 goes on with the two passes, which need no workspace */
     }
 #pragma omp parallel
     {
