@@ -2,10 +2,12 @@
  *
  * Kernels: one OpenMP source (src/target/attention_portable.c) runs on the host's threads for
  * host tensors and on the GPU for target tensors; bf16 on a GPU can use tensor-core kernels
- * (src/target/attention_fast.c). OMPK_ATTN_VARIANT selects: unset or "fast" = tensor-core
- * forward and backward; "portable" = portable only.
- * A variant that cannot serve a call (f32, dh 256, unaligned rows) falls back to the portable
- * kernel. OMPK_VERIFY=1 / OMPK_TRACE=1 check or trace every call against the reference. */
+ * (src/target/attention_fast.c), host tensors on AVX-512 CPUs host kernels
+ * (src/host/attention_host.c; bf16 needs AVX-512 BF16). OMPK_ATTN_VARIANT selects: unset or
+ * "fast" = tensor-core / AVX-512 forward and backward; "portable" = portable only.
+ * A variant that cannot serve a call (GPU: f32, dh 256, unaligned rows; host: no AVX-512, or
+ * an f32 backward whose B*Hkv heads do not spread evenly over the threads) falls back to the
+ * portable kernel. OMPK_VERIFY=1 / OMPK_TRACE=1 check or trace every call against the reference. */
 #ifndef OMPK_ATTENTION_H
 #define OMPK_ATTENTION_H
 

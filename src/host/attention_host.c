@@ -732,7 +732,8 @@ ATH_TARGET static void ath_bwd_head_item(const ompk_attn_geom *g, const void *do
  * the portable kernel. */
 static int ath_heads_even(const ompk_attn_geom *g) {
     const int64_t nt = omp_get_max_threads(), heads = g->B * g->Hkv;
-    return heads % nt == 0 || heads >= 4 * nt;
+    const int64_t acc_bytes = 4 * (g->Hq / g->Hkv) * g->N * g->dh; /* per thread */
+    return (heads % nt == 0 || heads >= 4 * nt) && acc_bytes <= ((int64_t)64 << 20);
 }
 
 int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g, int bwd) {
