@@ -414,6 +414,7 @@ ATH_INLINE void ath_bwd_head(const ompk_attn_geom *g, const ath_bf *dout, const 
                     const int two = t + 1 < in;
                     for (int d0 = 0; d0 < DH; d0 += 64) {
                         __m512 a0[4], a1[4];
+                        for (int z = 0; z < 4; z++) a0[z] = a1[z] = _mm512_setzero_ps();
                         for (int z = 0; z < 4; z++)
                             if (d0 + 16 * z < DH) {
                                 a0[z] = _mm512_loadu_ps(dqr + t * DH + d0 + 16 * z);
@@ -611,6 +612,7 @@ ATH_INLINE void ath_bwd_head_f(const ompk_attn_geom *g, const float *dout, const
                     const int two = t + 1 < in;
                     for (int d0 = 0; d0 < DH; d0 += 64) {
                         __m512 a0[4], a1[4];
+                        for (int z = 0; z < 4; z++) a0[z] = a1[z] = _mm512_setzero_ps();
                         for (int z = 0; z < 4; z++)
                             if (d0 + 16 * z < DH) {
                                 a0[z] = _mm512_loadu_ps(dqr + t * DH + d0 + 16 * z);
