@@ -95,14 +95,14 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
     int gpu = ctx->dev.type == OMPK_TARGET;
     const char *saved = getenv("OMPK_ATTN_VARIANT");
     char *saved_copy = saved ? strdup(saved) : NULL;
-    /* The tensor-core kernels serve bf16 on the GPU and the AVX-512 BF16 kernels on the host
-     * (OMPK_ATTN_VARIANT=fast); everything else (and every call under
+    /* The tensor-core kernels serve bf16 on the GPU and the AVX-512 kernels f32 and bf16 on the
+     * host (OMPK_ATTN_VARIANT=fast); everything else (and every call under
      * OMPK_ATTN_VARIANT=portable) runs the portable kernel, so each record names what ran. */
     for (int fast = 1; fast >= 0; fast--) {
         setenv("OMPK_ATTN_VARIANT", fast ? "fast" : "portable", 1);
         for (int d = 0; d < 2; d++)
             for (int m = 0; m < 2; m++) {
-                if (fast && dts[d] != OMPK_BF16) continue;
+                if (fast && gpu && dts[d] != OMPK_BF16) continue;
                 const char *var = fast ? "fast" : "portable";
                 if (ctx->quick && !gpu)
                     rc |= bench_shape(ctx, bwd, dts[d], masks[m], 1, 4, 1024, 64, var);
