@@ -1,5 +1,6 @@
 /* ompk-bench entries for attention forward and backward (f32, bf16; no mask and causal).
- * On a GPU bf16 shapes run with both variants (OMPK_ATTN_VARIANT=fast|portable). FLOPs follow
+ * bf16 shapes on a GPU and every shape on the host run with both variants
+ * (OMPK_ATTN_VARIANT=fast|portable). FLOPs follow
  * the FlashAttention convention: forward 4*B*Hq*N*M*dh (half under a causal mask), backward
  * 2.5x the forward. */
 #include <stdio.h>
