@@ -1,5 +1,6 @@
 /* ompk-bench entries for attention forward and backward (f32, bf16; no mask and causal).
- * On a GPU bf16 shapes run with both variants (OMPK_ATTN_VARIANT=fast|portable). FLOPs follow
+ * bf16 shapes on a GPU and every shape on the host run with both variants
+ * (OMPK_ATTN_VARIANT=fast|portable). FLOPs follow
  * the FlashAttention convention: forward 4*B*Hq*N*M*dh (half under a causal mask), backward
  * 2.5x the forward. */
 #include <stdio.h>
@@ -95,14 +96,15 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
     int gpu = ctx->dev.type == OMPK_TARGET;
     const char *saved = getenv("OMPK_ATTN_VARIANT");
     char *saved_copy = saved ? strdup(saved) : NULL;
-    /* The tensor-core kernels serve bf16 on the GPU and the f32 forward (3xTF32) under
-     * OMPK_ATTN_VARIANT=fast; everything else (and every call under OMPK_ATTN_VARIANT=portable)
-     * runs the portable kernel, so each record names what ran. */
-    for (int fast = gpu; fast >= 0; fast--) {
+    /* OMPK_ATTN_VARIANT=fast: on the GPU the tensor-core kernels (bf16 forward and backward, f32
+     * forward through 3xTF32); on the host the AVX-512 kernels (f32 and bf16). Everything else
+     * (and every call under OMPK_ATTN_VARIANT=portable) runs the portable kernel, so each record
+     * names what ran. */
+    for (int fast = 1; fast >= 0; fast--) {
         setenv("OMPK_ATTN_VARIANT", fast ? "fast" : "portable", 1);
         for (int d = 0; d < 2; d++)
             for (int m = 0; m < 2; m++) {
-                if (fast && dts[d] != OMPK_BF16 && bwd) continue;
+                if (fast && gpu && dts[d] != OMPK_BF16 && bwd) continue;
                 const char *var = fast ? "fast" : "portable";
                 if (ctx->quick && !gpu)
                     rc |= bench_shape(ctx, bwd, dts[d], masks[m], 1, 4, 1024, 64, var);

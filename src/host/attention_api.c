@@ -20,11 +20,12 @@ ompk_attention_params ompk_attention_params_default(void) {
     return p;
 }
 
-/* OMPK_ATTN_VARIANT picks the GPU kernels (like BLIS_ARCH_TYPE; a variant that cannot serve
- * a call falls back to the portable kernel rather than failing):
- *   unset or "fast"  tensor-core forward and backward where they apply (both pass every
- *                    attention suite on an H200; the backward ran at 103 TFLOP/s there), and
- *                    the 3xTF32 tensor-core forward for f32 (attention_f32tc.c);
+/* OMPK_ATTN_VARIANT picks the kernels (like BLIS_ARCH_TYPE; a variant that cannot serve a call
+ * falls back to the portable kernel rather than failing):
+ *   unset or "fast"  GPU: tensor-core forward and backward for bf16 (both pass every attention
+ *                    suite on an H200; the backward ran at 103 TFLOP/s there) and the 3xTF32
+ *                    tensor-core forward for f32 (attention_f32tc.c); host: the AVX-512 kernels
+ *                    (attention_host.c) where the CPU has them;
  *   "portable"       the portable kernels only. */
 static const char *variant_env(void) {
     const char *v = getenv("OMPK_ATTN_VARIANT");
@@ -168,7 +169,10 @@ ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const
 
     ompk_exec ex = ompk_exec_for(c.device);
     float *lsep = lse ? (float *)lse->data : NULL;
-    if (fwd_variant_fast() && ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data))
+    if (fwd_variant_fast() && ompk_attn_host_ok(ex, &g, 0))
+        ompk_attn_fwd_host(&g, q->data, k->data, v->data, out->data, lsep);
+    else if (fwd_variant_fast() &&
+             ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data))
         ompk_attn_fwd_fast(ex, &g, q->data, k->data, v->data, out->data, lsep);
     else if (fwd_variant_fast() &&
              ompk_attn_fwd_f32tc_ok(ex, &g, q->data, k->data, v->data, out->data))
@@ -248,10 +252,17 @@ ompk_status ompk_attention_bwd(const ompk_tensor *dout, const ompk_tensor *q, co
     ompk_exec ex = ompk_exec_for(c.device);
     const void *ptrs[8] = {q->data,    k->data,  v->data,  out->data,
                            dout->data, dq->data, dk->data, dv->data};
-    if (bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs))
+    int done = 0;
+    if (bwd_variant_fast() && ompk_attn_host_ok(ex, &g, 1)) {
+        ompk_attn_rowsum(ex, &g, dout->data, out->data, dsum);
+        done =
+            ompk_attn_bwd_host(&g, dout->data, q->data, k->data, v->data, (const float *)lse->data,
+                               dq->data, dk->data, dv->data, dsum) == 0;
+    }
+    if (!done && bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs))
         ompk_attn_bwd_fast(ex, &g, dout->data, q->data, k->data, v->data, out->data,
                            (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
-    else
+    else if (!done)
         ompk_attn_bwd_portable(ex, &g, dout->data, q->data, k->data, v->data, out->data,
                                (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
     ompk_free(c.device, dsum);
