@@ -16,11 +16,11 @@ OMPK_ROUTER_VARIANT=pair timeout 60 bash $R tests --filter router_fwd > $O/tests
 mkdir -p $O/t && cp /tmp/ompk-out/summary.txt $O/t/ 2>/dev/null
 for f in /tmp/ompk-out/test_router_*.log; do grep -a -E "FAIL|Assert|got|expected" $f | head -5; done > $O/t/fails.txt 2>&1
 # kernel names carry the source line of the region in src/target/router_topk.c (rt_fwd_bare):
-# l857 pair bf16, l859 pair f32, l861 default N <= 64 k <= 11
-for kn in l861 l859 l857; do
+# l861 pair bf16, l863 pair f32, l865 default N <= 64 k <= 11
+for kn in l865 l863 l861; do
     env LD_LIBRARY_PATH=$LIBS OMP_TARGET_OFFLOAD=MANDATORY timeout 20 ncu -k regex:rt_fwd_bare_$kn -c 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats .carry/router2/bin/ompk-bench --backend gpu --filter router_topk_fwd --reps 1 > $O/ncu_$kn.txt 2>&1
 done
 grep -E "^(gpu|host) " $O/bench.txt
 echo "-- tests (OMPK_ROUTER_VARIANT=pair)"; tail -8 $O/tests_pair.txt; head -20 $O/t/fails.txt
-for kn in l861 l859 l857; do echo "-- ncu $kn"; grep -E "rt_fwd_bare|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|No Eligible" $O/ncu_$kn.txt | head -10; done
+for kn in l865 l863 l861; do echo "-- ncu $kn"; grep -E "rt_fwd_bare|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|No Eligible" $O/ncu_$kn.txt | head -10; done
 tar -C $O -czf $O/extra.tgz b t 2>/dev/null && rm -rf $O/b $O/t
