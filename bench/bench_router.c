@@ -2,6 +2,7 @@
  * k in {8, 32}, f32 and bf16 (peer: bench/peers/router_peer.py, same kernel/shape keys), and the
  * backward at the largest shape. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "bench.h"
 #include "ompk/router.h"
@@ -16,7 +17,8 @@ static ompk_status fwd_call(void *p) {
     return ompk_router_topk_fwd(&a->sx, &a->sy, a->k, &a->sc, &a->ix);
 }
 
-static int bench_fwd_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t T, int64_t N, int64_t k) {
+static int bench_fwd_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t T, int64_t N, int64_t k,
+                           const char *variant) {
     const int64_t sn[2] = {T, N}, sk[2] = {T, k};
     void *sx = ompk_bench_alloc_random(ctx, dt, T * N, 1);
     void *sy = ompk_bench_alloc_random(ctx, dt, T * N, 2);
@@ -36,6 +38,7 @@ static int bench_fwd_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t T, int64_
                      (long long)k);
             ompk_bench_record r = {0};
             r.kernel = "router_topk_fwd";
+            r.variant = variant;
             r.dtype = ompk_dtype_name(dt);
             r.shape = shape;
             r.ms = ms;
@@ -59,15 +62,31 @@ static int bench_fwd(ompk_bench_ctx *ctx) {
     const ompk_dtype dts[2] = {OMPK_F32, OMPK_BF16};
     const int64_t Ns[2] = {64, 256}, ks[2] = {8, 32};
     const int64_t T = ctx->quick ? 2048 : 16384;
+    /* the records name the variant the environment selected, if any */
+    const char *env = getenv("OMPK_ROUTER_VARIANT");
+    char prev[32] = "";
+    if (env) snprintf(prev, sizeof prev, "%s", env);
+    const char *dflt = env ? prev : NULL;
     for (int d = 0; d < 2; d++)
         for (int n = 0; n < 2; n++)
             for (int k = 0; k < 2; k++) {
                 if (ctx->quick && (d == 1 || k != n)) continue;
-                rc |= bench_fwd_shape(ctx, dts[d], T, Ns[n], ks[k]);
+                rc |= bench_fwd_shape(ctx, dts[d], T, Ns[n], ks[k], dflt);
             }
     /* a handful of tokens: the fixed cost of one call (validation, launch, synchronization),
      * the floor under the figures above */
-    if (!ctx->quick) rc |= bench_fwd_shape(ctx, OMPK_F32, 16, 64, 8);
+    if (!ctx->quick) rc |= bench_fwd_shape(ctx, OMPK_F32, 16, 64, 8, dflt);
+    /* on a GPU, the N = 64 shapes again under the two-tokens-per-warp forward (it covers k <= 11;
+     * k = 32 runs the default kernel there and is recorded as the control) */
+    if (ctx->dev.type != OMPK_HOST && !ctx->quick) {
+        setenv("OMPK_ROUTER_VARIANT", "pair", 1);
+        for (int d = 0; d < 2; d++)
+            for (int k = 0; k < 2; k++) rc |= bench_fwd_shape(ctx, dts[d], T, 64, ks[k], "pair");
+        if (env)
+            setenv("OMPK_ROUTER_VARIANT", prev, 1);
+        else
+            unsetenv("OMPK_ROUTER_VARIANT");
+    }
     return rc;
 }
 

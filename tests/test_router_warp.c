@@ -45,7 +45,9 @@ static void gen(int cls, int64_t T, int64_t N, uint64_t seed, float *x, float *y
     }
 }
 
-/* ar: the N > 64, k <= 11 kernel takes the axis ranks by arg-max rounds (1) or by the sort (0) */
+/* ar: the N > 64, k <= 11 kernel takes the axis ranks by arg-max rounds (1) or by the sort (0);
+ * ar = 2: the two-tokens-per-warp kernel (OMPK_ROUTER_VARIANT=pair, N <= 64, k <= 11), ar = 3:
+ * the same on bf16 inputs (the inputs rounded to bf16 first), sorted as 32-bit keys */
 static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed, int ar) {
     float *x = malloc(sizeof(float) * (size_t)(T * N)),
           *y = malloc(sizeof(float) * (size_t)(T * N));
@@ -54,6 +56,13 @@ static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed, int a
     int32_t *ix = malloc(sizeof(int32_t) * (size_t)(T * k));
     int32_t *ri = malloc(sizeof(int32_t) * (size_t)(T * k));
     gen(cls, T, N, seed, x, y);
+    uint16_t *bx = malloc(sizeof(uint16_t) * (size_t)(T * N)),
+             *by = malloc(sizeof(uint16_t) * (size_t)(T * N));
+    for (int64_t e = 0; e < T * N; e++) {
+        bx[e] = ompk_f32_to_bf16(x[e]);
+        by[e] = ompk_f32_to_bf16(y[e]);
+        if (ar == 3) x[e] = ompk_bf16_to_f32(bx[e]), y[e] = ompk_bf16_to_f32(by[e]);
+    }
     const int64_t sh[2] = {T, N};
     ompk_tensor hx = ompk_tensor_make(x, OMPK_F32, 2, sh, ompk_device_host());
     ompk_tensor hy = ompk_tensor_make(y, OMPK_F32, 2, sh, ompk_device_host());
@@ -66,7 +75,12 @@ static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed, int a
         const int lane = omp_get_thread_num();
         int S, CS;
         rt_warp_shape((int)N, (int)k, &S, &CS);
-        if (S == 2 && CS == 1)
+        if (ar == 2)
+            rt_pair_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 2, T, sc, k, 1, ix, k, 1, 0);
+        else if (ar == 3)
+            rt_pair_run(bx, N, 1, by, N, 1, 1, (int)N, (int)k, lane, 0, 2, T, sc, k, 1, ix, k, 1,
+                        1);
+        else if (S == 2 && CS == 1)
             rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
                         1, 0);
         else if (S == 2)
@@ -95,7 +109,7 @@ static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed, int a
         for (int64_t r = 0; r < k; r++)
             cr_expect(ix[k + r] >= 0 && ix[k + r] < N * N, "NaN token slot %lld: index %d",
                       (long long)r, ix[k + r]);
-    free(x), free(y), free(sc), free(rs), free(ix), free(ri);
+    free(x), free(y), free(bx), free(by), free(sc), free(rs), free(ix), free(ri);
 }
 
 Test(router_warp, matches_reference) {
@@ -111,5 +125,22 @@ Test(router_warp, matches_reference) {
                 rt_warp_shape((int)N, (int)k, &S, &CS);
                 check(cls, 2, N, k, (uint64_t)(cls * 1000 + N * 7 + k), 1);
                 if (S == 8 && CS == 1) check(cls, 2, N, k, (uint64_t)(cls * 1000 + N * 7 + k), 0);
+            }
+}
+
+/* Two tokens per warp, f32 and bf16 (32-bit keys): pairs of tokens in every data class (T = 5:
+ * the last pair lacks its second token; the NaN token 1 shares its warp with token 0, which must
+ * still be exact). */
+Test(router_warp, pair_matches_reference) {
+    const int64_t Ns[] = {1, 2, 7, 33, 48, 64};
+    const int64_t ks[] = {1, 2, 3, 8, 11};
+    for (int cls = 0; cls < 6; cls++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+            for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+                const int64_t N = Ns[ni], k = ks[ki];
+                if (k > N * N) continue;
+                cr_assert(rt_pair_eligible((int)N, (int)k));
+                check(cls, 5, N, k, (uint64_t)(cls * 1000 + N * 7 + k + 5), 2);
+                check(cls, 5, N, k, (uint64_t)(cls * 1000 + N * 7 + k + 6), 3);
             }
 }

@@ -305,8 +305,10 @@ static inline __attribute__((unused)) unsigned rt_wballot(int pred) {
 #define RT_AI static inline __attribute__((always_inline))
 #if defined(__clang__)
 #define RT_UNROLL _Pragma("unroll")
+#define RT_NOUNROLL _Pragma("nounroll")
 #else
 #define RT_UNROLL _Pragma("GCC unroll 64")
+#define RT_NOUNROLL _Pragma("GCC unroll 1")
 #endif
 
 static inline unsigned rt_ord(float v) {
@@ -337,53 +339,60 @@ static inline int rt_bad(float f) {
 
 /* Descending bitonic sort of 32*S keys, lane l holding elements l*S .. l*S + S-1, so rank r
  * ends in lane r / S, slot r % S. With two = 1 a second array is sorted in lockstep. The steps
- * run as one flat loop so that full unrolling turns (size, d) into constants. */
-RT_AI void rt_bitonic_steps(uint64_t *u, uint64_t *v, const int S, const int two, int lane,
-                            const int steps) {
-    int size = 2, d = 1;
-    RT_UNROLL
-    for (int st = 0; st < steps; st++) {
-        if (d < S) {
-            RT_UNROLL
-            for (int m = 0; m < S; m++) {
-                if (m & d) continue;
-                const int desc = ((lane * S + m) & size) == 0;
-                if ((u[m] < u[m | d]) == desc) {
-                    const uint64_t t = u[m];
-                    u[m] = u[m | d];
-                    u[m | d] = t;
-                }
-                if (two && (v[m] < v[m | d]) == desc) {
-                    const uint64_t t = v[m];
-                    v[m] = v[m | d];
-                    v[m | d] = t;
-                }
-            }
-        } else {
-            const int j = d / S, src = lane ^ j;
-            const int takemax = ((lane & j) == 0) == (((lane * S) & size) == 0);
-            RT_UNROLL
-            for (int m = 0; m < S; m++) {
-                const uint64_t p = rt_wshfl64(u[m], src);
-                if ((p > u[m]) == takemax) u[m] = p;
-                if (two) {
-                    const uint64_t q = rt_wshfl64(v[m], src);
-                    if ((q > v[m]) == takemax) v[m] = q;
-                }
-            }
-        }
-        if (d == 1) {
-            size <<= 1;
-            d = size >> 1;
-        } else {
-            d >>= 1;
-        }
-    }
+ * run as one flat loop so that full unrolling turns (size, d) into constants. With gb > 0 the
+ * lanes gb.. form a narrower group (lane counts from its start; partners never leave it). */
+// clang-format off
+#define RT_DEF_BITONIC(NAME_, KT_, SHFL_) \
+RT_AI void NAME_(KT_ *u, KT_ *v, const int S, const int two, int lane, int gb,    \
+                            const int steps) {                                    \
+    int size = 2, d = 1;                                                          \
+    RT_UNROLL                                                                     \
+    for (int st = 0; st < steps; st++) {                                          \
+        if (d < S) {                                                              \
+            RT_UNROLL                                                             \
+            for (int m = 0; m < S; m++) {                                         \
+                if (m & d) continue;                                              \
+                const int desc = ((lane * S + m) & size) == 0;                    \
+                if ((u[m] < u[m | d]) == desc) {                                  \
+                    const KT_ t = u[m];                                           \
+                    u[m] = u[m | d];                                              \
+                    u[m | d] = t;                                                 \
+                }                                                                 \
+                if (two && (v[m] < v[m | d]) == desc) {                           \
+                    const KT_ t = v[m];                                           \
+                    v[m] = v[m | d];                                              \
+                    v[m | d] = t;                                                 \
+                }                                                                 \
+            }                                                                     \
+        } else {                                                                  \
+            const int j = d / S, src = gb + (lane ^ j);                           \
+            const int takemax = ((lane & j) == 0) == (((lane * S) & size) == 0);  \
+            RT_UNROLL                                                             \
+            for (int m = 0; m < S; m++) {                                         \
+                const KT_ p = SHFL_(u[m], src);                                   \
+                if ((p > u[m]) == takemax) u[m] = p;                              \
+                if (two) {                                                        \
+                    const KT_ q = SHFL_(v[m], src);                               \
+                    if ((q > v[m]) == takemax) v[m] = q;                          \
+                }                                                                 \
+            }                                                                     \
+        }                                                                         \
+        if (d == 1) {                                                             \
+            size <<= 1;                                                           \
+            d = size >> 1;                                                        \
+        } else {                                                                  \
+            d >>= 1;                                                              \
+        }                                                                         \
+    }                                                                             \
 }
+// clang-format on
+RT_DEF_BITONIC(rt_bitonic_steps, uint64_t, rt_wshfl64)
+/* bf16 keys (16-bit ordered value, 16-bit index) fit in 32 bits: one shuffle per exchange */
+RT_DEF_BITONIC(rt_bitonic_steps32, uint32_t, rt_wshfl)
 
 RT_AI void rt_bitonic(uint64_t *u, uint64_t *v, const int S, const int two, int lane) {
     const int logn = S == 1 ? 5 : S == 2 ? 6 : S == 4 ? 7 : 8;
-    rt_bitonic_steps(u, v, S, two, lane, logn * (logn + 1) / 2);
+    rt_bitonic_steps(u, v, S, two, lane, 0, logn * (logn + 1) / 2);
 }
 
 /* rank `lane` of a sorted array (lane r / S, slot r % S) */
@@ -410,7 +419,7 @@ static inline uint64_t rt_warp_best(uint64_t mine) {
 RT_AI void rt_axis_rounds(uint64_t *u, uint64_t *v, int L, int lane, uint64_t *ou, uint64_t *ov) {
     /* the first 6 steps (runs up to 8) stay in registers; lane 0's directions make every
      * lane's run descending */
-    rt_bitonic_steps(u, v, 8, 1, 0, 6);
+    rt_bitonic_steps(u, v, 8, 1, 0, 0, 6);
     *ou = *ov = 0;
     for (int r = 0; r < L; r++) {
         const uint64_t wu = rt_warp_best(u[0]), wv = rt_warp_best(v[0]);
@@ -612,6 +621,180 @@ RT_AI void rt_warp_run(const void *sx, int64_t sx0, int sx1, const void *sy, int
                       rt_opaque(lane), S, CS, AR, ca, cb, sc + t * sc0, sc1, ix + t * ix0, ix1);
 }
 
+/* OMPK_ROUTER_VARIANT=pair, N <= 64 and k <= 11: two tokens per warp, 16 lanes each (lanes
+ * 0-15 token t, 16-31 token t+1), 4 keys per lane per axis and 2 candidates per lane. Per token
+ * the axis sort takes 10 shuffle steps instead of 15 (the other 11 compare-exchanges stay in
+ * registers) and the candidate sort 10 instead of 15, and each warp instruction serves two
+ * tokens, so the warp's latency chain (the limit: 40% of cycles without an eligible warp) is
+ * shared by twice the work. Ranks <= k <= 11 and the frontier lanes a <= k fit in 16 lanes; at
+ * most 29 candidates fit in 32 slots. Every collective is executed by all 32 lanes: a token
+ * with NaN/+inf (or the missing partner of an odd last token) goes through the networks with
+ * garbage keys and writes nothing; its fallback and the tie scans run after the networks (the
+ * tie scan of each token by the whole warp). */
+/* bf16 bits -> 32-bit key: the value's order in the high half (-0 folded onto +0), the index's
+ * complement in the low half (N <= 64); and back to the 64-bit key of the same (value, index) */
+static inline uint32_t rt_key16(uint16_t h, int idx) {
+    const uint32_t u = h == 0x8000u ? 0u : h;
+    const uint32_t o = (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
+    return (o << 16) | (~(uint32_t)idx & 0xffffu);
+}
+
+static inline uint64_t rt_key16_wide(uint32_t k) {
+    if (k == 0) return 0; /* padding stays below every real key */
+    const uint32_t o = k >> 16;
+    const uint16_t h = (uint16_t)((o & 0x8000u) ? (o & 0x7fffu) : (~o & 0xffffu));
+    return rt_key(ompk_bf16_to_f32(h), (int32_t)(~k & 0xffffu));
+}
+
+#define RT_PAIR_KMAX 11
+#define RT_PAIR_NMAX 64
+
+static inline int rt_pair_eligible(int N, int k) {
+    return N <= RT_PAIR_NMAX && k <= RT_PAIR_KMAX;
+}
+
+RT_AI void rt_pair_tokens(const void *sx, int64_t sx0, int sx1, const void *sy, int64_t sy0,
+                          int sy1, int bf16, int N, int k, int lane, int64_t t, int64_t T,
+                          float *sc, int64_t sc0, int sc1, int32_t *ix, int64_t ix0, int ix1,
+                          const int *ca, const int *cb, const int B32) {
+    const int gl = lane & 15, gb = lane & 16;
+    const int64_t tt = t + (gb >> 4);
+    const int valid = tt < T;
+    const int64_t tr = valid ? tt : t;
+    const void *rx = rt_row(sx, tr * sx0, bf16), *ry = rt_row(sy, tr * sy0, bf16);
+    int bad = 0;
+    uint64_t x0 = 0, y0 = 0; /* rank gl of each axis */
+    if (B32) {
+        uint32_t kx[4], ky[4];
+        RT_UNROLL
+        for (int m = 0; m < 4; m++) {
+            const int i = gl * 4 + m;
+            kx[m] = ky[m] = 0; /* below every real key */
+            if (valid && i < N) {
+                const uint16_t hx = ((const uint16_t *)rx)[(int64_t)i * sx1];
+                const uint16_t hy = ((const uint16_t *)ry)[(int64_t)i * sy1];
+                bad |= rt_bad(ompk_bf16_to_f32(hx)) | rt_bad(ompk_bf16_to_f32(hy));
+                kx[m] = rt_key16(hx, i);
+                ky[m] = rt_key16(hy, i);
+            }
+        }
+        rt_bitonic_steps32(kx, ky, 4, 1, gl, gb, 21); /* 64 keys: 6 * 7 / 2 steps */
+        uint32_t hx = 0, hy = 0;
+        RT_UNROLL
+        for (int j = 0; j < 4; j++) {
+            const uint32_t px = rt_wshfl(kx[j], gb + gl / 4), py = rt_wshfl(ky[j], gb + gl / 4);
+            if (gl % 4 == j) hx = px, hy = py;
+        }
+        x0 = rt_key16_wide(hx);
+        y0 = rt_key16_wide(hy);
+    } else {
+        uint64_t kx[4], ky[4];
+        RT_UNROLL
+        for (int m = 0; m < 4; m++) {
+            const int i = gl * 4 + m;
+            kx[m] = ky[m] = 0; /* below every real key */
+            if (valid && i < N) {
+                const float fx = ompk_load_f(rx, (int64_t)i * sx1, bf16);
+                const float fy = ompk_load_f(ry, (int64_t)i * sy1, bf16);
+                bad |= rt_bad(fx) | rt_bad(fy);
+                kx[m] = rt_key(fx, i);
+                ky[m] = rt_key(fy, i);
+            }
+        }
+        rt_bitonic_steps(kx, ky, 4, 1, gl, gb, 21);
+        RT_UNROLL
+        for (int j = 0; j < 4; j++) {
+            const uint64_t px = rt_wshfl64(kx[j], gb + gl / 4);
+            const uint64_t py = rt_wshfl64(ky[j], gb + gl / 4);
+            if (gl % 4 == j) x0 = px, y0 = py;
+        }
+    }
+    const int badg = ((rt_wballot(bad) >> gb) & 0xffffu) != 0;
+
+    uint64_t c[2];
+    RT_UNROLL
+    for (int m = 0; m < 2; m++) {
+        const uint64_t px = rt_wshfl64(x0, gb + (ca[m] < 0 ? 0 : ca[m]));
+        const uint64_t py = rt_wshfl64(y0, gb + cb[m]);
+        const float s = rt_unord((unsigned)(px >> 32)) + rt_unord((unsigned)(py >> 32));
+        const int32_t i = (int32_t)~(uint32_t)px, j = (int32_t)~(uint32_t)py;
+        c[m] = ca[m] < 0 ? 0 : rt_key(s, i * N + j);
+    }
+    rt_bitonic_steps(c, c, 2, 0, gl, gb, 15); /* 32 keys */
+
+    /* tau = the sum at rank k - 1 (lane (k-1) / 2, slot (k-1) % 2) */
+    const uint64_t sel = (k - 1) % 2 ? c[1] : c[0];
+    const float tau = rt_unord(rt_wshfl((unsigned)(sel >> 32), gb + (k - 1) / 2));
+
+    /* frontier pair (a, k / (a+1)) in lane a */
+    const float xa = rt_unord((unsigned)(x0 >> 32));
+    const int b = k / (gl + 1);
+    const float yb = rt_unord(rt_wshfl((unsigned)(y0 >> 32), gb + (b & 15)));
+    const int hit = gl <= k && gl < N && b < N && xa + yb >= tau;
+    const int sure = ((rt_wballot(hit) >> gb) & 0xffffu) == 0;
+
+    int above1 = 0, above2 = 0;
+    if (gl * 2 < k && rt_unord((unsigned)(c[0] >> 32)) > tau) above1 = 1;
+    if (gl * 2 + 1 < k && rt_unord((unsigned)(c[1] >> 32)) > tau) {
+        if (above1)
+            above2 = 1;
+        else
+            above1 = 1;
+    }
+    const unsigned m1 = (rt_wballot(above1) >> gb) & 0xffffu;
+    const unsigned m2 = (rt_wballot(above2) >> gb) & 0xffffu;
+    /* slots kept from the candidates: all k, or those strictly above tau */
+    const int w0 = sure ? k : __builtin_popcount(m1) + __builtin_popcount(m2);
+    float *osc = sc + tr * sc0;
+    int32_t *oix = ix + tr * ix0;
+    if (valid && !badg) {
+        RT_UNROLL
+        for (int m = 0; m < 2; m++) {
+            const int r = gl * 2 + m;
+            if (r < w0) {
+                /* the sum again from the inputs: the key folded -0 onto +0 */
+                const int32_t p = (int32_t)~(uint32_t)c[m], i = p / N, j = p % N;
+                osc[r * sc1] = ompk_load_f(rx, (int64_t)i * sx1, bf16) +
+                               ompk_load_f(ry, (int64_t)j * sy1, bf16);
+                oix[r * ix1] = p;
+            }
+        }
+    }
+    if (valid && badg && gl == 0)
+        rt_token_lane(rx, 0, sx1, ry, 0, sy1, bf16, N, k, osc, sc1, oix, ix1);
+
+    /* the tie scans, one token at a time, by all 32 lanes */
+    const unsigned need = rt_wballot(gl == 0 && valid && !badg && !sure);
+    const unsigned ymaxb = (unsigned)(y0 >> 32); /* rank 0 of y (ordered) in lanes 0 and 16 */
+    ompk_f32_bits tb;
+    tb.f = tau;
+    /* one call site: unrolled, the two calls cost the f32 (bf16) kernel 120 (96) registers
+     * instead of 72 (63) */
+    RT_NOUNROLL
+    for (int g = 0; g < 2; g++) {
+        if (!((need >> (16 * g)) & 1u)) continue;
+        const int64_t tg = t + g;
+        ompk_f32_bits gt;
+        gt.u = rt_wshfl(tb.u, 16 * g);
+        const float gy = rt_unord(rt_wshfl(ymaxb, 16 * g));
+        const int gw = (int)rt_wshfl((unsigned)w0, 16 * g);
+        rt_warp_tie_fill(rt_row(sx, tg * sx0, bf16), 0, sx1, rt_row(sy, tg * sy0, bf16), 0, sy1,
+                         bf16, N, k, lane, gt.f, gy, gw, sc + tg * sc0, sc1, ix + tg * ix0, ix1);
+    }
+}
+
+/* A warp's share of the token pairs: (t0, t0+1), (t0 + step, ...), ... (t0, step even). */
+RT_AI void rt_pair_run(const void *sx, int64_t sx0, int sx1, const void *sy, int64_t sy0, int sy1,
+                       int bf16, int N, int k, int lane, int64_t t0, int64_t step, int64_t T,
+                       float *sc, int64_t sc0, int sc1, int32_t *ix, int64_t ix0, int ix1,
+                       const int B32) {
+    int ca[2], cb[2];
+    rt_cand_map(N, k, lane & 15, 2, ca, cb);
+    for (int64_t t = t0; t < T; t += step)
+        rt_pair_tokens(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, rt_opaque(lane), t, T, sc, sc0, sc1,
+                       ix, ix0, ix1, ca, cb, B32);
+}
+
 /* keys per lane per axis (S: 32*S >= N) and candidates per lane (CS: 32*CS >= their count).
  * With S = 8 and CS = 1 (N > 64, k <= 11) the kernel takes the top k+1 of each axis by arg-max
  * rounds over per-lane sorted 8s (AR = 1), not the full 256-key sort. */
@@ -644,6 +827,17 @@ static int rt_use_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     }
 // clang-format on
 
+// clang-format off
+#define RT_PAIR_REGION(B32_)                                                                       \
+    _Pragma("omp target teams ompx_bare num_teams(pteams) thread_limit(32 * RT_WARPS) device(ex.device) is_device_ptr(sx, sy, sc, ix) firstprivate(T, N, k, bf16, sx0, sx1, sy0, sy1, sc0, sc1, ix0, ix1)") \
+    {                                                                                              \
+        const int lane = ompx_thread_id_x() & 31, warp = ompx_thread_id_x() >> 5;                  \
+        rt_pair_run(sx, sx0, sx1, sy, sy0, sy1, bf16, N, k, lane,                                  \
+                    2 * ((int64_t)ompx_block_id_x() * RT_WARPS + warp),                            \
+                    2 * (int64_t)ompx_grid_dim_x() * RT_WARPS, T, sc, sc0, sc1, ix, ix0, ix1, B32_); \
+    }
+// clang-format on
+
 static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     const void *sx = a->sx, *sy = a->sy;
     float *sc = a->scores;
@@ -659,7 +853,15 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     /* OMPK_ROUTER_VARIANT=sort: the full axis sort also where arg-max rounds are the default */
     const char *v = getenv("OMPK_ROUTER_VARIANT");
     const int rounds = !(v && strcmp(v, "sort") == 0);
-    if (S == 2 && CS == 1)
+    if (v && strcmp(v, "pair") == 0 && rt_pair_eligible(N, k)) {
+        /* two tokens per warp */
+        const int64_t pw = (T + 2 * RT_WARPS - 1) / (2 * RT_WARPS);
+        const int pteams = (int)(pw < 65536 ? pw : 65536);
+        if (bf16)
+            RT_PAIR_REGION(1)
+        else
+            RT_PAIR_REGION(0)
+    } else if (S == 2 && CS == 1)
         RT_BARE_REGION(2, 1, 0)
     else if (S == 2)
         RT_BARE_REGION(2, 4, 0)
