@@ -1,0 +1,303 @@
+/* mHC pre forward, tensor-core GEMM for bf16 x on the GPU (used by mhc_pre_fwd.c; the team
+ * function is also run on the host by tests/test_mhc_pre_tc_emu.c with PTX_MMA_EMULATE).
+ *
+ * Launch 1 of the pre forward becomes an ompx_bare kernel on mma.sync m16n8k16 (bf16 in, f32
+ * accumulate). A team of PRE_TC_WARPS warps owns PRE_TC_TOK(n) tokens and one K split; each
+ * warp owns PRE_TC_TM(n) m16 tiles of tokens, their M sums (M padded to n8 tiles) and their sums of
+ * squares in registers. A operand = x itself: per 32-wide k chunk every lane loads 16 bytes of
+ * each of its token rows and uses them as its k-slots of two k16 steps (B uses the same k
+ * permutation; see ptx_mma.h), so x goes global -> registers in whole 32-byte sectors. B operand =
+ * (phi*gamma)^T, formed per stage in team-shared memory from phi and gamma (no separate launch)
+ * and split into three bf16 parts hi + mid + lo: the three products carry the f32 weight to
+ * ~2^-24 relative, x is exact in bf16, so the result keeps f32-level accuracy. The sum of squares
+ * comes from the same x registers in f32. Weights are double buffered (one barrier per stage)
+ * and the next stage's x is in flight while the current one multiplies. Each team writes its
+ * split's partial sums in the SIMT path's layout, part[(split * T + t) * (M + 1) + m] (m = M:
+ * sum of squares), so the fixed-order reduce and the Sinkhorn launch are shared.
+ * Launch 3 (h_in) becomes a bare kernel of 16-byte loads and stores, one 8-element piece of h_in
+ * per thread. */
+#ifndef OMPK_MHC_PRE_TC_H
+#define OMPK_MHC_PRE_TC_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "mhc_kern.h"
+#include "ptx_mma.h"
+
+#define PRE_TC_WARPS 4
+#define PRE_TC_THREADS (PRE_TC_WARPS * 32)
+#define PRE_TC_NT(N) ((2 * (N) + (N) * (N) + 7) / 8)
+/* m16 token tiles per warp: 4 while the accumulators leave room (n <= 5; ptxas: no spills),
+ * else 2; register arrays are sized for the largest */
+#define PRE_TC_TM(N) (PRE_TC_NT(N) <= 5 ? 4 : 2)
+#define PRE_TC_TMMAX 4
+#define PRE_TC_TOK(N) (PRE_TC_WARPS * PRE_TC_TM(N) * 16) /* tokens per team */
+/* 32-wide k chunks per stage: 2 where the double-buffered weights stay small (n <= 4) */
+#define PRE_TC_SC(N) (PRE_TC_NT(N) <= 3 ? 2 : 1)
+/* bf16 per shared weight row: a row stride of 64 mod 128 bytes makes the 8 lanes of a
+ * quarter-warp (two rows, 64 bytes each) hit all 32 banks once */
+#define PRE_TC_LDW(N) (PRE_TC_SC(N) == 2 ? 96 : 32)
+#define PRE_TC_BUF(N) (3 * 8 * PRE_TC_NT(N) * PRE_TC_LDW(N)) /* one stage, 3 parts */
+
+typedef struct pre_tc_geom {
+    int64_t T, S, D, sx0, sx1, sx2, sphi, shin0, shin1;
+    int NDC, NCH, CPS, KS, NG, has_gamma; /* d chunks per stream, chunks, chunks per split */
+} pre_tc_geom;
+
+/* KS = 0 when the shape does not fit the path's index types. */
+static inline pre_tc_geom pre_tc_geometry(const mhc_pre_fwd_args *a) {
+    pre_tc_geom g;
+    memset(&g, 0, sizeof g);
+    g.T = a->B * a->S, g.S = a->S, g.D = a->D;
+    g.sx0 = a->sx[0], g.sx1 = a->sx[1], g.sx2 = a->sx[2], g.sphi = a->sphi;
+    g.shin0 = a->shin[0], g.shin1 = a->shin[1];
+    g.has_gamma = a->gamma != NULL;
+    const int64_t ng = (g.T + PRE_TC_TOK(a->n) - 1) / PRE_TC_TOK(a->n), ndc = (a->D + 31) / 32;
+    const int sc = PRE_TC_SC(a->n);
+    if (ng > 0x7fffffff || ndc * a->n > 0x7fffffff) return g;
+    g.NG = (int)ng, g.NDC = (int)ndc, g.NCH = (int)ndc * a->n;
+    /* about 512 teams (a few full waves on a 132-SM GPU); fewer splits when there are enough
+     * token groups, since each split costs M + 1 floats a token */
+    int64_t want = (512 + ng - 1) / ng;
+    if (want > g.NCH) want = g.NCH;
+    int64_t cps = (g.NCH + want - 1) / want;
+    cps = (cps + sc - 1) / sc * sc;
+    g.CPS = (int)cps;
+    g.KS = (int)((g.NCH + cps - 1) / cps);
+    return g;
+}
+
+static inline int64_t pre_tc_workspace(const mhc_pre_fwd_args *a) {
+    const pre_tc_geom g = pre_tc_geometry(a);
+    const int M = 2 * a->n + a->n * a->n;
+    return (int64_t)sizeof(float) * ((int64_t)g.KS * g.T * (M + 1) + g.T * a->n) + 64;
+}
+
+#if defined(PTX_MMA_DEVICE) || defined(PTX_MMA_EMULATE)
+#define PRE_TC_HAVE 1
+#include <omp.h>
+#ifdef PTX_MMA_EMULATE
+/* a team is one host parallel region of PRE_TC_THREADS threads; the test sets the block */
+static int pre_tc_emu_block;
+#define PRE_TC_TID() omp_get_thread_num()
+#define PRE_TC_BID() pre_tc_emu_block
+#define PRE_TC_SYNC() _Pragma("omp barrier")
+#else
+#include <ompx.h>
+#define PRE_TC_TID() ompx_thread_id_x()
+#define PRE_TC_BID() ompx_block_id_x()
+#define PRE_TC_SYNC() ompx_sync_block_acq_rel()
+#endif
+
+/* x of chunk q (zeros past the split or past D) for the lane's 2 * TM token rows */
+MHC_INLINE void pre_tc_loadx(const int TM, uint32_t xv[PRE_TC_TMMAX][2][4],
+                             const char *const xr[PRE_TC_TMMAX][2], const pre_tc_geom *g, int q,
+                             int q1, int t4) {
+    const int i = q / g->NDC;
+    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + 8 * t4;
+    const int ok = q < q1 && d < g->D;
+    const int64_t off = ((int64_t)i * g->sx2 + d) * 2;
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+    for (int h = 0; h < 2; h++) {
+        if (mt >= TM) continue;
+        ompk_u128 v = {{0u, 0u, 0u, 0u}};
+        if (ok) v = *(const ompk_u128 *)(xr[mt][h] + off);
+        MHC_UNROLL
+        for (int w = 0; w < 4; w++) xv[mt][h][w] = v.w[w];
+    }
+}
+
+/* This thread's share of the weights of the stage starting at chunk qs: (phi*gamma)[m][k] for a
+ * pair of k and rows r0, r0 + RP, ... (zeros past M, the split or D). */
+MHC_INLINE void pre_tc_fetchw(const int N, float pw[][2], const float *phi, const float *gamma,
+                              const pre_tc_geom *g, int qs, int q1, int tid) {
+    const int M = 2 * N + N * N, SC = PRE_TC_SC(N), PP = SC * 16, RP = PRE_TC_THREADS / PP;
+    const int NPASS = (PRE_TC_NT(N) * 8 + RP - 1) / RP;
+    const int p = tid % PP, r0 = tid / PP;
+    const int q = qs + p / 16;
+    const int i = q / g->NDC;
+    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + (p % 16) * 2;
+    const int ok = q < q1 && d < g->D;
+    const int64_t k = (int64_t)i * g->D + d;
+    const float g0 = ok && g->has_gamma ? gamma[k] : 1.f;
+    const float g1 = ok && g->has_gamma ? gamma[k + 1] : 1.f;
+    MHC_UNROLL
+    for (int j = 0; j < 16; j++) {
+        if (j >= NPASS) continue;
+        const int r = r0 + j * RP;
+        const int live = ok && r < M;
+        pw[j][0] = live ? phi[r * g->sphi + k] * g0 : 0.f;
+        pw[j][1] = live ? phi[r * g->sphi + k + 1] * g1 : 0.f;
+    }
+}
+
+/* The fetched weights as hi, mid, lo bf16 parts into one stage buffer [part][row][LDW]. */
+MHC_INLINE void pre_tc_storew(const int N, float pw[][2], uint16_t *wb, int tid) {
+    const int ROWS = PRE_TC_NT(N) * 8, SC = PRE_TC_SC(N), PP = SC * 16, RP = PRE_TC_THREADS / PP;
+    const int NPASS = (ROWS + RP - 1) / RP, LDW = PRE_TC_LDW(N);
+    const int p = tid % PP, r0 = tid / PP, col = (p / 16) * 32 + (p % 16) * 2;
+    MHC_UNROLL
+    for (int j = 0; j < 16; j++) {
+        if (j >= NPASS) continue;
+        const int r = r0 + j * RP;
+        if (r >= ROWS) continue;
+        const uint32_t hi = ptx_pack_bf16x2(pw[j][0], pw[j][1]);
+        const float e0 = pw[j][0] - ptx_bf16_half(hi, 0), e1 = pw[j][1] - ptx_bf16_half(hi, 1);
+        const uint32_t mid = ptx_pack_bf16x2(e0, e1);
+        const uint32_t lo = ptx_pack_bf16x2(e0 - ptx_bf16_half(mid, 0), e1 - ptx_bf16_half(mid, 1));
+        *(uint32_t *)(wb + (0 * ROWS + r) * LDW + col) = hi;
+        *(uint32_t *)(wb + (1 * ROWS + r) * LDW + col) = mid;
+        *(uint32_t *)(wb + (2 * ROWS + r) * LDW + col) = lo;
+    }
+}
+
+/* One stage's products: the SC chunks in xa against the weights in wb. */
+MHC_INLINE void pre_tc_stage(const int N, float acc[PRE_TC_TMMAX][10][4], float ss[PRE_TC_TMMAX][2],
+                             uint32_t xa[2][PRE_TC_TMMAX][2][4], const uint16_t *wb, int gq,
+                             int t4) {
+    const int NT = PRE_TC_NT(N), SC = PRE_TC_SC(N), ROWS = NT * 8, LDW = PRE_TC_LDW(N);
+    const int TM = PRE_TC_TM(N);
+    MHC_UNROLL
+    for (int cc = 0; cc < 2; cc++) {
+        if (cc >= SC) continue;
+        /* the small parts first */
+        MHC_UNROLL
+        for (int s = 2; s >= 0; s--) MHC_UNROLL
+        for (int nt = 0; nt < 10; nt++) {
+            if (nt >= NT) continue;
+            const ompk_u128 wv =
+                *(const ompk_u128 *)(wb + (s * ROWS + nt * 8 + gq) * LDW + cc * 32 + 8 * t4);
+            MHC_UNROLL
+            for (int mt = 0; mt < PRE_TC_TMMAX; mt++) {
+                if (mt >= TM) continue;
+                const uint32_t *r0 = xa[cc][mt][0], *r1 = xa[cc][mt][1];
+                const uint32_t a0[4] = {r0[0], r1[0], r0[1], r1[1]};
+                const uint32_t a1[4] = {r0[2], r1[2], r0[3], r1[3]};
+                ptx_mma_bf16_16816(acc[mt][nt], a0, wv.w[0], wv.w[1]);
+                ptx_mma_bf16_16816(acc[mt][nt], a1, wv.w[2], wv.w[3]);
+            }
+        }
+        MHC_UNROLL
+        for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+        for (int h = 0; h < 2; h++) MHC_UNROLL
+        for (int w = 0; w < 4; w++) {
+            if (mt >= TM) continue;
+            const float lo = ptx_bf16_half(xa[cc][mt][h][w], 0);
+            const float hi = ptx_bf16_half(xa[cc][mt][h][w], 1);
+            ss[mt][h] += lo * lo + hi * hi;
+        }
+    }
+}
+
+/* One team: partial GEMM rows and sums of squares of its tokens over its K split. ws is the
+ * team-shared weight buffer (two stages). */
+MHC_INLINE void pre_tc_team(const int N, const pre_tc_geom *g, const char *x, const float *phi,
+                            const float *gamma, float *part, uint16_t *ws) {
+    const int M = 2 * N + N * N, NT = PRE_TC_NT(N), SC = PRE_TC_SC(N), BUF = PRE_TC_BUF(N);
+    const int TM = PRE_TC_TM(N);
+    const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, t4 = lane & 3;
+    const int blk = PRE_TC_BID();
+    const int c = blk / g->NG, grp = blk - c * g->NG;
+    const int64_t T = g->T;
+    const int q0 = c * g->CPS, q1 = q0 + g->CPS < g->NCH ? q0 + g->CPS : g->NCH;
+    const int64_t tb = (int64_t)grp * PRE_TC_TOK(N) + warp * (TM * 16) + gq;
+    const char *xr[PRE_TC_TMMAX][2];
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+    for (int h = 0; h < 2; h++) {
+        if (mt >= TM) continue;
+        int64_t t = tb + mt * 16 + h * 8;
+        t = t < T ? t : T - 1;
+        xr[mt][h] = x + ((t / g->S) * g->sx0 + (t % g->S) * g->sx1) * 2;
+    }
+    float acc[PRE_TC_TMMAX][10][4], ss[PRE_TC_TMMAX][2];
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) {
+        ss[mt][0] = ss[mt][1] = 0.f;
+        MHC_UNROLL
+        for (int nt = 0; nt < 10; nt++) MHC_UNROLL
+        for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
+    }
+    uint32_t xa[2][PRE_TC_TMMAX][2][4], xb[2][PRE_TC_TMMAX][2][4];
+    float pw[16][2];
+    MHC_UNROLL
+    for (int cc = 0; cc < 2; cc++)
+        if (cc < SC) pre_tc_loadx(TM, xa[cc], xr, g, q0 + cc, q1, t4);
+    pre_tc_fetchw(N, pw, phi, gamma, g, q0, q1, tid);
+    pre_tc_storew(N, pw, ws, tid);
+    PRE_TC_SYNC();
+    const int nst = (q1 - q0 + SC - 1) / SC;
+    for (int st = 0; st < nst; st++) {
+        const int qn = q0 + (st + 1) * SC;
+        MHC_UNROLL
+        for (int cc = 0; cc < 2; cc++)
+            if (cc < SC) pre_tc_loadx(TM, xb[cc], xr, g, qn + cc, q1, t4);
+        if (st + 1 < nst) pre_tc_fetchw(N, pw, phi, gamma, g, qn, q1, tid);
+        pre_tc_stage(N, acc, ss, xa, ws + (st & 1) * BUF, gq, t4);
+        if (st + 1 < nst) pre_tc_storew(N, pw, ws + ((st + 1) & 1) * BUF, tid);
+        PRE_TC_SYNC();
+        MHC_UNROLL
+        for (int cc = 0; cc < 2; cc++) {
+            if (cc >= SC) continue;
+            MHC_UNROLL
+            for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+            for (int h = 0; h < 2; h++) MHC_UNROLL
+            for (int w = 0; w < 4; w++)
+                if (mt < TM) xa[cc][mt][h][w] = xb[cc][mt][h][w];
+        }
+    }
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+    for (int h = 0; h < 2; h++) {
+        if (mt >= TM) continue;
+        /* the 4 lanes of a row hold disjoint k: their sum is the row's */
+        ss[mt][h] += ptx_shfl_xor(ss[mt][h], 1);
+        ss[mt][h] += ptx_shfl_xor(ss[mt][h], 2);
+        const int64_t t = tb + mt * 16 + h * 8;
+        if (t >= T) continue;
+        float *p = part + ((int64_t)c * T + t) * (M + 1);
+        MHC_UNROLL
+        for (int nt = 0; nt < 10; nt++) {
+            if (nt >= NT) continue;
+            const int m = nt * 8 + 2 * t4;
+            if (m < M) p[m] = acc[mt][nt][2 * h];
+            if (m + 1 < M) p[m + 1] = acc[mt][nt][2 * h + 1];
+        }
+        if (t4 == 0) p[M] = ss[mt][h];
+    }
+}
+
+/* h_in for the 8 elements at d of token t (16-byte loads and store; D % 8 == 0), from the
+ * token's h_pre in hp [T][N]. */
+MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, const float *hp,
+                           char *h_in, int64_t t, int64_t d) {
+    const int64_t b = t / g->S, s = t % g->S;
+    const char *xp = x + (b * g->sx0 + s * g->sx1 + d) * 2;
+    ompk_u128 v[8];
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++)
+        if (i < N) v[i] = *(const ompk_u128 *)(xp + i * g->sx2 * 2);
+    float acc[8];
+    MHC_UNROLL
+    for (int e = 0; e < 8; e++) acc[e] = 0.f;
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) {
+        if (i >= N) continue;
+        const float h = hp[t * N + i];
+        MHC_UNROLL
+        for (int w = 0; w < 4; w++) {
+            acc[2 * w] += h * ptx_bf16_half(v[i].w[w], 0);
+            acc[2 * w + 1] += h * ptx_bf16_half(v[i].w[w], 1);
+        }
+    }
+    ompk_u128 o;
+    MHC_UNROLL
+    for (int w = 0; w < 4; w++) o.w[w] = ptx_pack_bf16x2(acc[2 * w], acc[2 * w + 1]);
+    *(ompk_u128 *)(h_in + (b * g->shin0 + s * g->shin1 + d) * 2) = o;
+}
+#endif /* PRE_TC_HAVE */
+
+#endif
