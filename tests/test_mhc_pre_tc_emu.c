@@ -52,7 +52,8 @@ static double rnd(void) { /* uniform in [-1, 1) */
 }
 
 /* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8) */
-static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma) {
+static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma,
+                  int interleave, int64_t teams) {
     const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
     const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
     uint16_t *x = aligned_alloc(16, (size_t)((B * sx0 * 2 + 15) / 16 * 16));
@@ -67,7 +68,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     a.sx[0] = sx0, a.sx[1] = sx1, a.sx[2] = sx2, a.sx[3] = 1;
     a.phi = phi, a.sphi = K, a.gamma = with_gamma ? gamma : NULL;
     a.shin[0] = S * D, a.shin[1] = D, a.shin[2] = 1;
-    const pre_tc_geom g = pre_tc_geometry(&a);
+    const pre_tc_geom g = pre_tc_geometry_for(&a, interleave, teams);
     cr_assert(g.KS >= 1);
     float *part = malloc(sizeof(float) * (size_t)(g.KS * T * (M + 1)));
     for (int64_t i = 0; i < g.KS * T * (M + 1); i++) part[i] = NAN;
@@ -114,8 +115,8 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
                 cr_log_error("n=%d D=%lld t=%lld m=%lld: %.9g vs %.9g", n, (long long)D,
                              (long long)t, (long long)m, s, r);
         }
-    cr_expect_eq(bad, 0, "n=%d D=%lld pad=%lld gamma=%d: %d sums differ", n, (long long)D,
-                 (long long)pad, with_gamma, bad);
+    cr_expect_eq(bad, 0, "n=%d D=%lld pad=%lld gamma=%d interleave=%d: %d sums differ", n,
+                 (long long)D, (long long)pad, with_gamma, interleave, bad);
 
     /* h_in pieces from given h_pre */
     float *hp = malloc(sizeof(float) * (size_t)(T * n));
@@ -138,15 +139,28 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
 }
 
 /* token tail (300 = 256 + 44 tokens over two batches), a D tail inside a 32-wide chunk, padded
- * strides, with and without gamma */
+ * strides, with and without gamma, interleaved and contiguous splits */
 Test(mhc_pre_tc_emu, n4_tails_and_strides) {
     rng_state = 1;
-    check(2, 150, 4, 40, 8, 1);
-    check(1, 37, 4, 96, 0, 0);
+    check(2, 150, 4, 40, 8, 1, 1, 512);
+    check(1, 37, 4, 96, 0, 0, 1, 512);
+    check(2, 150, 4, 40, 8, 1, 0, 512);
 }
 
 /* every stream count: one stage a chunk (n >= 5) or two (n <= 4), M not a multiple of 8 */
 Test(mhc_pre_tc_emu, all_n) {
     rng_state = 2;
-    for (int n = 1; n <= 8; n++) check(1, 20, n, 24, 0, n & 1);
+    for (int n = 1; n <= 8; n++) check(1, 20, n, 24 + 8 * (n & 2), 0, n & 1, n != 3, 512);
+}
+
+/* several stages a team (fewer teams than stages): the double-buffered weights and the x
+ * prefetch across stages, with 1, 2 and 3 splits, interleaved and contiguous, and a split whose
+ * last stage is past K */
+Test(mhc_pre_tc_emu, multi_stage) {
+    rng_state = 3;
+    check(1, 40, 4, 200, 0, 1, 1, 1);
+    check(1, 40, 4, 200, 8, 1, 1, 2);
+    check(1, 40, 4, 200, 0, 0, 0, 3);
+    check(1, 30, 5, 72, 0, 1, 1, 3);
+    check(1, 30, 7, 40, 0, 1, 0, 2);
 }

@@ -43,12 +43,20 @@
 typedef struct pre_tc_geom {
     int64_t T, S, D, sx0, sx1, sx2, sphi, shin0, shin1;
     int NDC, NCH, CPS, KS, NG, has_gamma; /* d chunks per stream, chunks, chunks per split */
+    int ILV; /* splits interleaved by stage (1) or contiguous K ranges (0) */
 } pre_tc_geom;
 
-/* KS = 0 when the shape does not fit the path's index types. */
-static inline pre_tc_geom pre_tc_geometry(const mhc_pre_fwd_args *a) {
+/* KS = 0 when the shape does not fit the path's index types.
+ * Interleaved splits: split c takes stages c, c + KS, c + 2 KS, ... and the KS teams of a token
+ * group have adjacent team numbers, so the co-running teams of a group read adjacent 128-byte
+ * pieces of the same token rows (KS * 128 contiguous bytes a row at a time) instead of 128 bytes
+ * in each of KS far-apart ranges: fewer DRAM pages opened per byte. Either way each split's sum
+ * has a fixed order (deterministic). */
+static inline pre_tc_geom pre_tc_geometry_for(const mhc_pre_fwd_args *a, int interleave,
+                                              int64_t teams) {
     pre_tc_geom g;
     memset(&g, 0, sizeof g);
+    g.ILV = interleave;
     g.T = a->B * a->S, g.S = a->S, g.D = a->D;
     g.sx0 = a->sx[0], g.sx1 = a->sx[1], g.sx2 = a->sx[2], g.sphi = a->sphi;
     g.shin0 = a->shin[0], g.shin1 = a->shin[1];
@@ -57,9 +65,9 @@ static inline pre_tc_geom pre_tc_geometry(const mhc_pre_fwd_args *a) {
     const int sc = PRE_TC_SC(a->n);
     if (ng > 0x7fffffff || ndc * a->n > 0x7fffffff) return g;
     g.NG = (int)ng, g.NDC = (int)ndc, g.NCH = (int)ndc * a->n;
-    /* about 512 teams (a few full waves on a 132-SM GPU); fewer splits when there are enough
-     * token groups, since each split costs M + 1 floats a token */
-    int64_t want = (512 + ng - 1) / ng;
+    /* about `teams` teams; fewer splits when there are enough token groups, since each split
+     * costs M + 1 floats a token */
+    int64_t want = (teams + ng - 1) / ng;
     if (want > g.NCH) want = g.NCH;
     int64_t cps = (g.NCH + want - 1) / want;
     cps = (cps + sc - 1) / sc * sc;
@@ -68,8 +76,13 @@ static inline pre_tc_geom pre_tc_geometry(const mhc_pre_fwd_args *a) {
     return g;
 }
 
+/* about 512 teams: a few full waves on a 132-SM GPU */
+static inline pre_tc_geom pre_tc_geometry(const mhc_pre_fwd_args *a, int interleave) {
+    return pre_tc_geometry_for(a, interleave, 512);
+}
+
 static inline int64_t pre_tc_workspace(const mhc_pre_fwd_args *a) {
-    const pre_tc_geom g = pre_tc_geometry(a);
+    const pre_tc_geom g = pre_tc_geometry(a, 1);
     const int M = 2 * a->n + a->n * a->n;
     return (int64_t)sizeof(float) * ((int64_t)g.KS * g.T * (M + 1) + g.T * a->n) + 64;
 }
@@ -200,9 +213,14 @@ MHC_INLINE void pre_tc_team(const int N, const pre_tc_geom *g, const char *x, co
     const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
     const int blk = PRE_TC_BID();
-    const int c = blk / g->NG, grp = blk - c * g->NG;
+    const int c = g->ILV ? blk % g->KS : blk / g->NG;
+    const int grp = g->ILV ? blk / g->KS : blk - c * g->NG;
     const int64_t T = g->T;
-    const int q0 = c * g->CPS, q1 = q0 + g->CPS < g->NCH ? q0 + g->CPS : g->NCH;
+    /* stage j starts at chunk q0 + j * qstep; chunks from q1 on are zeros */
+    const int nstall = (g->NCH + SC - 1) / SC;
+    const int q0 = g->ILV ? c * SC : c * g->CPS, qstep = g->ILV ? g->KS * SC : SC;
+    const int q1 = g->ILV || q0 + g->CPS > g->NCH ? g->NCH : q0 + g->CPS;
+    const int nst = g->ILV ? (nstall - c + g->KS - 1) / g->KS : (q1 - q0 + SC - 1) / SC;
     const int64_t tb = (int64_t)grp * PRE_TC_TOK(N) + warp * (TM * 16) + gq;
     const char *xr[PRE_TC_TMMAX][2];
     MHC_UNROLL
@@ -229,9 +247,8 @@ MHC_INLINE void pre_tc_team(const int N, const pre_tc_geom *g, const char *x, co
     pre_tc_fetchw(N, pw, phi, gamma, g, q0, q1, tid);
     pre_tc_storew(N, pw, ws, tid);
     PRE_TC_SYNC();
-    const int nst = (q1 - q0 + SC - 1) / SC;
     for (int st = 0; st < nst; st++) {
-        const int qn = q0 + (st + 1) * SC;
+        const int qn = q0 + (st + 1) * qstep;
         MHC_UNROLL
         for (int cc = 0; cc < 2; cc++)
             if (cc < SC) pre_tc_loadx(TM, xb[cc], xr, g, qn + cc, q1, t4);
