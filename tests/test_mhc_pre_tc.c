@@ -1,5 +1,6 @@
 /* ompk_mhc_pre_fwd under each kernel variant that OMPK_MHC_PRE_VARIANT selects on a GPU (the
- * default tensor-core GEMM with contiguous K splits, tc-interleaved, portable = SIMT), each
+ * default tensor-core GEMM with contiguous K splits, tc-interleaved, tc-async (n <= 6; else the
+ * default), portable = SIMT), each
  * against the double reference, on every device tu_devices lists (the host ignores the
  * variable: there the check repeats the portable kernels). Shapes that take the tensor-core
  * path: bf16, D a multiple of 8, with token and D tails and n up to 8. */
@@ -40,11 +41,11 @@ static void check_variant(ompk_device dev, const char *variant, int64_t B, int64
 }
 
 Test(mhc_pre_tc, every_variant_matches_reference) {
-    const char *variants[3] = {NULL, "tc-interleaved", "portable"};
+    const char *variants[4] = {NULL, "tc-interleaved", "tc-async", "portable"};
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < 4; v++) {
             check_variant(devs[di], variants[v], 3, 37, 4, 4096, 1, 11);
             check_variant(devs[di], variants[v], 2, 300, 3, 1000, 0, 12);
             check_variant(devs[di], variants[v], 1, 70, 8, 264, 1, 13);

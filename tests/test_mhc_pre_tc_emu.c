@@ -27,6 +27,7 @@ static void __attribute__((constructor)) emu_passive_wait(void) {
     setenv("OMP_WAIT_POLICY", "passive", 0);
 }
 
+static uint16_t emu_xs[PRE_TCA_NS * PRE_TCA_XBUF] __attribute__((aligned(16)));
 static uint16_t
     emu_ws[2 * PRE_TC_BUF(1) > 2 * PRE_TC_BUF(8) ? 2 * PRE_TC_BUF(1) : 2 * PRE_TC_BUF(8)]
     __attribute__((aligned(16)));
@@ -36,6 +37,30 @@ static void team(int n, const pre_tc_geom *g, const char *x, const float *phi, c
 #define EMU_TEAM(N) pre_tc_team(N, g, x, phi, gamma, part, emu_ws)
     MHC_SWITCH_N(n, EMU_TEAM)
 #undef EMU_TEAM
+}
+
+static void team_async(int n, const pre_tc_geom *g, const char *x, const float *phi,
+                       const float *gamma, float *part) {
+    switch (n) {
+    case 1:
+        pre_tca_team(1, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    case 2:
+        pre_tca_team(2, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    case 3:
+        pre_tca_team(3, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    case 4:
+        pre_tca_team(4, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    case 5:
+        pre_tca_team(5, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    default:
+        pre_tca_team(6, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    }
 }
 
 static void hin(int n, const pre_tc_geom *g, const char *x, const float *hp, char *h_in, int64_t t,
@@ -53,7 +78,7 @@ static double rnd(void) { /* uniform in [-1, 1) */
 
 /* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8) */
 static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma,
-                  int interleave, int64_t teams) {
+                  int interleave, int64_t teams, int async) {
     const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
     const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
     uint16_t *x = aligned_alloc(16, (size_t)((B * sx0 * 2 + 15) / 16 * 16));
@@ -68,7 +93,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     a.sx[0] = sx0, a.sx[1] = sx1, a.sx[2] = sx2, a.sx[3] = 1;
     a.phi = phi, a.sphi = K, a.gamma = with_gamma ? gamma : NULL;
     a.shin[0] = S * D, a.shin[1] = D, a.shin[2] = 1;
-    const pre_tc_geom g = pre_tc_geometry_for(&a, interleave, teams);
+    const pre_tc_geom g = pre_tc_geometry_for(&a, interleave, teams, async);
     cr_assert(g.KS >= 1);
     float *part = malloc(sizeof(float) * (size_t)(g.KS * T * (M + 1)));
     for (int64_t i = 0; i < g.KS * T * (M + 1); i++) part[i] = NAN;
@@ -82,7 +107,10 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
 #pragma omp single
                 ok = 0;
             } else {
-                team(n, &g, (const char *)x, phi, a.gamma, part);
+                if (async)
+                    team_async(n, &g, (const char *)x, phi, a.gamma, part);
+                else
+                    team(n, &g, (const char *)x, phi, a.gamma, part);
             }
         }
     }
@@ -115,8 +143,8 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
                 cr_log_error("n=%d D=%lld t=%lld m=%lld: %.9g vs %.9g", n, (long long)D,
                              (long long)t, (long long)m, s, r);
         }
-    cr_expect_eq(bad, 0, "n=%d D=%lld pad=%lld gamma=%d interleave=%d: %d sums differ", n,
-                 (long long)D, (long long)pad, with_gamma, interleave, bad);
+    cr_expect_eq(bad, 0, "n=%d D=%lld pad=%lld gamma=%d interleave=%d async=%d: %d sums differ", n,
+                 (long long)D, (long long)pad, with_gamma, interleave, async, bad);
 
     /* h_in pieces from given h_pre */
     float *hp = malloc(sizeof(float) * (size_t)(T * n));
@@ -142,15 +170,15 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
  * strides, with and without gamma, interleaved and contiguous splits */
 Test(mhc_pre_tc_emu, n4_tails_and_strides) {
     rng_state = 1;
-    check(2, 150, 4, 40, 8, 1, 1, 512);
-    check(1, 37, 4, 96, 0, 0, 1, 512);
-    check(2, 150, 4, 40, 8, 1, 0, 512);
+    check(2, 150, 4, 40, 8, 1, 1, 512, 0);
+    check(1, 37, 4, 96, 0, 0, 1, 512, 0);
+    check(2, 150, 4, 40, 8, 1, 0, 512, 0);
 }
 
 /* every stream count: one stage a chunk (n >= 5) or two (n <= 4), M not a multiple of 8 */
 Test(mhc_pre_tc_emu, all_n) {
     rng_state = 2;
-    for (int n = 1; n <= 8; n++) check(1, 20, n, 24 + 8 * (n & 2), 0, n & 1, n != 3, 512);
+    for (int n = 1; n <= 8; n++) check(1, 20, n, 24 + 8 * (n & 2), 0, n & 1, n != 3, 512, 0);
 }
 
 /* several stages a team (fewer teams than stages): the double-buffered weights and the x
@@ -158,9 +186,19 @@ Test(mhc_pre_tc_emu, all_n) {
  * last stage is past K */
 Test(mhc_pre_tc_emu, multi_stage) {
     rng_state = 3;
-    check(1, 40, 4, 200, 0, 1, 1, 1);
-    check(1, 40, 4, 200, 8, 1, 1, 2);
-    check(1, 40, 4, 200, 0, 0, 0, 3);
-    check(1, 30, 5, 72, 0, 1, 1, 3);
-    check(1, 30, 7, 40, 0, 1, 0, 2);
+    check(1, 40, 4, 200, 0, 1, 1, 1, 0);
+    check(1, 40, 4, 200, 8, 1, 1, 2, 0);
+    check(1, 40, 4, 200, 0, 0, 0, 3, 0);
+    check(1, 30, 5, 72, 0, 1, 1, 3, 0);
+    check(1, 30, 7, 40, 0, 1, 0, 2, 0);
+}
+
+/* the cp.async variant (n <= 6): ring slots reused across many stages, split and token tails */
+Test(mhc_pre_tc_emu, async_stages) {
+    rng_state = 4;
+    check(1, 40, 4, 200, 0, 1, 1, 1, 1);
+    check(2, 150, 4, 40, 8, 0, 0, 512, 1);
+    check(1, 30, 6, 72, 0, 1, 1, 3, 1);
+    check(1, 20, 1, 24, 0, 1, 0, 2, 1);
+    check(1, 140, 3, 64, 8, 1, 0, 2, 1);
 }

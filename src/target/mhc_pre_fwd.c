@@ -239,16 +239,22 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
 #ifdef PRE_TC
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
  * lane's 8-element piece is either inside D or past it). Returns 0 (SIMT kernels), 1 (tensor
- * cores, contiguous K splits: the configuration measured on the H200) or 2 (tensor cores,
- * interleaved splits). OMPK_MHC_PRE_VARIANT = portable | tc-interleaved selects the
- * alternatives, for benchmarks. */
+ * cores, contiguous K splits: the configuration measured on the H200), 2 (tensor cores,
+ * interleaved splits) or 3 (tensor cores, x staged by cp.async; n <= 6).
+ * OMPK_MHC_PRE_VARIANT = portable | tc-interleaved | tc-async selects the alternatives, for
+ * benchmarks. */
 static int pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
     if (!ex.on_target || !a->bf16 || !vec || a->D % 8) return 0;
-    const pre_tc_geom g = pre_tc_geometry(a, 0);
-    if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return 0;
+    for (int async = 0; async < 2; async++) {
+        const pre_tc_geom g = pre_tc_geometry(a, 0, async);
+        if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return 0;
+    }
     const char *v = getenv("OMPK_MHC_PRE_VARIANT");
-    if (v && strcmp(v, "portable") == 0) return 0;
-    return v && strcmp(v, "tc-interleaved") == 0 ? 2 : 1;
+    if (!v) return 1;
+    if (strcmp(v, "portable") == 0) return 0;
+    if (strcmp(v, "tc-interleaved") == 0) return 2;
+    if (strcmp(v, "tc-async") == 0 && PRE_TCA_FITS(a->n)) return 3;
+    return 1;
 }
 #endif
 
@@ -286,7 +292,7 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
 #else
     const int tc = 0;
 #endif
-    const pre_tc_geom tg = pre_tc_geometry(a, tc == 2);
+    const pre_tc_geom tg = pre_tc_geometry(a, tc == 2, tc == 3);
     float *wt = (float *)ws;
     /* the tensor-core path needs no transposed weights: its partials start the workspace */
     float *part = tc ? wt : wt + K * MW;
