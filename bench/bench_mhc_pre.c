@@ -3,6 +3,7 @@
  * GPU: B4 S4096 n4 D4096 bf16 (the issue's shape). Host: B1 S1024 n4 D2048 bf16, small enough
  * for the 2-core CI machine; bench/peers/mhc_peer.py times PyTorch on the same keys. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
@@ -119,8 +120,8 @@ static ompk_status call_post_bwd(void *p) {
                              &m->tdpost, &m->tdcombp);
 }
 
-static void emit(ompk_bench_ctx *ctx, mhc_bufs *m, const char *kernel, double ms, double mn,
-                 double bytes, double flops, double extra) {
+static void emit_v(ompk_bench_ctx *ctx, mhc_bufs *m, const char *kernel, const char *variant,
+                   double ms, double mn, double bytes, double flops, double extra) {
     char shape[64];
     snprintf(shape, sizeof shape, "B%lld S%lld n%lld D%lld", (long long)m->B, (long long)m->S,
              (long long)m->n, (long long)m->D);
@@ -134,7 +135,13 @@ static void emit(ompk_bench_ctx *ctx, mhc_bufs *m, const char *kernel, double ms
     r.flops = flops;
     r.extra_mem_bytes = extra;
     r.peak = flops > 0 ? "fp32" : NULL;
+    r.variant = variant;
     ompk_bench_emit(ctx, &r);
+}
+
+static void emit(ompk_bench_ctx *ctx, mhc_bufs *m, const char *kernel, double ms, double mn,
+                 double bytes, double flops, double extra) {
+    emit_v(ctx, m, kernel, NULL, ms, mn, bytes, flops, extra);
 }
 
 static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int64_t D) {
@@ -152,12 +159,26 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
     double mn, ms;
     /* bytes: each input read once, each output written once; workspace not counted */
     ms = ompk_bench_time(ctx, call_pre_fwd, &m, &mn);
+    const double fwd_bytes =
+        T * (K * e + Dd * e + (2 * nd + 2 * nn + M + 1) * 4) + (M * K + K + M + 3) * 4;
     if (ms < 0)
         rc = 1;
     else
-        emit(ctx, &m, "mhc_pre_fwd", ms, mn,
-             T * (K * e + Dd * e + (2 * nd + 2 * nn + M + 1) * 4) + (M * K + K + M + 3) * 4,
-             gemm + 2 * T * K + 2 * T * K, -1);
+        emit(ctx, &m, "mhc_pre_fwd", ms, mn, fwd_bytes, gemm + 2 * T * K + 2 * T * K, -1);
+    /* on a GPU also the alternatives to the default kernels (OMPK_MHC_PRE_VARIANT): the
+     * tensor-core GEMM with interleaved K splits or with x staged by cp.async, and the SIMT
+     * kernels */
+    const char *variants[3] = {"tc-interleaved", "tc-async", "portable"};
+    for (int v = 0; v < 3 && ctx->dev.type != OMPK_HOST; v++) {
+        setenv("OMPK_MHC_PRE_VARIANT", variants[v], 1);
+        ms = ompk_bench_time(ctx, call_pre_fwd, &m, &mn);
+        unsetenv("OMPK_MHC_PRE_VARIANT");
+        if (ms < 0)
+            rc = 1;
+        else
+            emit_v(ctx, &m, "mhc_pre_fwd", variants[v], ms, mn, fwd_bytes,
+                   gemm + 2 * T * K + 2 * T * K, -1);
+    }
     ms = ompk_bench_time(ctx, call_sk_fwd, &m, &mn);
     if (ms < 0)
         rc = 1;

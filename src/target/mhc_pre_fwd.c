@@ -10,7 +10,15 @@
  *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x.
  * Splitting K over items keeps every SM busy for any T; the partials cost (M+1) floats per
  * token and chunk, which is small next to x. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "mhc_kern.h"
+#include "mhc_pre_tc.h"
+
+#ifdef PRE_TC_HAVE
+#define PRE_TC 1
+#endif
 
 #define NMAX 8
 #define MMAX (2 * NMAX + NMAX * NMAX)
@@ -50,9 +58,13 @@ static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
     return g;
 }
 
+/* Enough for either path: which one runs is decided with the call's device at launch. */
 int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
     pre_geom g = pre_geometry(a);
-    return (int64_t)sizeof(float) * (g.K * g.MW + g.NC * g.T * g.MP + g.T * a->n) + 64;
+    const int64_t simt =
+        (int64_t)sizeof(float) * (g.K * g.MW + g.NC * g.T * g.MP + g.T * a->n) + 64;
+    const int64_t tc = pre_tc_workspace(a);
+    return simt > tc ? simt : tc;
 }
 
 static int pre_vec_ok(const mhc_pre_fwd_args *a) {
@@ -224,6 +236,28 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
     }
 }
 
+#ifdef PRE_TC
+/* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
+ * lane's 8-element piece is either inside D or past it). Returns 0 (SIMT kernels), 1 (tensor
+ * cores, contiguous K splits: the configuration measured on the H200), 2 (tensor cores,
+ * interleaved splits) or 3 (tensor cores, x staged by cp.async; n <= 6).
+ * OMPK_MHC_PRE_VARIANT = portable | tc-interleaved | tc-async selects the alternatives, for
+ * benchmarks. */
+static int pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
+    if (!ex.on_target || !a->bf16 || !vec || a->D % 8) return 0;
+    for (int async = 0; async < 2; async++) {
+        const pre_tc_geom g = pre_tc_geometry(a, 0, async);
+        if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return 0;
+    }
+    const char *v = getenv("OMPK_MHC_PRE_VARIANT");
+    if (!v) return 1;
+    if (strcmp(v, "portable") == 0) return 0;
+    if (strcmp(v, "tc-interleaved") == 0) return 2;
+    if (strcmp(v, "tc-async") == 0 && PRE_TCA_FITS(a->n)) return 3;
+    return 1;
+}
+#endif
+
 /* Everything the per-n launches need (mhc_pre_fwd_n.inc defines pre_stages_<n>). */
 typedef struct pre_launch {
     ompk_exec ex;
@@ -235,6 +269,9 @@ typedef struct pre_launch {
     char *h_in;
     float *h_post, *logits, *comb, *h_mix, *inv_rms, *h_pre;
     mhc_pre_fwd_args args;
+    int tc; /* tensor-core GEMM and bare h_in kernels */
+    pre_tc_geom tg;
+    const float *phi, *gamma;
 } pre_launch;
 
 #define MHC_N_INC "mhc_pre_fwd_n.inc"
@@ -250,9 +287,16 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];
     const float *phi = a->phi, *gamma = a->gamma, *alpha = a->alpha, *bias = a->bias;
     const int64_t sphi = a->sphi;
+#ifdef PRE_TC
+    const int tc = pre_tc_ok(ex, a, vec);
+#else
+    const int tc = 0;
+#endif
+    const pre_tc_geom tg = pre_tc_geometry(a, tc == 2, tc == 3);
     float *wt = (float *)ws;
-    float *part = wt + K * MW;
-    float *hp_ws = part + NC * T * g.MP;
+    /* the tensor-core path needs no transposed weights: its partials start the workspace */
+    float *part = tc ? wt : wt + K * MW;
+    float *hp_ws = part + (tc ? (int64_t)tg.KS : NC) * T * g.MP;
     char *h_in = (char *)a->h_in;
     float *h_post = a->h_post, *logits = a->logits, *comb = a->comb, *h_mix = a->h_mix;
     float *inv_rms = a->inv_rms, *h_pre = a->h_pre;
@@ -260,15 +304,18 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     if (T == 0) return;
 
     /* gamma folded into phi, transposed to [K][MW] (zero padded) */
+    if (!tc) {
 #pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
     device(ex.device) is_device_ptr(phi, gamma, wt) thread_limit(256)
-    for (int64_t k = 0; k < K; k++)
-        for (int m = 0; m < MW; m++)
-            wt[k * MW + m] = m < M ? phi[m * sphi + k] * (gamma ? gamma[k] : 1.f) : 0.f;
+        for (int64_t k = 0; k < K; k++)
+            for (int m = 0; m < MW; m++)
+                wt[k * MW + m] = m < M ? phi[m * sphi + k] * (gamma ? gamma[k] : 1.f) : 0.f;
+    }
 
     pre_launch L;
     L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
-    L.K = K, L.CD = CD, L.NCD = NCD, L.NC = NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
+    L.K = K, L.CD = CD, L.NCD = NCD, L.NC = tc ? tg.KS : NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
+    L.tc = tc, L.tg = tg, L.phi = phi, L.gamma = gamma;
     L.wt = wt, L.part = part, L.hp_ws = hp_ws, L.alpha = alpha, L.bias = bias;
     L.h_in = h_in, L.shin0 = a->shin[0], L.shin1 = a->shin[1];
     L.h_post = h_post, L.logits = logits, L.comb = comb, L.h_mix = h_mix;

@@ -1,0 +1,440 @@
+/* mHC pre forward, tensor-core GEMM for bf16 x on the GPU (used by mhc_pre_fwd.c; the team
+ * function is also run on the host by tests/test_mhc_pre_tc_emu.c with PTX_MMA_EMULATE).
+ *
+ * Launch 1 of the pre forward becomes an ompx_bare kernel on mma.sync m16n8k16 (bf16 in, f32
+ * accumulate). A team of PRE_TC_WARPS warps owns PRE_TC_TOK(n) tokens and one K split; each
+ * warp owns PRE_TC_TM(n) m16 tiles of tokens, their M sums (M padded to n8 tiles) and their sums of
+ * squares in registers. A operand = x itself: per 32-wide k chunk every lane loads 16 bytes of
+ * each of its token rows and uses them as its k-slots of two k16 steps (B uses the same k
+ * permutation; see ptx_mma.h), so x goes global -> registers in whole 32-byte sectors. B operand =
+ * (phi*gamma)^T, formed per stage in team-shared memory from phi and gamma (no separate launch)
+ * and split into three bf16 parts hi + mid + lo: the three products carry the f32 weight to
+ * ~2^-24 relative, x is exact in bf16, so the result keeps f32-level accuracy. The sum of squares
+ * comes from the same x registers in f32. Weights are double buffered (one barrier per stage)
+ * and the next stage's x is in flight while the current one multiplies. Each team writes its
+ * split's partial sums in the SIMT path's layout, part[(split * T + t) * (M + 1) + m] (m = M:
+ * sum of squares), so the fixed-order reduce and the Sinkhorn launch are shared.
+ * Launch 3 (h_in) becomes a bare kernel of 16-byte loads and stores, one 8-element piece of h_in
+ * per thread. */
+#ifndef OMPK_MHC_PRE_TC_H
+#define OMPK_MHC_PRE_TC_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "mhc_kern.h"
+#include "ptx_mma.h"
+
+#define PRE_TC_WARPS 4
+#define PRE_TC_THREADS (PRE_TC_WARPS * 32)
+#define PRE_TC_NT(N) ((2 * (N) + (N) * (N) + 7) / 8)
+/* m16 token tiles per warp: 4 while the accumulators leave room (n <= 5; ptxas: no spills),
+ * else 2; register arrays are sized for the largest */
+#define PRE_TC_TM(N) (PRE_TC_NT(N) <= 5 ? 4 : 2)
+#define PRE_TC_TMMAX 4
+#define PRE_TC_TOK(N) (PRE_TC_WARPS * PRE_TC_TM(N) * 16) /* tokens per team */
+/* 32-wide k chunks per stage: 2 where the double-buffered weights stay small (n <= 4) */
+#define PRE_TC_SC(N) (PRE_TC_NT(N) <= 3 ? 2 : 1)
+/* bf16 per shared weight row: a row stride of 64 mod 128 bytes makes the 8 lanes of a
+ * quarter-warp (two rows, 64 bytes each) hit all 32 banks once */
+#define PRE_TC_LDW(N) (PRE_TC_SC(N) == 2 ? 96 : 32)
+#define PRE_TC_BUF(N) (3 * 8 * PRE_TC_NT(N) * PRE_TC_LDW(N)) /* one stage, 3 parts */
+/* The cp.async variant (pre_tca_team): 2 m16 tiles a warp, one 32-wide chunk a stage, x staged
+ * through a ring of PRE_TCA_NS team-shared tiles (bytes in flight without registers), weights
+ * rows of 64 bytes; for n <= 6, where ring and weights fit 48 KB */
+#define PRE_TCA_TM 2
+#define PRE_TCA_TOK (PRE_TC_WARPS * PRE_TCA_TM * 16)
+#define PRE_TCA_NS 3
+#define PRE_TCA_XBUF (PRE_TCA_TOK * 32)             /* bf16 of one x stage */
+#define PRE_TCA_WBUF(N) (3 * 8 * PRE_TC_NT(N) * 32) /* bf16 of one weight stage */
+#define PRE_TCA_FITS(N) (PRE_TC_NT(N) <= 6)
+
+typedef struct pre_tc_geom {
+    int64_t T, S, D, sx0, sx1, sx2, sphi, shin0, shin1;
+    int NDC, NCH, CPS, KS, NG, has_gamma; /* d chunks per stream, chunks, chunks per split */
+    int ILV; /* splits interleaved by stage (1) or contiguous K ranges (0) */
+} pre_tc_geom;
+
+/* KS = 0 when the shape does not fit the path's index types.
+ * Interleaved splits: split c takes stages c, c + KS, c + 2 KS, ... and the KS teams of a token
+ * group have adjacent team numbers, so the co-running teams of a group read adjacent 128-byte
+ * pieces of the same token rows (KS * 128 contiguous bytes a row at a time) instead of 128 bytes
+ * in each of KS far-apart ranges: fewer DRAM pages opened per byte. Either way each split's sum
+ * has a fixed order (deterministic). */
+static inline pre_tc_geom pre_tc_geometry_for(const mhc_pre_fwd_args *a, int interleave,
+                                              int64_t teams, int async) {
+    pre_tc_geom g;
+    memset(&g, 0, sizeof g);
+    g.ILV = interleave;
+    g.T = a->B * a->S, g.S = a->S, g.D = a->D;
+    g.sx0 = a->sx[0], g.sx1 = a->sx[1], g.sx2 = a->sx[2], g.sphi = a->sphi;
+    g.shin0 = a->shin[0], g.shin1 = a->shin[1];
+    g.has_gamma = a->gamma != NULL;
+    const int64_t tok = async ? PRE_TCA_TOK : PRE_TC_TOK(a->n);
+    const int64_t ng = (g.T + tok - 1) / tok, ndc = (a->D + 31) / 32;
+    const int sc = async ? 1 : PRE_TC_SC(a->n);
+    if (ng > 0x7fffffff || ndc * a->n > 0x7fffffff) return g;
+    g.NG = (int)ng, g.NDC = (int)ndc, g.NCH = (int)ndc * a->n;
+    /* about `teams` teams; fewer splits when there are enough token groups, since each split
+     * costs M + 1 floats a token */
+    int64_t want = (teams + ng - 1) / ng;
+    if (want > g.NCH) want = g.NCH;
+    int64_t cps = (g.NCH + want - 1) / want;
+    cps = (cps + sc - 1) / sc * sc;
+    g.CPS = (int)cps;
+    g.KS = (int)((g.NCH + cps - 1) / cps);
+    return g;
+}
+
+/* about 512 teams: a few full waves on a 132-SM GPU */
+static inline pre_tc_geom pre_tc_geometry(const mhc_pre_fwd_args *a, int interleave, int async) {
+    return pre_tc_geometry_for(a, interleave, 512, async);
+}
+
+/* enough for either GEMM kernel's partials */
+static inline int64_t pre_tc_workspace(const mhc_pre_fwd_args *a) {
+    const pre_tc_geom g0 = pre_tc_geometry(a, 1, 0), g1 = pre_tc_geometry(a, 1, 1);
+    const int64_t ks = g0.KS > g1.KS ? g0.KS : g1.KS;
+    const int M = 2 * a->n + a->n * a->n;
+    return (int64_t)sizeof(float) * (ks * g0.T * (M + 1) + g0.T * a->n) + 64;
+}
+
+#if defined(PTX_MMA_DEVICE) || defined(PTX_MMA_EMULATE)
+#define PRE_TC_HAVE 1
+#include <omp.h>
+#ifdef PTX_MMA_EMULATE
+/* a team is one host parallel region of PRE_TC_THREADS threads; the test sets the block */
+static int pre_tc_emu_block;
+#define PRE_TC_TID() omp_get_thread_num()
+#define PRE_TC_BID() pre_tc_emu_block
+#define PRE_TC_SYNC() _Pragma("omp barrier")
+#else
+#include <ompx.h>
+#define PRE_TC_TID() ompx_thread_id_x()
+#define PRE_TC_BID() ompx_block_id_x()
+#define PRE_TC_SYNC() ompx_sync_block_acq_rel()
+#endif
+
+/* x of chunk q (zeros past the split or past D) for the lane's 2 * TM token rows */
+MHC_INLINE void pre_tc_loadx(const int TM, uint32_t xv[PRE_TC_TMMAX][2][4],
+                             const char *const xr[PRE_TC_TMMAX][2], const pre_tc_geom *g, int q,
+                             int q1, int t4) {
+    const int i = q / g->NDC;
+    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + 8 * t4;
+    const int ok = q < q1 && d < g->D;
+    const int64_t off = ((int64_t)i * g->sx2 + d) * 2;
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+    for (int h = 0; h < 2; h++) {
+        if (mt >= TM) continue;
+        ompk_u128 v = {{0u, 0u, 0u, 0u}};
+        if (ok) v = *(const ompk_u128 *)(xr[mt][h] + off);
+        MHC_UNROLL
+        for (int w = 0; w < 4; w++) xv[mt][h][w] = v.w[w];
+    }
+}
+
+/* This thread's share of the weights of the stage starting at chunk qs: (phi*gamma)[m][k] for a
+ * pair of k and rows r0, r0 + RP, ... (zeros past M, the split or D). */
+MHC_INLINE void pre_tc_fetchw(const int N, const int SC, float pw[][2], const float *phi,
+                              const float *gamma, const pre_tc_geom *g, int qs, int q1, int tid) {
+    const int M = 2 * N + N * N, PP = SC * 16, RP = PRE_TC_THREADS / PP;
+    const int NPASS = (PRE_TC_NT(N) * 8 + RP - 1) / RP;
+    const int p = tid % PP, r0 = tid / PP;
+    const int q = qs + p / 16;
+    const int i = q / g->NDC;
+    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + (p % 16) * 2;
+    const int ok = q < q1 && d < g->D;
+    const int64_t k = (int64_t)i * g->D + d;
+    const float g0 = ok && g->has_gamma ? gamma[k] : 1.f;
+    const float g1 = ok && g->has_gamma ? gamma[k + 1] : 1.f;
+    MHC_UNROLL
+    for (int j = 0; j < 16; j++) {
+        if (j >= NPASS) continue;
+        const int r = r0 + j * RP;
+        const int live = ok && r < M;
+        pw[j][0] = live ? phi[r * g->sphi + k] * g0 : 0.f;
+        pw[j][1] = live ? phi[r * g->sphi + k + 1] * g1 : 0.f;
+    }
+}
+
+/* The fetched weights as hi, mid, lo bf16 parts into one stage buffer [part][row][LDW]. */
+MHC_INLINE void pre_tc_storew(const int N, const int SC, const int LDW, float pw[][2], uint16_t *wb,
+                              int tid) {
+    const int ROWS = PRE_TC_NT(N) * 8, PP = SC * 16, RP = PRE_TC_THREADS / PP;
+    const int NPASS = (ROWS + RP - 1) / RP;
+    const int p = tid % PP, r0 = tid / PP, col = (p / 16) * 32 + (p % 16) * 2;
+    MHC_UNROLL
+    for (int j = 0; j < 16; j++) {
+        if (j >= NPASS) continue;
+        const int r = r0 + j * RP;
+        if (r >= ROWS) continue;
+        const uint32_t hi = ptx_pack_bf16x2(pw[j][0], pw[j][1]);
+        const float e0 = pw[j][0] - ptx_bf16_half(hi, 0), e1 = pw[j][1] - ptx_bf16_half(hi, 1);
+        const uint32_t mid = ptx_pack_bf16x2(e0, e1);
+        const uint32_t lo = ptx_pack_bf16x2(e0 - ptx_bf16_half(mid, 0), e1 - ptx_bf16_half(mid, 1));
+        *(uint32_t *)(wb + (0 * ROWS + r) * LDW + col) = hi;
+        *(uint32_t *)(wb + (1 * ROWS + r) * LDW + col) = mid;
+        *(uint32_t *)(wb + (2 * ROWS + r) * LDW + col) = lo;
+    }
+}
+
+/* One stage's products: the SC chunks in xa against the weights in wb. */
+MHC_INLINE void pre_tc_stage(const int N, const int SC, const int LDW, const int TM,
+                             float acc[PRE_TC_TMMAX][10][4], float ss[PRE_TC_TMMAX][2],
+                             uint32_t xa[2][PRE_TC_TMMAX][2][4], const uint16_t *wb, int gq,
+                             int t4) {
+    const int NT = PRE_TC_NT(N), ROWS = NT * 8;
+    MHC_UNROLL
+    for (int cc = 0; cc < 2; cc++) {
+        if (cc >= SC) continue;
+        /* the small parts first */
+        MHC_UNROLL
+        for (int s = 2; s >= 0; s--) MHC_UNROLL
+        for (int nt = 0; nt < 10; nt++) {
+            if (nt >= NT) continue;
+            const ompk_u128 wv =
+                *(const ompk_u128 *)(wb + (s * ROWS + nt * 8 + gq) * LDW + cc * 32 + 8 * t4);
+            MHC_UNROLL
+            for (int mt = 0; mt < PRE_TC_TMMAX; mt++) {
+                if (mt >= TM) continue;
+                const uint32_t *r0 = xa[cc][mt][0], *r1 = xa[cc][mt][1];
+                const uint32_t a0[4] = {r0[0], r1[0], r0[1], r1[1]};
+                const uint32_t a1[4] = {r0[2], r1[2], r0[3], r1[3]};
+                ptx_mma_bf16_16816(acc[mt][nt], a0, wv.w[0], wv.w[1]);
+                ptx_mma_bf16_16816(acc[mt][nt], a1, wv.w[2], wv.w[3]);
+            }
+        }
+        MHC_UNROLL
+        for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+        for (int h = 0; h < 2; h++) MHC_UNROLL
+        for (int w = 0; w < 4; w++) {
+            if (mt >= TM) continue;
+            const float lo = ptx_bf16_half(xa[cc][mt][h][w], 0);
+            const float hi = ptx_bf16_half(xa[cc][mt][h][w], 1);
+            ss[mt][h] += lo * lo + hi * hi;
+        }
+    }
+}
+
+/* One team: partial GEMM rows and sums of squares of its tokens over its K split. ws is the
+ * team-shared weight buffer (two stages). */
+MHC_INLINE void pre_tc_team(const int N, const pre_tc_geom *g, const char *x, const float *phi,
+                            const float *gamma, float *part, uint16_t *ws) {
+    const int M = 2 * N + N * N, NT = PRE_TC_NT(N), SC = PRE_TC_SC(N), BUF = PRE_TC_BUF(N);
+    const int TM = PRE_TC_TM(N), LDW = PRE_TC_LDW(N);
+    const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, t4 = lane & 3;
+    const int blk = PRE_TC_BID();
+    const int c = g->ILV ? blk % g->KS : blk / g->NG;
+    const int grp = g->ILV ? blk / g->KS : blk - c * g->NG;
+    const int64_t T = g->T;
+    /* stage j starts at chunk q0 + j * qstep; chunks from q1 on are zeros */
+    const int nstall = (g->NCH + SC - 1) / SC;
+    const int q0 = g->ILV ? c * SC : c * g->CPS, qstep = g->ILV ? g->KS * SC : SC;
+    const int q1 = g->ILV || q0 + g->CPS > g->NCH ? g->NCH : q0 + g->CPS;
+    const int nst = g->ILV ? (nstall - c + g->KS - 1) / g->KS : (q1 - q0 + SC - 1) / SC;
+    const int64_t tb = (int64_t)grp * PRE_TC_TOK(N) + warp * (TM * 16) + gq;
+    const char *xr[PRE_TC_TMMAX][2];
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+    for (int h = 0; h < 2; h++) {
+        if (mt >= TM) continue;
+        int64_t t = tb + mt * 16 + h * 8;
+        t = t < T ? t : T - 1;
+        xr[mt][h] = x + ((t / g->S) * g->sx0 + (t % g->S) * g->sx1) * 2;
+    }
+    float acc[PRE_TC_TMMAX][10][4], ss[PRE_TC_TMMAX][2];
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) {
+        ss[mt][0] = ss[mt][1] = 0.f;
+        MHC_UNROLL
+        for (int nt = 0; nt < 10; nt++) MHC_UNROLL
+        for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
+    }
+    uint32_t xa[2][PRE_TC_TMMAX][2][4], xb[2][PRE_TC_TMMAX][2][4];
+    float pw[16][2];
+    MHC_UNROLL
+    for (int cc = 0; cc < 2; cc++)
+        if (cc < SC) pre_tc_loadx(TM, xa[cc], xr, g, q0 + cc, q1, t4);
+    pre_tc_fetchw(N, SC, pw, phi, gamma, g, q0, q1, tid);
+    pre_tc_storew(N, SC, LDW, pw, ws, tid);
+    PRE_TC_SYNC();
+    for (int st = 0; st < nst; st++) {
+        const int qn = q0 + (st + 1) * qstep;
+        MHC_UNROLL
+        for (int cc = 0; cc < 2; cc++)
+            if (cc < SC) pre_tc_loadx(TM, xb[cc], xr, g, qn + cc, q1, t4);
+        if (st + 1 < nst) pre_tc_fetchw(N, SC, pw, phi, gamma, g, qn, q1, tid);
+        pre_tc_stage(N, SC, LDW, TM, acc, ss, xa, ws + (st & 1) * BUF, gq, t4);
+        if (st + 1 < nst) pre_tc_storew(N, SC, LDW, pw, ws + ((st + 1) & 1) * BUF, tid);
+        PRE_TC_SYNC();
+        MHC_UNROLL
+        for (int cc = 0; cc < 2; cc++) {
+            if (cc >= SC) continue;
+            MHC_UNROLL
+            for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+            for (int h = 0; h < 2; h++) MHC_UNROLL
+            for (int w = 0; w < 4; w++)
+                if (mt < TM) xa[cc][mt][h][w] = xb[cc][mt][h][w];
+        }
+    }
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+    for (int h = 0; h < 2; h++) {
+        if (mt >= TM) continue;
+        /* the 4 lanes of a row hold disjoint k: their sum is the row's */
+        ss[mt][h] += ptx_shfl_xor(ss[mt][h], 1);
+        ss[mt][h] += ptx_shfl_xor(ss[mt][h], 2);
+        const int64_t t = tb + mt * 16 + h * 8;
+        if (t >= T) continue;
+        float *p = part + ((int64_t)c * T + t) * (M + 1);
+        MHC_UNROLL
+        for (int nt = 0; nt < 10; nt++) {
+            if (nt >= NT) continue;
+            const int m = nt * 8 + 2 * t4;
+            if (m < M) p[m] = acc[mt][nt][2 * h];
+            if (m + 1 < M) p[m + 1] = acc[mt][nt][2 * h + 1];
+        }
+        if (t4 == 0) p[M] = ss[mt][h];
+    }
+}
+
+/* The x of chunk q for the team's PRE_TCA_TOK tokens into one ring tile [token][32], by cp.async
+ * (zeros stored directly past the split or past D): 4 pieces of 16 bytes a thread. */
+MHC_INLINE void pre_tca_issue(const char *const xrow[4], const pre_tc_geom *g, int q, int q1,
+                              uint16_t *tile, int tid) {
+    const int i = q / g->NDC;
+    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + 8 * (tid & 3);
+    const int ok = q < q1 && d < g->D;
+    const int64_t off = ((int64_t)i * g->sx2 + d) * 2;
+    MHC_UNROLL
+    for (int j = 0; j < 4; j++) {
+        uint16_t *dst = tile + ((tid >> 2) + 32 * j) * 32 + (tid & 3) * 8;
+        if (ok) {
+            ptx_cp_async16(dst, xrow[j] + off);
+        } else {
+            const ompk_u128 z = {{0u, 0u, 0u, 0u}};
+            *(ompk_u128 *)dst = z;
+        }
+    }
+}
+
+/* pre_tc_team with x staged through team-shared memory: stage st's tile is copied PRE_TCA_NS - 1
+ * stages ahead by cp.async, so the bytes in flight do not occupy registers and a team needs few
+ * (more teams an SM). One barrier a stage: after it, stage st's x (everyone's copies) and
+ * weights are visible and every warp is done with stage st - 1, whose x slot the next copy and
+ * whose weight buffer the next weights then reuse. Same partials as pre_tc_team. */
+MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, const float *phi,
+                             const float *gamma, float *part, uint16_t *ws, uint16_t *xs) {
+    const int M = 2 * N + N * N, NT = PRE_TC_NT(N), TM = PRE_TCA_TM, NS = PRE_TCA_NS;
+    const int WBUF = PRE_TCA_WBUF(N), XBUF = PRE_TCA_XBUF;
+    const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, t4 = lane & 3;
+    const int blk = PRE_TC_BID();
+    const int c = g->ILV ? blk % g->KS : blk / g->NG;
+    const int grp = g->ILV ? blk / g->KS : blk - c * g->NG;
+    const int64_t T = g->T;
+    const int q0 = g->ILV ? c : c * g->CPS, qstep = g->ILV ? g->KS : 1;
+    const int q1 = g->ILV || q0 + g->CPS > g->NCH ? g->NCH : q0 + g->CPS;
+    const int nst = g->ILV ? (g->NCH - c + g->KS - 1) / g->KS : q1 - q0;
+    const int64_t t0 = (int64_t)grp * PRE_TCA_TOK;
+    /* rows this thread copies: tokens tid / 4 + 32 j of the group */
+    const char *xrow[4];
+    MHC_UNROLL
+    for (int j = 0; j < 4; j++) {
+        int64_t t = t0 + (tid >> 2) + 32 * j;
+        t = t < T ? t : T - 1;
+        xrow[j] = x + ((t / g->S) * g->sx0 + (t % g->S) * g->sx1) * 2;
+    }
+    float acc[PRE_TC_TMMAX][10][4], ss[PRE_TC_TMMAX][2];
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) {
+        ss[mt][0] = ss[mt][1] = 0.f;
+        MHC_UNROLL
+        for (int nt = 0; nt < 10; nt++) MHC_UNROLL
+        for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
+    }
+    float pw[16][2];
+    MHC_UNROLL
+    for (int s = 0; s < NS - 1; s++) {
+        if (s < nst) pre_tca_issue(xrow, g, q0 + s * qstep, q1, xs + s * XBUF, tid);
+        ptx_cp_async_commit();
+    }
+    pre_tc_fetchw(N, 1, pw, phi, gamma, g, q0, q1, tid);
+    pre_tc_storew(N, 1, 32, pw, ws, tid);
+    int slot = 0; /* st % NS */
+    for (int st = 0; st < nst; st++) {
+        /* groups committed: st + NS - 1; all but the newest NS - 2 = 1 have landed */
+        ptx_cp_async_wait1();
+        PRE_TC_SYNC();
+        const int sn = st + NS - 1, slot_n = slot == 0 ? NS - 1 : slot - 1;
+        if (sn < nst) pre_tca_issue(xrow, g, q0 + sn * qstep, q1, xs + slot_n * XBUF, tid);
+        ptx_cp_async_commit();
+        if (st + 1 < nst) pre_tc_fetchw(N, 1, pw, phi, gamma, g, q0 + (st + 1) * qstep, q1, tid);
+        uint32_t xa[2][PRE_TC_TMMAX][2][4];
+        const uint16_t *xt = xs + slot * XBUF + (warp * TM * 16 + gq) * 32 + t4 * 8;
+        MHC_UNROLL
+        for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+        for (int h = 0; h < 2; h++) {
+            if (mt >= TM) continue;
+            const ompk_u128 v = *(const ompk_u128 *)(xt + (mt * 16 + h * 8) * 32);
+            MHC_UNROLL
+            for (int w = 0; w < 4; w++) xa[0][mt][h][w] = v.w[w];
+        }
+        pre_tc_stage(N, 1, 32, TM, acc, ss, xa, ws + (st & 1) * WBUF, gq, t4);
+        if (st + 1 < nst) pre_tc_storew(N, 1, 32, pw, ws + ((st + 1) & 1) * WBUF, tid);
+        slot = slot == NS - 1 ? 0 : slot + 1;
+    }
+    const int64_t tb = t0 + warp * (TM * 16) + gq;
+    MHC_UNROLL
+    for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
+    for (int h = 0; h < 2; h++) {
+        if (mt >= TM) continue;
+        ss[mt][h] += ptx_shfl_xor(ss[mt][h], 1);
+        ss[mt][h] += ptx_shfl_xor(ss[mt][h], 2);
+        const int64_t t = tb + mt * 16 + h * 8;
+        if (t >= T) continue;
+        float *p = part + ((int64_t)c * T + t) * (M + 1);
+        MHC_UNROLL
+        for (int nt = 0; nt < 10; nt++) {
+            if (nt >= NT) continue;
+            const int m = nt * 8 + 2 * t4;
+            if (m < M) p[m] = acc[mt][nt][2 * h];
+            if (m + 1 < M) p[m + 1] = acc[mt][nt][2 * h + 1];
+        }
+        if (t4 == 0) p[M] = ss[mt][h];
+    }
+}
+
+/* h_in for the 8 elements at d of token t (16-byte loads and store; D % 8 == 0), from the
+ * token's h_pre in hp [T][N]. */
+MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, const float *hp,
+                           char *h_in, int64_t t, int64_t d) {
+    const int64_t b = t / g->S, s = t % g->S;
+    const char *xp = x + (b * g->sx0 + s * g->sx1 + d) * 2;
+    ompk_u128 v[8];
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++)
+        if (i < N) v[i] = *(const ompk_u128 *)(xp + i * g->sx2 * 2);
+    float acc[8];
+    MHC_UNROLL
+    for (int e = 0; e < 8; e++) acc[e] = 0.f;
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) {
+        if (i >= N) continue;
+        const float h = hp[t * N + i];
+        MHC_UNROLL
+        for (int w = 0; w < 4; w++) {
+            acc[2 * w] += h * ptx_bf16_half(v[i].w[w], 0);
+            acc[2 * w + 1] += h * ptx_bf16_half(v[i].w[w], 1);
+        }
+    }
+    ompk_u128 o;
+    MHC_UNROLL
+    for (int w = 0; w < 4; w++) o.w[w] = ptx_pack_bf16x2(acc[2 * w], acc[2 * w + 1]);
+    *(ompk_u128 *)(h_in + (b * g->shin0 + s * g->shin1 + d) * 2) = o;
+}
+#endif /* PRE_TC_HAVE */
+
+#endif

@@ -1,0 +1,199 @@
+/* Warp-level PTX for ompx_bare kernels on sm_80 and later: bf16 tensor-core mma.sync, ldmatrix,
+ * cp.async, shuffles and bf16 packing, as nvptx64 variants of plain C functions.
+ *
+ * Each function has a host body beside its nvptx64 variant because the host compilation of a
+ * bare target region still needs one. Only ptx_pack_bf16x2 means the same thing on the host; the
+ * warp-collective ones (mma, ldmatrix, shuffles, cp.async groups) have no single-thread meaning,
+ * so their host bodies are placeholders and callers must launch such regions on devices only
+ * (their dispatch checks ex.on_target). Available when PTX_MMA_DEVICE is defined: clang offload
+ * builds; elsewhere only the host bodies exist. With PTX_MMA_EMULATE (tests) the host bodies
+ * emulate the warp collectives instead (below).
+ *
+ * Fragment layouts (m16n8k16, row.col; lane = 4 * g + t, g = lane / 4, t = lane % 4):
+ *   A (16 x 16, two bf16 per register): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..2t+1],
+ *     a[2] = A[g][2t+8..2t+9], a[3] = A[g+8][2t+8..2t+9];
+ *   B (16 x 8): b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g];
+ *   C (16 x 8, f32): c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1].
+ * The reduction index k occurs in A and B alike, so any permutation of k applied to both gives
+ * the same product: a lane may load 8 consecutive elements of a row as 16 bytes and use them as
+ * its k-slots of two consecutive k16 steps. */
+#ifndef OMPK_PTX_MMA_H
+#define OMPK_PTX_MMA_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#define PTX_MMA_DEVICE 1
+#endif
+
+#define PTX_INLINE static inline __attribute__((always_inline, unused))
+
+/* Round two floats to bf16 (nearest even; NaN stays NaN) and pack them, lo in the low half. */
+PTX_INLINE uint32_t ptx_pack_bf16x2(float lo, float hi) {
+    union {
+        float f;
+        uint32_t u;
+    } a, b;
+    a.f = lo;
+    b.f = hi;
+    const uint32_t ra = (a.u + 0x7fffu + ((a.u >> 16) & 1u)) >> 16;
+    const uint32_t rb = (b.u + 0x7fffu + ((b.u >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t na = (a.u >> 16) | 0x40u, nb = (b.u | 0x400000u) & 0xffff0000u;
+    return ((a.u & 0x7fffffffu) > 0x7f800000u ? na : ra) |
+           ((b.u & 0x7fffffffu) > 0x7f800000u ? nb : rb);
+}
+
+/* The low (hi = 0) or high (hi = 1) bf16 of a packed pair as f32 (exact). */
+PTX_INLINE float ptx_bf16_half(uint32_t w, int hi) {
+    union {
+        uint32_t u;
+        float f;
+    } x;
+    x.u = hi ? (w & 0xffff0000u) : (w << 16);
+    return x.f;
+}
+
+#ifdef PTX_MMA_EMULATE
+/* Host emulation for tests: a team runs as one OpenMP parallel region (thread number = thread
+ * id in the team, a warp = 32 consecutive threads), every thread makes the same calls, and the
+ * collectives exchange fragments through memory between two barriers. */
+#include <omp.h>
+#define PTX_EMU_THREADS 1024
+/* out of line: each call is two barriers anyway */
+#define PTX_EMU_FN static __attribute__((noinline, unused))
+static uint32_t ptx_emu_u[PTX_EMU_THREADS][6];
+static const uint16_t *ptx_emu_p[PTX_EMU_THREADS];
+static float ptx_emu_f[PTX_EMU_THREADS];
+
+PTX_EMU_FN void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    for (int i = 0; i < 4; i++) ptx_emu_u[tid][i] = a[i];
+    ptx_emu_u[tid][4] = b0;
+    ptx_emu_u[tid][5] = b1;
+#pragma omp barrier
+    const int g = lane >> 2, t = lane & 3;
+    for (int e = 0; e < 4; e++) {
+        const int row = g + (e >= 2 ? 8 : 0), col = t * 2 + (e & 1);
+        float acc = c[e];
+        for (int kk = 0; kk < 16; kk++) {
+            /* A[row][kk]: lane (row % 8) * 4 + (kk % 8) / 2, register row / 8 + 2 (kk / 8) */
+            const int al = (row & 7) * 4 + ((kk & 7) >> 1), ar = (row >> 3) + 2 * (kk >> 3);
+            /* B[kk][col]: lane col * 4 + (kk % 8) / 2, register 4 + kk / 8 */
+            const int bl = col * 4 + ((kk & 7) >> 1), br = 4 + (kk >> 3);
+            acc += ptx_bf16_half(ptx_emu_u[w0 + al][ar], kk & 1) *
+                   ptx_bf16_half(ptx_emu_u[w0 + bl][br], kk & 1);
+        }
+        c[e] = acc;
+    }
+#pragma omp barrier
+}
+
+PTX_EMU_FN void ptx_emu_ldsm(uint32_t r[4], const uint16_t *p, int trans) {
+    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    ptx_emu_p[tid] = p;
+#pragma omp barrier
+    const int g = lane >> 2, t = lane & 3;
+    for (int mi = 0; mi < 4; mi++) {
+        if (trans) {
+            const uint16_t *r0 = ptx_emu_p[w0 + mi * 8 + t * 2],
+                           *r1 = ptx_emu_p[w0 + mi * 8 + t * 2 + 1];
+            r[mi] = (uint32_t)r0[g] | ((uint32_t)r1[g] << 16);
+        } else {
+            const uint16_t *rp = ptx_emu_p[w0 + mi * 8 + g];
+            r[mi] = (uint32_t)rp[2 * t] | ((uint32_t)rp[2 * t + 1] << 16);
+        }
+    }
+#pragma omp barrier
+}
+PTX_EMU_FN void ptx_ldsm_x4(uint32_t r[4], const uint16_t *p) {
+    ptx_emu_ldsm(r, p, 0);
+}
+PTX_EMU_FN void ptx_ldsm_x4_trans(uint32_t r[4], const uint16_t *p) {
+    ptx_emu_ldsm(r, p, 1);
+}
+
+PTX_EMU_FN float ptx_shfl_xor(float v, int mask) {
+    const int tid = omp_get_thread_num();
+    ptx_emu_f[tid] = v;
+#pragma omp barrier
+    const float o = ptx_emu_f[tid ^ mask];
+#pragma omp barrier
+    return o;
+}
+#else
+/* c += A * B for one m16n8k16 tile, bf16 inputs, f32 accumulation (layouts above). */
+PTX_INLINE void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    (void)c, (void)a, (void)b0, (void)b1;
+}
+
+/* ldmatrix .x4 (.trans): lane l gives the shared address of row l % 8 of 8x8 matrix l / 8. */
+PTX_INLINE void ptx_ldsm_x4(uint32_t r[4], const uint16_t *p) {
+    (void)p;
+    r[0] = r[1] = r[2] = r[3] = 0;
+}
+PTX_INLINE void ptx_ldsm_x4_trans(uint32_t r[4], const uint16_t *p) {
+    (void)p;
+    r[0] = r[1] = r[2] = r[3] = 0;
+}
+
+/* butterfly shuffle across the full warp */
+PTX_INLINE float ptx_shfl_xor(float v, int mask) {
+    (void)mask;
+    return v;
+}
+#endif
+
+/* 16 bytes global -> shared without a register round trip; groups complete in commit order */
+PTX_INLINE void ptx_cp_async16(void *dst_shared, const void *src_global) {
+    memcpy(dst_shared, src_global, 16);
+}
+PTX_INLINE void ptx_cp_async_commit(void) {}
+/* wait until at most `n` (a constant 0 or 1) of this thread's committed groups are pending */
+PTX_INLINE void ptx_cp_async_wait0(void) {}
+PTX_INLINE void ptx_cp_async_wait1(void) {}
+
+#if defined(PTX_MMA_DEVICE) && !defined(PTX_MMA_EMULATE)
+#pragma omp begin declare variant match(device = {arch(nvptx64)})
+PTX_INLINE uint32_t ptx_shared_addr(const void *p) {
+    uint32_t addr;
+    __asm__("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(addr) : "l"(p));
+    return addr;
+}
+PTX_INLINE void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    __asm__ volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+PTX_INLINE void ptx_ldsm_x4(uint32_t r[4], const uint16_t *p) {
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(ptx_shared_addr(p)));
+}
+PTX_INLINE void ptx_ldsm_x4_trans(uint32_t r[4], const uint16_t *p) {
+    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(ptx_shared_addr(p)));
+}
+PTX_INLINE float ptx_shfl_xor(float v, int mask) {
+    return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, mask, 0x1f);
+}
+PTX_INLINE void ptx_cp_async16(void *dst_shared, const void *src_global) {
+    __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ptx_shared_addr(dst_shared)),
+                     "l"(src_global)
+                     : "memory");
+}
+PTX_INLINE void ptx_cp_async_commit(void) {
+    __asm__ volatile("cp.async.commit_group;" ::: "memory");
+}
+PTX_INLINE void ptx_cp_async_wait0(void) {
+    __asm__ volatile("cp.async.wait_group 0;" ::: "memory");
+}
+PTX_INLINE void ptx_cp_async_wait1(void) {
+    __asm__ volatile("cp.async.wait_group 1;" ::: "memory");
+}
+#pragma omp end declare variant
+#endif
+
+#endif

@@ -1,0 +1,204 @@
+/* The tensor-core GEMM of the mHC pre forward (src/target/mhc_pre_tc.h) run on the host: with
+ * PTX_MMA_EMULATE a team is PRE_TC_THREADS host OpenMP threads and mma.sync and the shuffles
+ * exchange fragments through memory, so CI checks the kernel's own algorithm (the k permutation
+ * shared by A and B, the hi/mid/lo weight split, stage double buffering, split and token tails,
+ * strides, the partial layout) against a double reference; the GPU run of test_mhc_pre checks
+ * the real instructions. */
+#define PTX_MMA_EMULATE 1
+#include "mhc_pre_tc.h"
+
+/* The kernel's loops over register arrays carry unroll pragmas; with the emulated warp
+ * instructions (barriers inside) the host compiler may keep them rolled, which is harmless
+ * here: host arrays live in memory anyway. */
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "bf16.h"
+#include "tolerance.h"
+
+/* PRE_TC_THREADS threads on a CI machine of a few cores: waiting threads sleep instead of
+ * spinning (read when the OpenMP runtime starts, after this constructor). */
+static void __attribute__((constructor)) emu_passive_wait(void) {
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+}
+
+static uint16_t emu_xs[PRE_TCA_NS * PRE_TCA_XBUF] __attribute__((aligned(16)));
+static uint16_t
+    emu_ws[2 * PRE_TC_BUF(1) > 2 * PRE_TC_BUF(8) ? 2 * PRE_TC_BUF(1) : 2 * PRE_TC_BUF(8)]
+    __attribute__((aligned(16)));
+
+static void team(int n, const pre_tc_geom *g, const char *x, const float *phi, const float *gamma,
+                 float *part) {
+#define EMU_TEAM(N) pre_tc_team(N, g, x, phi, gamma, part, emu_ws)
+    MHC_SWITCH_N(n, EMU_TEAM)
+#undef EMU_TEAM
+}
+
+static void team_async(int n, const pre_tc_geom *g, const char *x, const float *phi,
+                       const float *gamma, float *part) {
+    switch (n) {
+    case 1:
+        pre_tca_team(1, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    case 2:
+        pre_tca_team(2, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    case 3:
+        pre_tca_team(3, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    case 4:
+        pre_tca_team(4, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    case 5:
+        pre_tca_team(5, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    default:
+        pre_tca_team(6, g, x, phi, gamma, part, emu_ws, emu_xs);
+        break;
+    }
+}
+
+static void hin(int n, const pre_tc_geom *g, const char *x, const float *hp, char *h_in, int64_t t,
+                int64_t d) {
+#define EMU_HIN(N) pre_tc_hin(N, g, x, hp, h_in, t, d)
+    MHC_SWITCH_N(n, EMU_HIN)
+#undef EMU_HIN
+}
+
+static uint64_t rng_state;
+static double rnd(void) { /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
+}
+
+/* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8) */
+static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma,
+                  int interleave, int64_t teams, int async) {
+    const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
+    const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
+    uint16_t *x = aligned_alloc(16, (size_t)((B * sx0 * 2 + 15) / 16 * 16));
+    float *phi = malloc(sizeof(float) * (size_t)(M * K)), *gamma = malloc(sizeof(float) * K);
+    for (int64_t i = 0; i < B * sx0; i++) x[i] = ompk_f32_to_bf16((float)(2.0 * rnd()));
+    for (int64_t i = 0; i < M * K; i++) phi[i] = (float)(rnd() / sqrt((double)K));
+    for (int64_t k = 0; k < K; k++) gamma[k] = (float)(1.0 + 0.3 * rnd());
+
+    mhc_pre_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.B = B, a.S = S, a.D = D, a.n = n, a.bf16 = 1;
+    a.sx[0] = sx0, a.sx[1] = sx1, a.sx[2] = sx2, a.sx[3] = 1;
+    a.phi = phi, a.sphi = K, a.gamma = with_gamma ? gamma : NULL;
+    a.shin[0] = S * D, a.shin[1] = D, a.shin[2] = 1;
+    const pre_tc_geom g = pre_tc_geometry_for(&a, interleave, teams, async);
+    cr_assert(g.KS >= 1);
+    float *part = malloc(sizeof(float) * (size_t)(g.KS * T * (M + 1)));
+    for (int64_t i = 0; i < g.KS * T * (M + 1); i++) part[i] = NAN;
+
+    int ok = 1;
+    for (int blk = 0; blk < g.NG * g.KS && ok; blk++) {
+        pre_tc_emu_block = blk;
+#pragma omp parallel num_threads(PRE_TC_THREADS)
+        {
+            if (omp_get_num_threads() != PRE_TC_THREADS) {
+#pragma omp single
+                ok = 0;
+            } else {
+                if (async)
+                    team_async(n, &g, (const char *)x, phi, a.gamma, part);
+                else
+                    team(n, &g, (const char *)x, phi, a.gamma, part);
+            }
+        }
+    }
+    cr_assert(ok, "could not start %d host threads", PRE_TC_THREADS);
+
+    /* partials summed in split order against the double sums */
+    double *ref = calloc((size_t)(T * (M + 1)), sizeof(double)), smax = 0, qmax = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *xt = x + (t / S) * sx0 + (t % S) * sx1;
+        for (int i = 0; i < n; i++)
+            for (int64_t d = 0; d < D; d++) {
+                const double v = ompk_bf16_to_f32(xt[i * sx2 + d]);
+                const int64_t k = i * D + d;
+                for (int64_t m = 0; m < M; m++)
+                    ref[t * (M + 1) + m] += v * phi[m * K + k] * (with_gamma ? gamma[k] : 1.0);
+                ref[t * (M + 1) + M] += v * v;
+            }
+        for (int64_t m = 0; m < M; m++) smax = fmax(smax, fabs(ref[t * (M + 1) + m]));
+        qmax = fmax(qmax, ref[t * (M + 1) + M]);
+    }
+    const ompk_tol tm = ompk_tol_for(OMPK_F32, smax), tq = ompk_tol_for(OMPK_F32, qmax);
+    int bad = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t m = 0; m <= M; m++) {
+            float s = 0.f;
+            for (int c = 0; c < g.KS; c++) s += part[((int64_t)c * T + t) * (M + 1) + m];
+            const double r = ref[t * (M + 1) + m];
+            const ompk_tol tl = m < M ? tm : tq;
+            if (!(fabs(s - r) <= tl.atol + tl.rtol * fabs(r)) && bad++ < 5)
+                cr_log_error("n=%d D=%lld t=%lld m=%lld: %.9g vs %.9g", n, (long long)D,
+                             (long long)t, (long long)m, s, r);
+        }
+    cr_expect_eq(bad, 0, "n=%d D=%lld pad=%lld gamma=%d interleave=%d async=%d: %d sums differ", n,
+                 (long long)D, (long long)pad, with_gamma, interleave, async, bad);
+
+    /* h_in pieces from given h_pre */
+    float *hp = malloc(sizeof(float) * (size_t)(T * n));
+    for (int64_t i = 0; i < T * n; i++) hp[i] = (float)(0.5 + 0.5 * rnd());
+    uint16_t *h_in = aligned_alloc(16, (size_t)((T * D * 2 + 15) / 16 * 16));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d += 8) hin(n, &g, (const char *)x, hp, (char *)h_in, t, d);
+    int hbad = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) {
+            const uint16_t *xt = x + (t / S) * sx0 + (t % S) * sx1;
+            double r = 0;
+            for (int i = 0; i < n; i++) r += hp[t * n + i] * ompk_bf16_to_f32(xt[i * sx2 + d]);
+            const ompk_tol tl = ompk_tol_for(OMPK_BF16, 2.0);
+            if (!(fabs(ompk_bf16_to_f32(h_in[t * D + d]) - r) <= tl.atol + tl.rtol * fabs(r)))
+                hbad++;
+        }
+    cr_expect_eq(hbad, 0, "n=%d D=%lld: %d h_in elements differ", n, (long long)D, hbad);
+    free(x), free(phi), free(gamma), free(part), free(ref), free(hp), free(h_in);
+}
+
+/* token tail (300 = 256 + 44 tokens over two batches), a D tail inside a 32-wide chunk, padded
+ * strides, with and without gamma, interleaved and contiguous splits */
+Test(mhc_pre_tc_emu, n4_tails_and_strides) {
+    rng_state = 1;
+    check(2, 150, 4, 40, 8, 1, 1, 512, 0);
+    check(1, 37, 4, 96, 0, 0, 1, 512, 0);
+    check(2, 150, 4, 40, 8, 1, 0, 512, 0);
+}
+
+/* every stream count: one stage a chunk (n >= 5) or two (n <= 4), M not a multiple of 8 */
+Test(mhc_pre_tc_emu, all_n) {
+    rng_state = 2;
+    for (int n = 1; n <= 8; n++) check(1, 20, n, 24 + 8 * (n & 2), 0, n & 1, n != 3, 512, 0);
+}
+
+/* several stages a team (fewer teams than stages): the double-buffered weights and the x
+ * prefetch across stages, with 1, 2 and 3 splits, interleaved and contiguous, and a split whose
+ * last stage is past K */
+Test(mhc_pre_tc_emu, multi_stage) {
+    rng_state = 3;
+    check(1, 40, 4, 200, 0, 1, 1, 1, 0);
+    check(1, 40, 4, 200, 8, 1, 1, 2, 0);
+    check(1, 40, 4, 200, 0, 0, 0, 3, 0);
+    check(1, 30, 5, 72, 0, 1, 1, 3, 0);
+    check(1, 30, 7, 40, 0, 1, 0, 2, 0);
+}
+
+/* the cp.async variant (n <= 6): ring slots reused across many stages, split and token tails */
+Test(mhc_pre_tc_emu, async_stages) {
+    rng_state = 4;
+    check(1, 40, 4, 200, 0, 1, 1, 1, 1);
+    check(2, 150, 4, 40, 8, 0, 0, 512, 1);
+    check(1, 30, 6, 72, 0, 1, 1, 3, 1);
+    check(1, 20, 1, 24, 0, 1, 0, 2, 1);
+    check(1, 140, 3, 64, 8, 1, 0, 2, 1);
+}
