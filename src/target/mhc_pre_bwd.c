@@ -13,11 +13,21 @@
 #define NMAX 8
 #define MMAX (2 * NMAX + NMAX * NMAX)
 #define TOKBLK 256 /* tokens per dbias/dalpha block */
+/* stage 4 elements per item on the GPU (2*M*KC registers: 2 while M <= 24) and on the host, and
+ * the GPU's tokens loaded ahead */
+#define BWD_KCD (MHC_N <= 4 ? 2 : 1)
+#define BWD_KCH 16
+#define BWD_TGD 4
 
 typedef struct bwd_geom {
     int64_t T, K, CD, NC, TBK, NB, NBLK;
     int MW, R; /* R = M + 3: per-token dz (M) and dz*hm summed per group (3) */
 } bwd_geom;
+
+/* 2 floats moved as one 8-byte word */
+typedef struct mhc_f2 {
+    float v[2];
+} __attribute__((aligned(8))) mhc_f2;
 
 /* float counts rounded to 16 bytes, so every workspace part starts aligned */
 static inline int64_t al4(int64_t v) {
@@ -41,9 +51,9 @@ static bwd_geom bwd_geometry(const mhc_pre_bwd_args *a) {
     g.CD = cd;
     g.NC = (a->D + cd - 1) / cd;
     if (g.NC < 1) g.NC = 1;
-    /* token blocks of the dW pass: enough items for a GPU, partials bounded by ~16 blocks */
-    g.TBK = 1024;
-    if (g.T < 16 * 1024) g.TBK = (g.T + 15) / 16 > 64 ? (g.T + 15) / 16 : 64;
+    /* token blocks of the dx/dW pass: at most 64 blocks (bounded dW partials), enough items to
+     * fill a GPU in several waves */
+    g.TBK = (g.T + 63) / 64 > 64 ? (g.T + 63) / 64 : 64;
     g.NB = (g.T + g.TBK - 1) / g.TBK;
     if (g.NB < 1) g.NB = 1;
     g.NBLK = (g.T + TOKBLK - 1) / TOKBLK;
@@ -150,63 +160,174 @@ MHC_INLINE void bwd_token(const int N, int64_t t, int64_t S, int64_t T, int64_t 
     coef[t] = dinv * r * r * r / (float)K;
 }
 
-/* Stage 4 body: tokens [t0,t1) at flattened k = i*D + d. */
-MHC_INLINE void bwd_dxdw(const int N, int64_t k, int64_t D, int64_t S, int64_t t0, int64_t t1,
-                         const char *x, const int64_t *sx, int bf16, const char *dh,
-                         const int64_t *sdh, int dbf16, const char *gxp, const int64_t *sg,
-                         int gbf16, char *dx, const int64_t *sdx, const float *phi, int64_t sphi,
-                         const float *gamma, const float *h_pre, const int64_t *shpre,
-                         const float *dhm_ws, int MW, const float *coef, float *pw, int64_t K) {
-    const int M = 2 * N + N * N;
-    const int i = (int)(k / D);
-    const int64_t d = k % D;
-    const float gk = gamma ? gamma[k] : 1.f;
-    float w[MMAX], acc[MMAX];
+/* KC consecutive elements at p (element e at p + e*st) as floats; vec: st == 1 and the run is
+ * aligned to its size, so it moves as one word (GPU, KC = 2) or as a loop the host vectorizes.
+ * Elements past ne read as zero. */
+MHC_INLINE void kc_load(const int KC, const char *p, int64_t st, int bf16, int vec, int ne,
+                        float *v) {
+    if (vec && bf16 && KC == 2) {
+        const uint32_t u = *(const uint32_t *)p;
+        ompk_f32_bits lo, hi;
+        lo.u = u << 16;
+        hi.u = u & 0xffff0000u;
+        v[0] = lo.f;
+        v[1] = hi.f;
+    } else if (vec && KC == 2) {
+        const mhc_f2 f = *(const mhc_f2 *)p;
+        v[0] = f.v[0];
+        v[1] = f.v[1];
+    } else if (vec) {
+        for (int e = 0; e < KC; e++) v[e] = ompk_load_f(p, e, bf16);
+    } else {
+        for (int e = 0; e < KC; e++) v[e] = e < ne ? ompk_load_f(p, e * st, bf16) : 0.f;
+    }
+}
+
+MHC_INLINE void kc_store(const int KC, char *p, int64_t st, int bf16, int vec, int ne,
+                         const float *v) {
+    if (vec && bf16 && KC == 2) {
+        *(uint32_t *)p =
+            (uint32_t)ompk_f32_to_bf16(v[0]) | ((uint32_t)ompk_f32_to_bf16(v[1]) << 16);
+    } else if (vec && KC == 2) {
+        mhc_f2 f;
+        f.v[0] = v[0];
+        f.v[1] = v[1];
+        *(mhc_f2 *)p = f;
+    } else if (vec) {
+        for (int e = 0; e < KC; e++) ompk_store_f(p, e, v[e], bf16);
+    } else {
+        for (int e = 0; e < KC; e++)
+            if (e < ne) ompk_store_f(p, e * st, v[e], bf16);
+    }
+}
+
+/* Where the stage-4 body reads and writes; strides in elements. */
+typedef struct bwd_io {
+    int64_t sx[4], sdh[3], sg[4], sdx[4], shpre[2];
+    int64_t S, D, K, sphi;
+    int bf16, dbf16, gbf16, MW;
+} bwd_io;
+
+/* Stage 4 body: tokens [t0,t1) at the KC elements d0.. of stream i (k = i*D + d0 + e). The KC x M
+ * weights phi*gamma and dW sums stay in registers over the tokens; x and dh_in of the next TG
+ * tokens are loaded before this group's arithmetic and dx stores, so the loads are in flight
+ * while it runs (the stores could alias the loads, so the compiler cannot hoist them itself). */
+MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const bwd_io *io, int64_t i,
+                         int64_t d0, int64_t t0, int64_t t1, int vec, const char *x, const char *dh,
+                         const char *gxp, char *dx, const float *phi, const float *gamma,
+                         const float *h_pre, const float *dhm_ws, const float *coef, float *pw) {
+    const int M = 2 * N + N * N, MW = io->MW;
+    const int64_t S = io->S, D = io->D, K = io->K;
+    const int esz = io->bf16 ? 2 : 4, dsz = io->dbf16 ? 2 : 4, gsz = io->gbf16 ? 2 : 4;
+    const int ne = D - d0 < KC ? (int)(D - d0) : KC;
+    const int64_t k0 = i * D + d0;
+    float w[MMAX][KC], acc[MMAX][KC];
     MHC_UNROLL
     for (int m = 0; m < MMAX; m++) {
-        w[m] = m < M ? phi[m * sphi + k] * gk : 0.f;
-        acc[m] = 0.f;
-    }
-    /* (b, s) advance with t (no 64-bit division per token), and the next token's scalars are
-     * loaded before this token's arithmetic and store, so their latency overlaps it */
-    int64_t b = t1 > t0 ? t0 / S : 0, s = t1 > t0 ? t0 % S : 0;
-    float v_n = 0.f, g_n = 0.f, c_n = 0.f, h_n = 0.f;
-    if (t0 < t1) {
-        v_n = ompk_load_f(x, b * sx[0] + s * sx[1] + i * sx[2] + d, bf16);
-        g_n = ompk_load_f(dh, b * sdh[0] + s * sdh[1] + d, dbf16);
-        c_n = coef[t0];
-        h_n = h_pre[t0 * shpre[0] + i * shpre[1]];
-    }
-    for (int64_t t = t0; t < t1; t++) {
-        const float v = v_n, gin = g_n, cf = c_n, hp = h_n;
-        const int64_t bc = b, sc = s;
-        if (++s == S) s = 0, b++;
-        if (t + 1 < t1) {
-            v_n = ompk_load_f(x, b * sx[0] + s * sx[1] + i * sx[2] + d, bf16);
-            g_n = ompk_load_f(dh, b * sdh[0] + s * sdh[1] + d, dbf16);
-            c_n = coef[t + 1];
-            h_n = h_pre[(t + 1) * shpre[0] + i * shpre[1]];
+        if (m >= M) continue;
+        for (int e = 0; e < KC; e++) {
+            w[m][e] = e < ne ? phi[m * io->sphi + k0 + e] * (gamma ? gamma[k0 + e] : 1.f) : 0.f;
+            acc[m][e] = 0.f;
         }
-        const mhc_f4 *row = (const mhc_f4 *)(dhm_ws + t * MW);
-        float sum[4] = {0.f, 0.f, 0.f, 0.f};
+    }
+    const int64_t xo = i * io->sx[2] + d0 * io->sx[3], dxo = i * io->sdx[2] + d0 * io->sdx[3];
+    const int64_t go = i * io->sg[2] + d0 * io->sg[3], ho = i * io->shpre[1];
+    int64_t bl = t1 > t0 ? t0 / S : 0, sl = t1 > t0 ? t0 - bl * S : 0, bc = bl, sc = sl;
+    float vn[TG][KC], gn[TG][KC], cn[TG], hn[TG];
+    MHC_UNROLL
+    for (int j = 0; j < TG; j++) {
+        if (t0 + j < t1) {
+            kc_load(KC, x + (bl * io->sx[0] + sl * io->sx[1] + xo) * esz, io->sx[3], io->bf16, vec,
+                    ne, vn[j]);
+            kc_load(KC, dh + (bl * io->sdh[0] + sl * io->sdh[1] + d0 * io->sdh[2]) * dsz,
+                    io->sdh[2], io->dbf16, vec, ne, gn[j]);
+            cn[j] = coef[t0 + j];
+            hn[j] = h_pre[(t0 + j) * io->shpre[0] + ho];
+            if (++sl == S) sl = 0, bl++;
+        }
+    }
+    for (int64_t tg = t0; tg < t1; tg += TG) {
+        float vc[TG][KC], gc[TG][KC], cc[TG], hc[TG];
         MHC_UNROLL
-        for (int q = 0; q < MMAX / 4 + 1; q++) {
-            if (4 * q >= M) continue;
-            const mhc_f4 r4 = row[q];
-            MHC_UNROLL
-            for (int e = 0; e < 4; e++) {
-                if (4 * q + e >= M) continue;
-                sum[e] += r4.v[e] * w[4 * q + e];
-                acc[4 * q + e] += r4.v[e] * v;
+        for (int j = 0; j < TG; j++) {
+            for (int e = 0; e < KC; e++) vc[j][e] = vn[j][e], gc[j][e] = gn[j][e];
+            cc[j] = cn[j], hc[j] = hn[j];
+        }
+        MHC_UNROLL
+        for (int j = 0; j < TG; j++) {
+            const int64_t t = tg + TG + j;
+            if (t < t1) {
+                kc_load(KC, x + (bl * io->sx[0] + sl * io->sx[1] + xo) * esz, io->sx[3], io->bf16,
+                        vec, ne, vn[j]);
+                kc_load(KC, dh + (bl * io->sdh[0] + sl * io->sdh[1] + d0 * io->sdh[2]) * dsz,
+                        io->sdh[2], io->dbf16, vec, ne, gn[j]);
+                cn[j] = coef[t];
+                hn[j] = h_pre[t * io->shpre[0] + ho];
+                if (++sl == S) sl = 0, bl++;
             }
         }
-        float val = ((sum[0] + sum[1]) + (sum[2] + sum[3])) - cf * v + hp * gin;
-        if (gxp) val += ompk_load_f(gxp, bc * sg[0] + sc * sg[1] + i * sg[2] + d, gbf16);
-        ompk_store_f(dx, bc * sdx[0] + sc * sdx[1] + i * sdx[2] + d, val, bf16);
+        MHC_UNROLL
+        for (int j = 0; j < TG; j++) {
+            const int64_t t = tg + j;
+            if (t >= t1) break;
+            const mhc_f4 *row = (const mhc_f4 *)(dhm_ws + t * MW);
+            float s0[KC], s1[KC];
+            for (int e = 0; e < KC; e++) s0[e] = s1[e] = 0.f;
+            MHC_UNROLL
+            for (int q = 0; q < MMAX / 4 + 1; q++) {
+                if (4 * q >= M) continue;
+                const mhc_f4 r4 = row[q];
+                MHC_UNROLL
+                for (int u = 0; u < 4; u++) {
+                    const int m = 4 * q + u;
+                    if (m >= M) continue;
+                    for (int e = 0; e < KC; e++) {
+                        if (u & 1)
+                            s1[e] += r4.v[u] * w[m][e];
+                        else
+                            s0[e] += r4.v[u] * w[m][e];
+                        acc[m][e] += r4.v[u] * vc[j][e];
+                    }
+                }
+            }
+            float val[KC], gx[KC];
+            if (gxp)
+                kc_load(KC, gxp + (bc * io->sg[0] + sc * io->sg[1] + go) * gsz, io->sg[3],
+                        io->gbf16, vec, ne, gx);
+            for (int e = 0; e < KC; e++) {
+                val[e] = (s0[e] + s1[e]) - cc[j] * vc[j][e] + hc[j] * gc[j][e];
+                if (gxp) val[e] += gx[e];
+            }
+            kc_store(KC, dx + (bc * io->sdx[0] + sc * io->sdx[1] + dxo) * esz, io->sdx[3], io->bf16,
+                     vec, ne, val);
+            if (++sc == S) sc = 0, bc++;
+        }
     }
     MHC_UNROLL
-    for (int m = 0; m < MMAX; m++)
-        if (m < M) pw[m * K + k] = acc[m];
+    for (int m = 0; m < MMAX; m++) {
+        if (m >= M) continue;
+        for (int e = 0; e < KC; e++)
+            if (e < ne) pw[m * K + k0 + e] = acc[m][e];
+    }
+}
+
+/* Whether every run of KC elements that stage 4 moves is contiguous and aligned to its size. */
+static int bwd_kc_vec_ok(const mhc_pre_bwd_args *a, int KC) {
+    const int64_t esz = a->bf16 ? 2 : 4, dsz = a->dh_bf16 ? 2 : 4, gsz = a->gxp_bf16 ? 2 : 4;
+    if (a->D % KC || a->sx[3] != 1 || a->sdh[2] != 1 || a->sdx[3] != 1) return 0;
+    for (int k = 0; k < 3; k++)
+        if (a->sx[k] % KC || a->sdx[k] % KC) return 0;
+    if (a->sdh[0] % KC || a->sdh[1] % KC) return 0;
+    if ((uintptr_t)a->x % (uintptr_t)(KC * esz) || (uintptr_t)a->dx % (uintptr_t)(KC * esz) ||
+        (uintptr_t)a->dh_in % (uintptr_t)(KC * dsz))
+        return 0;
+    if (a->gxp) {
+        if (a->sgxp[3] != 1) return 0;
+        for (int k = 0; k < 3; k++)
+            if (a->sgxp[k] % KC) return 0;
+        if ((uintptr_t)a->gxp % (uintptr_t)(KC * gsz)) return 0;
+    }
+    return 1;
 }
 
 #define MHC_N_INC "mhc_pre_bwd_n.inc"
