@@ -289,8 +289,12 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
         cur_next(&cd, wr_);                                                                        \
     } while (0)
     MHC_UNROLL
-    for (int j = 0; j < TG; j++)
+    for (int j = 0; j < TG; j++) {
+        cs[j] = hs[j] = 0.f;
+        MHC_UNROLL
+        for (int e = 0; e < KC; e++) vs[j][e] = gs[j][e] = 0.f;
         if (t0 + j < t1) BWD_FILL(j, t0 + j);
+    }
     for (int64_t tg = t0; tg < t1; tg += TG) {
         MHC_UNROLL
         for (int j = 0; j < TG; j++) {
