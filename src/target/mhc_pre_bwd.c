@@ -3,9 +3,11 @@
  *  2. Per token: partials summed in fixed order; dz, dh_mix (padded rows), the dinv
  *     coefficient, and the token's dbias / dalpha terms.
  *  3. dbias, dalpha: fixed blocks of tokens, then a fixed-order sum of the blocks.
- *  4. One pass over x for dx and dW: work item = (token block, k); adjacent lanes take adjacent
- *     k (coalesced x, dh_in, dx, phi), the token's dh_mix row is a broadcast. The item keeps the
- *     M dW sums of its k in registers over its tokens and writes them as the block's partial.
+ *  4. One pass over x for dx and dW: work item = (token block, run of KC elements of one
+ *     stream); on the GPU adjacent lanes take adjacent runs (coalesced x, dh_in, dx), the
+ *     token's dh_mix row is a broadcast, and the item keeps the KC*M weights and dW sums in
+ *     registers over its tokens; the host form works on 8-float vectors. Each item writes its
+ *     dW sums as its token block's partial.
  *  5. dW = fixed-order sum of the block partials; dphi = dW*gamma, dgamma = colsum(dW*phi).
  * No float atomics anywhere: the same inputs give the same bits. */
 #include "mhc_kern.h"
@@ -14,11 +16,12 @@
 #define MMAX (2 * NMAX + NMAX * NMAX)
 #define TOKBLK 256 /* tokens per dbias/dalpha block */
 /* stage 4 elements per item on the GPU (2*M*KC registers: 2 while M <= 24) and on the host, and
- * the GPU's tokens loaded ahead */
+ * the GPU's tokens loaded ahead; BWD_KCMAX and BWD_TGMAX bound the GPU values (register arrays
+ * need constant extents) */
 #define BWD_KCD (MHC_N <= 4 ? 2 : 1)
 #define BWD_KCH 8
 #define BWD_TGD 4
-#define BWD_KCMAX 16 /* array extents: register arrays need constant ones */
+#define BWD_KCMAX 2
 #define BWD_TGMAX 4
 
 typedef struct bwd_geom {
