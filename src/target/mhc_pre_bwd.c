@@ -3,9 +3,11 @@
  *  2. Per token: partials summed in fixed order; dz, dh_mix (padded rows), the dinv
  *     coefficient, and the token's dbias / dalpha terms.
  *  3. dbias, dalpha: fixed blocks of tokens, then a fixed-order sum of the blocks.
- *  4. One pass over x for dx and dW: work item = (token block, k); adjacent lanes take adjacent
- *     k (coalesced x, dh_in, dx, phi), the token's dh_mix row is a broadcast. The item keeps the
- *     M dW sums of its k in registers over its tokens and writes them as the block's partial.
+ *  4. One pass over x for dx and dW: work item = (token block, run of KC elements of one
+ *     stream); on the GPU adjacent lanes take adjacent runs (coalesced x, dh_in, dx), the
+ *     token's dh_mix row is a broadcast, and the item keeps the KC*M weights and dW sums in
+ *     registers over its tokens; the host form works on 8-float vectors. Each item writes its
+ *     dW sums as its token block's partial.
  *  5. dW = fixed-order sum of the block partials; dphi = dW*gamma, dgamma = colsum(dW*phi).
  * No float atomics anywhere: the same inputs give the same bits. */
 #include "mhc_kern.h"
@@ -13,11 +15,24 @@
 #define NMAX 8
 #define MMAX (2 * NMAX + NMAX * NMAX)
 #define TOKBLK 256 /* tokens per dbias/dalpha block */
+/* stage 4 elements per item on the GPU (2*M*KC registers: 2 while M <= 24) and on the host, and
+ * the GPU's tokens loaded ahead; BWD_KCMAX and BWD_TGMAX bound the GPU values (register arrays
+ * need constant extents) */
+#define BWD_KCD (MHC_N <= 4 ? 2 : 1)
+#define BWD_KCH 8
+#define BWD_TGD 4
+#define BWD_KCMAX 2
+#define BWD_TGMAX 4
 
 typedef struct bwd_geom {
     int64_t T, K, CD, NC, TBK, NB, NBLK;
     int MW, R; /* R = M + 3: per-token dz (M) and dz*hm summed per group (3) */
 } bwd_geom;
+
+/* 2 floats moved as one 8-byte word */
+typedef struct mhc_f2 {
+    float v[2];
+} __attribute__((aligned(8))) mhc_f2;
 
 /* float counts rounded to 16 bytes, so every workspace part starts aligned */
 static inline int64_t al4(int64_t v) {
@@ -41,9 +56,9 @@ static bwd_geom bwd_geometry(const mhc_pre_bwd_args *a) {
     g.CD = cd;
     g.NC = (a->D + cd - 1) / cd;
     if (g.NC < 1) g.NC = 1;
-    /* token blocks of the dW pass: enough items for a GPU, partials bounded by ~16 blocks */
-    g.TBK = 1024;
-    if (g.T < 16 * 1024) g.TBK = (g.T + 15) / 16 > 64 ? (g.T + 15) / 16 : 64;
+    /* token blocks of the dx/dW pass: at most 64 blocks (bounded dW partials), enough items to
+     * fill a GPU in several waves */
+    g.TBK = (g.T + 63) / 64 > 64 ? (g.T + 63) / 64 : 64;
     g.NB = (g.T + g.TBK - 1) / g.TBK;
     if (g.NB < 1) g.NB = 1;
     g.NBLK = (g.T + TOKBLK - 1) / TOKBLK;
@@ -150,63 +165,320 @@ MHC_INLINE void bwd_token(const int N, int64_t t, int64_t S, int64_t T, int64_t 
     coef[t] = dinv * r * r * r / (float)K;
 }
 
-/* Stage 4 body: tokens [t0,t1) at flattened k = i*D + d. */
-MHC_INLINE void bwd_dxdw(const int N, int64_t k, int64_t D, int64_t S, int64_t t0, int64_t t1,
-                         const char *x, const int64_t *sx, int bf16, const char *dh,
-                         const int64_t *sdh, int dbf16, const char *gxp, const int64_t *sg,
-                         int gbf16, char *dx, const int64_t *sdx, const float *phi, int64_t sphi,
-                         const float *gamma, const float *h_pre, const int64_t *shpre,
-                         const float *dhm_ws, int MW, const float *coef, float *pw, int64_t K) {
-    const int M = 2 * N + N * N;
-    const int i = (int)(k / D);
-    const int64_t d = k % D;
-    const float gk = gamma ? gamma[k] : 1.f;
-    float w[MMAX], acc[MMAX];
+/* KC consecutive elements at p (element e at p + e*st) as floats; vec: st == 1 and the run is
+ * aligned to its size, so it moves as one word (GPU, KC = 2) or as a loop the host vectorizes.
+ * Elements past ne read as zero. */
+MHC_INLINE void kc_load(const int KC, const char *p, int64_t st, int bf16, int vec, int ne,
+                        float *v) {
+    if (vec && bf16 && KC == 2) {
+        const uint32_t u = *(const uint32_t *)p;
+        ompk_f32_bits lo, hi;
+        lo.u = u << 16;
+        hi.u = u & 0xffff0000u;
+        v[0] = lo.f;
+        v[1] = hi.f;
+    } else if (vec && KC == 2) {
+        const mhc_f2 f = *(const mhc_f2 *)p;
+        v[0] = f.v[0];
+        v[1] = f.v[1];
+    } else if (vec) {
+        MHC_UNROLL
+        for (int e = 0; e < KC; e++) v[e] = ompk_load_f(p, e, bf16);
+    } else {
+        MHC_UNROLL
+        for (int e = 0; e < KC; e++) v[e] = e < ne ? ompk_load_f(p, e * st, bf16) : 0.f;
+    }
+}
+
+MHC_INLINE void kc_store(const int KC, char *p, int64_t st, int bf16, int vec, int ne,
+                         const float *v) {
+    if (vec && bf16 && KC == 2) {
+        *(uint32_t *)p =
+            (uint32_t)ompk_f32_to_bf16(v[0]) | ((uint32_t)ompk_f32_to_bf16(v[1]) << 16);
+    } else if (vec && KC == 2) {
+        mhc_f2 f;
+        f.v[0] = v[0];
+        f.v[1] = v[1];
+        *(mhc_f2 *)p = f;
+    } else if (vec) {
+        MHC_UNROLL
+        for (int e = 0; e < KC; e++) ompk_store_f(p, e, v[e], bf16);
+    } else {
+        MHC_UNROLL
+        for (int e = 0; e < KC; e++)
+            if (e < ne) ompk_store_f(p, e * st, v[e], bf16);
+    }
+}
+
+/* Where the stage-4 body reads and writes; strides in elements. */
+typedef struct bwd_io {
+    int64_t sx[4], sdh[3], sg[4], sdx[4], shpre[2];
+    int64_t S, D, K, sphi;
+    int bf16, dbf16, gbf16, MW;
+} bwd_io;
+
+/* A token cursor over one tensor: the element offset of token (b, s), advanced without
+ * multiplies (s1 = the s stride, wrap = the b stride less S s-strides). */
+typedef struct bwd_cur {
+    int64_t off, s1, wrap;
+} bwd_cur;
+
+MHC_INLINE bwd_cur cur_make(int64_t b, int64_t s, int64_t S, int64_t s0, int64_t s1) {
+    bwd_cur c;
+    c.off = b * s0 + s * s1;
+    c.s1 = s1;
+    c.wrap = s0 - S * s1;
+    return c;
+}
+
+MHC_INLINE void cur_next(bwd_cur *c, int wrapped) {
+    c->off += c->s1 + (wrapped ? c->wrap : 0);
+}
+
+/* Stage 4 body: tokens [t0,t1) at the KC elements d0.. of stream i (k = i*D + d0 + e). The KC x M
+ * weights phi*gamma and dW sums stay in registers over the tokens; x and dh_in are loaded TG
+ * tokens ahead of their use, so TG tokens' loads are in flight while one token's arithmetic runs
+ * (the dx stores could alias the loads, so the compiler cannot hoist them itself).
+ * FAST (a literal): contiguous aligned runs and bf16 x, dh_in and grad_x_post, known at compile
+ * time so the GPU kernel carries no dtype branches. */
+MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST, const bwd_io *io,
+                         int64_t i, int64_t d0, int64_t t0, int64_t t1, int vec_rt, const char *x,
+                         const char *dh, const char *gxp, char *dx, const float *phi,
+                         const float *gamma, const float *h_pre, const float *dhm_ws,
+                         const float *coef, float *pw) {
+    const int M = 2 * N + N * N, MW = io->MW;
+    const int64_t S = io->S, D = io->D, K = io->K;
+    const int vec = FAST ? 1 : vec_rt;
+    const int bf16 = FAST ? 1 : io->bf16, dbf16 = FAST ? 1 : io->dbf16;
+    const int gbf16 = FAST ? 1 : io->gbf16;
+    const int esz = bf16 ? 2 : 4, dsz = dbf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
+    const int64_t sx3 = FAST ? 1 : io->sx[3], sd2 = FAST ? 1 : io->sdh[2];
+    const int64_t sg3 = FAST ? 1 : io->sg[3], so3 = FAST ? 1 : io->sdx[3];
+    const int ne = D - d0 < KC ? (int)(D - d0) : KC;
+    const int64_t k0 = i * D + d0;
+    float w[MMAX][BWD_KCMAX], acc[MMAX][BWD_KCMAX];
     MHC_UNROLL
     for (int m = 0; m < MMAX; m++) {
-        w[m] = m < M ? phi[m * sphi + k] * gk : 0.f;
-        acc[m] = 0.f;
-    }
-    /* (b, s) advance with t (no 64-bit division per token), and the next token's scalars are
-     * loaded before this token's arithmetic and store, so their latency overlaps it */
-    int64_t b = t1 > t0 ? t0 / S : 0, s = t1 > t0 ? t0 % S : 0;
-    float v_n = 0.f, g_n = 0.f, c_n = 0.f, h_n = 0.f;
-    if (t0 < t1) {
-        v_n = ompk_load_f(x, b * sx[0] + s * sx[1] + i * sx[2] + d, bf16);
-        g_n = ompk_load_f(dh, b * sdh[0] + s * sdh[1] + d, dbf16);
-        c_n = coef[t0];
-        h_n = h_pre[t0 * shpre[0] + i * shpre[1]];
-    }
-    for (int64_t t = t0; t < t1; t++) {
-        const float v = v_n, gin = g_n, cf = c_n, hp = h_n;
-        const int64_t bc = b, sc = s;
-        if (++s == S) s = 0, b++;
-        if (t + 1 < t1) {
-            v_n = ompk_load_f(x, b * sx[0] + s * sx[1] + i * sx[2] + d, bf16);
-            g_n = ompk_load_f(dh, b * sdh[0] + s * sdh[1] + d, dbf16);
-            c_n = coef[t + 1];
-            h_n = h_pre[(t + 1) * shpre[0] + i * shpre[1]];
-        }
-        const mhc_f4 *row = (const mhc_f4 *)(dhm_ws + t * MW);
-        float sum[4] = {0.f, 0.f, 0.f, 0.f};
+        if (m >= M) continue;
         MHC_UNROLL
-        for (int q = 0; q < MMAX / 4 + 1; q++) {
-            if (4 * q >= M) continue;
-            const mhc_f4 r4 = row[q];
-            MHC_UNROLL
-            for (int e = 0; e < 4; e++) {
-                if (4 * q + e >= M) continue;
-                sum[e] += r4.v[e] * w[4 * q + e];
-                acc[4 * q + e] += r4.v[e] * v;
-            }
+        for (int e = 0; e < KC; e++) {
+            w[m][e] = e < ne ? phi[m * io->sphi + k0 + e] * (gamma ? gamma[k0 + e] : 1.f) : 0.f;
+            acc[m][e] = 0.f;
         }
-        float val = ((sum[0] + sum[1]) + (sum[2] + sum[3])) - cf * v + hp * gin;
-        if (gxp) val += ompk_load_f(gxp, bc * sg[0] + sc * sg[1] + i * sg[2] + d, gbf16);
-        ompk_store_f(dx, bc * sdx[0] + sc * sdx[1] + i * sdx[2] + d, val, bf16);
     }
+    const char *xb = x + (i * io->sx[2] + d0 * sx3) * esz, *db = dh + d0 * sd2 * dsz;
+    const char *gb = gxp ? gxp + (i * io->sg[2] + d0 * sg3) * gsz : gxp;
+    char *ob = dx + (i * io->sdx[2] + d0 * so3) * esz;
+    const float *hb = h_pre + i * io->shpre[1];
+    const int64_t sh0 = io->shpre[0];
+    const int64_t b0 = t1 > t0 ? t0 / S : 0, s0 = t1 > t0 ? t0 - b0 * S : 0;
+    /* load cursors (x, dh_in) run TG tokens ahead of the store cursors (dx, grad_x_post) */
+    bwd_cur cx = cur_make(b0, s0, S, io->sx[0], io->sx[1]);
+    bwd_cur cd = cur_make(b0, s0, S, io->sdh[0], io->sdh[1]);
+    bwd_cur co = cur_make(b0, s0, S, io->sdx[0], io->sdx[1]);
+    bwd_cur cg = cur_make(b0, s0, S, io->sg[0], io->sg[1]);
+    int64_t sl = s0, sc = s0;
+    /* slot j holds token tg+j; once that token is done the slot is refilled with token tg+j+TG */
+    float vs[BWD_TGMAX][BWD_KCMAX], gs[BWD_TGMAX][BWD_KCMAX], cs[BWD_TGMAX], hs[BWD_TGMAX];
+#define BWD_FILL(j, t)                                                                             \
+    do {                                                                                           \
+        kc_load(KC, xb + cx.off * esz, sx3, bf16, vec, ne, vs[j]);                                 \
+        kc_load(KC, db + cd.off * dsz, sd2, dbf16, vec, ne, gs[j]);                                \
+        cs[j] = coef[t];                                                                           \
+        hs[j] = hb[(t) * sh0];                                                                     \
+        const int wr_ = ++sl == S;                                                                 \
+        if (wr_) sl = 0;                                                                           \
+        cur_next(&cx, wr_);                                                                        \
+        cur_next(&cd, wr_);                                                                        \
+    } while (0)
     MHC_UNROLL
-    for (int m = 0; m < MMAX; m++)
-        if (m < M) pw[m * K + k] = acc[m];
+    for (int j = 0; j < TG; j++) {
+        cs[j] = hs[j] = 0.f;
+        MHC_UNROLL
+        for (int e = 0; e < KC; e++) vs[j][e] = gs[j][e] = 0.f;
+        if (t0 + j < t1) BWD_FILL(j, t0 + j);
+    }
+    for (int64_t tg = t0; tg < t1; tg += TG) {
+        MHC_UNROLL
+        for (int j = 0; j < TG; j++) {
+            const int64_t t = tg + j;
+            if (t >= t1) break;
+            const mhc_f4 *row = (const mhc_f4 *)(dhm_ws + t * MW);
+            float s0v[BWD_KCMAX], s1v[BWD_KCMAX];
+            MHC_UNROLL
+            for (int e = 0; e < KC; e++) s0v[e] = s1v[e] = 0.f;
+            MHC_UNROLL
+            for (int q = 0; q < MMAX / 4 + 1; q++) {
+                if (4 * q >= M) continue;
+                const mhc_f4 r4 = row[q];
+                MHC_UNROLL
+                for (int u = 0; u < 4; u++) {
+                    const int m = 4 * q + u;
+                    if (m >= M) continue;
+                    MHC_UNROLL
+                    for (int e = 0; e < KC; e++) {
+                        if (u & 1)
+                            s1v[e] += r4.v[u] * w[m][e];
+                        else
+                            s0v[e] += r4.v[u] * w[m][e];
+                        acc[m][e] += r4.v[u] * vs[j][e];
+                    }
+                }
+            }
+            float val[BWD_KCMAX], gx[BWD_KCMAX];
+            if (gb) kc_load(KC, gb + cg.off * gsz, sg3, gbf16, vec, ne, gx);
+            MHC_UNROLL
+            for (int e = 0; e < KC; e++) {
+                val[e] = (s0v[e] + s1v[e]) - cs[j] * vs[j][e] + hs[j] * gs[j][e];
+                if (gb) val[e] += gx[e];
+            }
+            kc_store(KC, ob + co.off * esz, so3, bf16, vec, ne, val);
+            const int wr = ++sc == S;
+            if (wr) sc = 0;
+            cur_next(&co, wr);
+            cur_next(&cg, wr);
+            if (t + TG < t1) BWD_FILL(j, t + TG);
+        }
+    }
+#undef BWD_FILL
+    MHC_UNROLL
+    for (int m = 0; m < MMAX; m++) {
+        if (m >= M) continue;
+        MHC_UNROLL
+        for (int e = 0; e < KC; e++)
+            if (e < ne) pw[m * K + k0 + e] = acc[m][e];
+    }
+}
+
+/* ---- host form of stage 4 ----------------------------------------------------------------
+ * Runs of 8 elements held as one 8-float vector (GCC/Clang vector extensions, so both host
+ * compilers emit whole-vector FMAs); tokens in pairs, so each weight and dW-sum vector is
+ * loaded and stored once per two tokens. */
+typedef float bwd_f8 __attribute__((vector_size(32)));
+typedef uint32_t bwd_u8 __attribute__((vector_size(32)));
+typedef int32_t bwd_i8 __attribute__((vector_size(32)));
+typedef uint16_t bwd_h8 __attribute__((vector_size(16)));
+
+static inline bwd_f8 f8_load(const char *p, int64_t st, int bf16, int vec, int ne) {
+    bwd_f8 f;
+    if (vec && bf16) {
+        bwd_h8 h;
+        __builtin_memcpy(&h, p, sizeof h);
+        const bwd_u8 u = __builtin_convertvector(h, bwd_u8) << 16;
+        __builtin_memcpy(&f, &u, sizeof f);
+    } else if (vec) {
+        __builtin_memcpy(&f, p, sizeof f);
+    } else {
+        for (int e = 0; e < 8; e++) f[e] = e < ne ? ompk_load_f(p, e * st, bf16) : 0.f;
+    }
+    return f;
+}
+
+static inline void f8_store(char *p, int64_t st, int bf16, int vec, int ne, bwd_f8 f) {
+    if (vec && bf16) {
+        /* ompk_f32_to_bf16 on 8 lanes */
+        bwd_u8 u;
+        __builtin_memcpy(&u, &f, sizeof u);
+        const bwd_u8 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        const bwd_u8 nan = (u >> 16) | 0x40u;
+        const bwd_u8 isnan = (bwd_u8)((bwd_i8)(u & 0x7fffffffu) > 0x7f800000);
+        const bwd_h8 h = __builtin_convertvector((isnan & nan) | (~isnan & rounded), bwd_h8);
+        __builtin_memcpy(p, &h, sizeof h);
+    } else if (vec) {
+        __builtin_memcpy(p, &f, sizeof f);
+    } else {
+        for (int e = 0; e < ne; e++) ompk_store_f(p, e * st, f[e], bf16);
+    }
+}
+
+MHC_INLINE void bwd_dxdw_host(const int N, const bwd_io *io, int64_t i, int64_t d0, int64_t t0,
+                              int64_t t1, int vec, const char *x, const char *dh, const char *gxp,
+                              char *dx, const float *phi, const float *gamma, const float *h_pre,
+                              const float *dhm_ws, const float *coef, float *pw) {
+    const int M = 2 * N + N * N, MW = io->MW;
+    const int64_t S = io->S, D = io->D, K = io->K;
+    const int bf16 = io->bf16, dbf16 = io->dbf16, gbf16 = io->gbf16;
+    const int esz = bf16 ? 2 : 4, dsz = dbf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
+    const int64_t sx3 = io->sx[3], sd2 = io->sdh[2], sg3 = io->sg[3], so3 = io->sdx[3];
+    const int ne = D - d0 < 8 ? (int)(D - d0) : 8;
+    const int64_t k0 = i * D + d0;
+    bwd_f8 w[MMAX], acc[MMAX];
+    for (int m = 0; m < M; m++) {
+        for (int e = 0; e < 8; e++)
+            w[m][e] = e < ne ? phi[m * io->sphi + k0 + e] * (gamma ? gamma[k0 + e] : 1.f) : 0.f;
+        acc[m] = (bwd_f8){0};
+    }
+    const char *xb = x + (i * io->sx[2] + d0 * sx3) * esz, *db = dh + d0 * sd2 * dsz;
+    const char *gb = gxp ? gxp + (i * io->sg[2] + d0 * sg3) * gsz : gxp;
+    char *ob = dx + (i * io->sdx[2] + d0 * so3) * esz;
+    const int64_t b0 = t1 > t0 ? t0 / S : 0, s0 = t1 > t0 ? t0 - b0 * S : 0;
+    bwd_cur cx = cur_make(b0, s0, S, io->sx[0], io->sx[1]);
+    bwd_cur cd = cur_make(b0, s0, S, io->sdh[0], io->sdh[1]);
+    bwd_cur co = cur_make(b0, s0, S, io->sdx[0], io->sdx[1]);
+    bwd_cur cg = cur_make(b0, s0, S, io->sg[0], io->sg[1]);
+    int64_t sc = s0;
+    for (int64_t t = t0; t < t1; t += 2) {
+        const int two = t + 1 < t1;
+        bwd_f8 v[2], g[2], sum[2];
+        bwd_cur px = cx, pd = cd;
+        int64_t ps = sc;
+        for (int j = 0; j < 2; j++) {
+            if (j == 0 || two) {
+                v[j] = f8_load(xb + px.off * esz, sx3, bf16, vec, ne);
+                g[j] = f8_load(db + pd.off * dsz, sd2, dbf16, vec, ne);
+            } else {
+                v[j] = g[j] = (bwd_f8){0};
+            }
+            const int wr = ++ps == S;
+            if (wr) ps = 0;
+            cur_next(&px, wr);
+            cur_next(&pd, wr);
+            sum[j] = (bwd_f8){0};
+        }
+        const float *r0 = dhm_ws + t * MW, *r1 = two ? r0 + MW : r0;
+        for (int m = 0; m < M; m++) {
+            const float a0 = r0[m], a1 = two ? r1[m] : 0.f;
+            sum[0] += a0 * w[m];
+            sum[1] += a1 * w[m];
+            acc[m] += a0 * v[0];
+            acc[m] += a1 * v[1];
+        }
+        for (int j = 0; j < 2; j++) {
+            if (j == 1 && !two) break;
+            const int64_t tj = t + j;
+            bwd_f8 out =
+                sum[j] - coef[tj] * v[j] + h_pre[tj * io->shpre[0] + i * io->shpre[1]] * g[j];
+            if (gb) out += f8_load(gb + cg.off * gsz, sg3, gbf16, vec, ne);
+            f8_store(ob + co.off * esz, so3, bf16, vec, ne, out);
+            const int wr = ++sc == S;
+            if (wr) sc = 0;
+            cur_next(&cx, wr);
+            cur_next(&cd, wr);
+            cur_next(&co, wr);
+            cur_next(&cg, wr);
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int e = 0; e < ne; e++) pw[m * K + k0 + e] = acc[m][e];
+}
+
+/* Whether every run of KC elements that stage 4 moves is contiguous and aligned to its size. */
+static int bwd_kc_vec_ok(const mhc_pre_bwd_args *a, int KC) {
+    const int64_t esz = a->bf16 ? 2 : 4, dsz = a->dh_bf16 ? 2 : 4, gsz = a->gxp_bf16 ? 2 : 4;
+    if (a->D % KC || a->sx[3] != 1 || a->sdh[2] != 1 || a->sdx[3] != 1) return 0;
+    for (int k = 0; k < 3; k++)
+        if (a->sx[k] % KC || a->sdx[k] % KC) return 0;
+    if (a->sdh[0] % KC || a->sdh[1] % KC) return 0;
+    if ((uintptr_t)a->x % (uintptr_t)(KC * esz) || (uintptr_t)a->dx % (uintptr_t)(KC * esz) ||
+        (uintptr_t)a->dh_in % (uintptr_t)(KC * dsz))
+        return 0;
+    if (a->gxp) {
+        if (a->sgxp[3] != 1) return 0;
+        for (int k = 0; k < 3; k++)
+            if (a->sgxp[k] % KC) return 0;
+        if ((uintptr_t)a->gxp % (uintptr_t)(KC * gsz)) return 0;
+    }
+    return 1;
 }
 
 #define MHC_N_INC "mhc_pre_bwd_n.inc"
