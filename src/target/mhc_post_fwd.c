@@ -164,7 +164,8 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
                                 out + (b * so0 + s * so1 + c * 8) * esz, so2, bf16, esz);          \
     }
 
-/* GPU variant, one instance per (N, dtype): a bare kernel, one team per token (grid-stride over
+/* The first GPU variant ("bare1"; the default for n >= 5, where mhc_post_fwd_stream.c has no
+ * streaming instance), one per (N, dtype): a bare kernel, one team per token (grid-stride over
  * tokens), its threads striding over the token's 8-element chunks. It avoids the portable loop's
  * 64-bit index division per chunk, keeps the token's weights in registers, and holds chunks as
  * raw words (see post_token_raw). */
