@@ -13,8 +13,16 @@ static ompk_status post_call(void *p) {
     return ompk_mhc_post_fwd(&a->x, &a->comb, &a->post, &a->f, &a->out);
 }
 
+/* One measurement per entry of `sweep`: the variant named (NULL: the default dispatch), with
+ * OMPK_MHC_POST_THREADS set when threads > 0; all on the same buffers, in the same process, so
+ * they compare with each other and with this pass's copy bandwidth. */
+typedef struct post_sweep_entry {
+    const char *variant;
+    int threads;
+} post_sweep_entry;
+
 static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64_t S, int64_t n,
-                            int64_t D, const char *variant) {
+                            int64_t D, const post_sweep_entry *sweep, int nsweep) {
     int64_t xs[4] = {B, S, n, D}, cs[4] = {B, S, n, n}, ps[3] = {B, S, n}, fs[3] = {B, S, D};
     int64_t T = B * S;
     void *x = ompk_bench_alloc_random(ctx, dt, T * n * D, 1);
@@ -29,16 +37,33 @@ static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64
                       ompk_tensor_make(post, OMPK_F32, 3, ps, ctx->dev),
                       ompk_tensor_make(f, dt, 3, fs, ctx->dev),
                       ompk_tensor_make(out, dt, 4, xs, ctx->dev)};
-        double mn;
-        double ms = ompk_bench_time(ctx, post_call, &a, &mn);
-        if (ms >= 0) {
+        rc = 0;
+        for (int v = 0; v < nsweep; v++) {
+            char label[64];
+            const char *name = sweep[v].variant;
+            if (name) setenv("OMPK_MHC_POST_VARIANT", name, 1);
+            if (sweep[v].threads > 0) {
+                char th[16];
+                snprintf(th, sizeof th, "%d", sweep[v].threads);
+                setenv("OMPK_MHC_POST_THREADS", th, 1);
+                snprintf(label, sizeof label, "%s/t%d", name ? name : "default", sweep[v].threads);
+                name = label;
+            }
+            double mn;
+            double ms = ompk_bench_time(ctx, post_call, &a, &mn);
+            unsetenv("OMPK_MHC_POST_VARIANT");
+            unsetenv("OMPK_MHC_POST_THREADS");
+            if (ms < 0) {
+                rc = 1;
+                continue;
+            }
             int esz = ompk_dtype_bits(dt) / 8;
             char shape[64];
             snprintf(shape, sizeof shape, "B%lld S%lld n%lld D%lld", (long long)B, (long long)S,
                      (long long)n, (long long)D);
             ompk_bench_record r = {0};
             r.kernel = "mhc_post_fwd";
-            r.variant = variant;
+            r.variant = name;
             r.dtype = ompk_dtype_name(dt);
             r.shape = shape;
             r.ms = ms;
@@ -47,7 +72,6 @@ static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64
             r.flops = 2.0 * T * n * D * (n + 1);
             r.extra_mem_bytes = 0;
             ompk_bench_emit(ctx, &r);
-            rc = 0;
         }
     }
     ompk_bench_free(ctx, x);
@@ -60,20 +84,24 @@ static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64
 
 static int bench_post(ompk_bench_ctx *ctx) {
     int rc = 0;
+    const post_sweep_entry dflt[1] = {{NULL, 0}};
     /* the host shape is the one bench/peers/mhc_peer.py times on the CPU */
     if (ctx->dev.type == OMPK_HOST) {
-        rc |= bench_post_shape(ctx, OMPK_BF16, 1, 1024, 4, 2048, NULL);
-        rc |= bench_post_shape(ctx, OMPK_F32, 1, 1024, 4, 2048, NULL);
+        rc |= bench_post_shape(ctx, OMPK_BF16, 1, 1024, 4, 2048, dflt, 1);
+        rc |= bench_post_shape(ctx, OMPK_F32, 1, 1024, 4, 2048, dflt, 1);
         return rc;
     }
-    /* on a GPU, the default variant and each alternative (OMPK_MHC_POST_VARIANT) */
-    const char *variants[2] = {NULL, "portable"};
-    for (int v = 0; v < 2; v++) {
-        if (variants[v]) setenv("OMPK_MHC_POST_VARIANT", variants[v], 1);
-        rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, 4, 4096, variants[v]);
-        rc |= bench_post_shape(ctx, OMPK_F32, 4, 4096, 4, 4096, variants[v]);
-        unsetenv("OMPK_MHC_POST_VARIANT");
-    }
+    /* on a GPU, the default and the alternatives (OMPK_MHC_POST_VARIANT, team sizes; see
+     * src/target/mhc_post_fwd.c), the default again last to show drift within the run */
+    const post_sweep_entry bf16_sweep[] = {{NULL, 0},   {"bare1", 0}, {"portable", 0}, {NULL, 64},
+                                           {NULL, 256}, {"u1c", 0},   {"u2c", 0},      {"u2c", 128},
+                                           {"u4c", 0},  {"u4p", 0},   {NULL, 0}};
+    const post_sweep_entry f32_sweep[] = {
+        {NULL, 0}, {NULL, 64}, {"f32u1c", 0}, {"bare1", 0}, {"portable", 0}};
+    rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, 4, 4096, bf16_sweep,
+                           (int)(sizeof bf16_sweep / sizeof bf16_sweep[0]));
+    rc |= bench_post_shape(ctx, OMPK_F32, 4, 4096, 4, 4096, f32_sweep,
+                           (int)(sizeof f32_sweep / sizeof f32_sweep[0]));
     return rc;
 }
 

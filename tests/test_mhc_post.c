@@ -94,25 +94,35 @@ Test(mhc_post_fwd, bf16_matches_reference_all_n) {
 }
 
 /* The vectorised path needs D % 8 == 0 and aligned rows; a large D exercises many chunks and a
- * token count that is not a multiple of any team size. */
+ * token count that is not a multiple of any team size. On a GPU every variant runs: the default
+ * (streaming for n <= 4), the portable and first bare kernels, each streaming configuration of
+ * the benchmark's sweep (n = 4; elsewhere the name leaves the default), and team sizes that make
+ * a thread take several steps of a token. */
 Test(mhc_post_fwd, large_d_vector_path) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
-    for (int di = 0; di < nd; di++) {
-        /* on a GPU both variants: the bare kernel (default for D >= 512) and the portable one */
-        const char *variants[2] = {NULL, "portable"};
-        for (int v = 0; v < 2; v++)
-            for (int bf = 0; bf < 2; bf++) {
-                if (variants[v]) setenv("OMPK_MHC_POST_VARIANT", variants[v], 1);
-                post_case c;
-                /* C = 4104/8 = 513 chunks: not a multiple of the 256 threads of a team */
-                case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 5, 3, 4104, 7);
-                cr_assert_eq(ompk_mhc_post_fwd(&c.tx, &c.tcomb, &c.tpost, &c.tf, &c.tout), OMPK_OK);
-                check_against_ref(&c);
-                case_free(&c);
-                unsetenv("OMPK_MHC_POST_VARIANT");
-            }
-    }
+    const char *variants[] = {NULL, "portable", "bare1", "u1c", "u2c", "u4c", "u4p", "f32u1c"};
+    const char *threads[] = {NULL, "64", "96"};
+    const int64_t Ds[] = {4104, 4096}; /* C = 513 chunks: not a multiple of any step */
+    for (int di = 0; di < nd; di++)
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++)
+            for (size_t th = 0; th < sizeof threads / sizeof threads[0]; th++)
+                for (int64_t n = 3; n <= 4; n++)
+                    for (size_t k = 0; k < 2; k++)
+                        for (int bf = 0; bf < 2; bf++) {
+                            if (th > 0 && k > 0) continue;
+                            if (variants[v]) setenv("OMPK_MHC_POST_VARIANT", variants[v], 1);
+                            if (threads[th]) setenv("OMPK_MHC_POST_THREADS", threads[th], 1);
+                            post_case c;
+                            case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 5, n, Ds[k], 7);
+                            cr_assert_eq(
+                                ompk_mhc_post_fwd(&c.tx, &c.tcomb, &c.tpost, &c.tf, &c.tout),
+                                OMPK_OK);
+                            check_against_ref(&c);
+                            case_free(&c);
+                            unsetenv("OMPK_MHC_POST_VARIANT");
+                            unsetenv("OMPK_MHC_POST_THREADS");
+                        }
 }
 
 /* x as a strided view: the buffer is laid out [B, n, S, Dp] with padding Dp > D, and x is the

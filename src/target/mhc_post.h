@@ -23,6 +23,16 @@ int ompk_mhc_post_vec_ok(const ompk_mhc_post_args *a);
 
 void ompk_mhc_post_fwd_kernel(ompk_exec ex, const ompk_mhc_post_args *a);
 
+/* Streaming GPU kernels (mhc_post_kern.h): one team per token (T < 2^31), launched with a team
+ * size. mhc_post_fwd_stream.c lists its instances, the defaults with name NULL. */
+typedef void (*ompk_mhc_post_stream_fn)(ompk_exec ex, const ompk_mhc_post_args *a, int threads);
+typedef struct ompk_mhc_post_stream_cfg {
+    const char *name; /* OMPK_MHC_POST_VARIANT value; NULL: the default for (n, is_bf16) */
+    int n, is_bf16, U;
+    ompk_mhc_post_stream_fn fn;
+} ompk_mhc_post_stream_cfg;
+const ompk_mhc_post_stream_cfg *ompk_mhc_post_stream_list(int *count);
+
 /* Benchmark probe: the vector path under `omp parallel for` on the host (requires
  * ompk_mhc_post_vec_ok). */
 void ompk_mhc_post_fwd_plain_host(const ompk_mhc_post_args *a);

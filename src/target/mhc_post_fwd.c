@@ -6,15 +6,8 @@
  * never indexed at run time (a run-time index would put them in GPU local memory). */
 #include <stdlib.h>
 #include <string.h>
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-#include <ompx.h>
-#define OMPK_HAVE_BARE 1
-#endif
 
-#include "mhc_post.h"
-#include "vec8.h"
-
-#define NMAX 8
+#include "mhc_post_kern.h"
 
 int ompk_mhc_post_vec_ok(const ompk_mhc_post_args *a) {
     if (a->D % 8 || a->sx[3] != 1 || a->sf[2] != 1 || a->so[3] != 1) return 0;
@@ -23,20 +16,6 @@ int ompk_mhc_post_vec_ok(const ompk_mhc_post_args *a) {
     if (a->sf[0] % 8 || a->sf[1] % 8) return 0;
     if (((uintptr_t)a->x | (uintptr_t)a->f | (uintptr_t)a->out) & 15) return 0;
     return 1;
-}
-
-/* The token's mixing weights, transposed into cw[o][i] so the compute loop reads them in order. */
-static inline __attribute__((always_inline)) void
-post_weights(const int n, const float *comb, int64_t csi, int64_t cso, const float *post,
-             int64_t pso, float cw[NMAX][NMAX], float pw[NMAX]) {
-#pragma GCC unroll 8
-    for (int o = 0; o < NMAX; o++) {
-        if (o >= n) continue;
-        pw[o] = post[o * pso];
-#pragma GCC unroll 8
-        for (int i = 0; i < NMAX; i++)
-            if (i < n) cw[o][i] = comb[i * csi + o * cso];
-    }
 }
 
 /* Loads one chunk of 8 d of every stream (x points at stream 0's chunk) and of f. */
@@ -82,19 +61,6 @@ post_chunk8(const int n, const char *x, int64_t xsi, const float *comb, int64_t 
 }
 
 #ifdef OMPK_HAVE_BARE
-/* Element e of a chunk held as raw 16-byte words: bf16 (one word) or f32 (two words). Unpacking
- * at the point of use keeps the chunk in 4 (bf16) or 8 (f32) registers per stream instead of 8
- * floats, which is what bounds occupancy for the memory-bound GPU variant. */
-static inline __attribute__((always_inline)) float raw_elem(const ompk_u128 r[2], int e,
-                                                            const int bf16) {
-    ompk_f32_bits b;
-    if (bf16)
-        b.u = (e & 1) ? (r[0].w[e >> 1] & 0xffff0000u) : (r[0].w[e >> 1] << 16);
-    else
-        b.u = r[e >> 2].w[e & 3];
-    return b.f;
-}
-
 /* GPU variant body for one token: the token's weights stay in registers across its chunks, and
  * each chunk is loaded as raw words (all streams before any arithmetic) and unpacked on use. */
 static inline __attribute__((always_inline)) void
@@ -156,20 +122,6 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
  * per lexical target construct, and only a literal N gives the per-stream arrays compile-time
  * extents (with a run-time n, ptxas keeps the n = 8 footprint for every n and spills it to local
  * memory). One switch on n picks the instance. */
-#define POST_UNPACK(a)                                                                             \
-    const char *x = (const char *)(a)->x, *f = (const char *)(a)->f;                               \
-    char *out = (char *)(a)->out;                                                                  \
-    const float *comb = (a)->comb, *post = (a)->post;                                              \
-    const int64_t B = (a)->B, S = (a)->S, D = (a)->D, C = (a)->D / 8;                              \
-    const int bf16 = (a)->is_bf16, esz = (a)->is_bf16 ? 2 : 4;                                     \
-    const int64_t sx0 = (a)->sx[0], sx1 = (a)->sx[1], sx2 = (a)->sx[2], sx3 = (a)->sx[3];          \
-    const int64_t sc0 = (a)->sc[0], sc1 = (a)->sc[1], sc2 = (a)->sc[2], sc3 = (a)->sc[3];          \
-    const int64_t sp0 = (a)->sp[0], sp1 = (a)->sp[1], sp2 = (a)->sp[2];                            \
-    const int64_t sf0 = (a)->sf[0], sf1 = (a)->sf[1], sf2 = (a)->sf[2];                            \
-    const int64_t so0 = (a)->so[0], so1 = (a)->so[1], so2 = (a)->so[2], so3 = (a)->so[3];          \
-    (void)B, (void)S, (void)D, (void)C, (void)sx3, (void)sf2, (void)so3, (void)esz, (void)bf16
-
-#define OMPK_PRAGMA(...) _Pragma(#__VA_ARGS__)
 
 /* The portable kernels: 8-element chunks (vector path) or single elements (any strides). */
 #define POST_PORTABLE_KERNELS(N)                                                                   \
@@ -212,7 +164,8 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
                                 out + (b * so0 + s * so1 + c * 8) * esz, so2, bf16, esz);          \
     }
 
-/* GPU variant, one instance per (N, dtype): a bare kernel, one team per token (grid-stride over
+/* The first GPU variant ("bare1"; the default for n >= 5, where mhc_post_fwd_stream.c has no
+ * streaming instance), one per (N, dtype): a bare kernel, one team per token (grid-stride over
  * tokens), its threads striding over the token's 8-element chunks. It avoids the portable loop's
  * 64-bit index division per chunk, keeps the token's weights in registers, and holds chunks as
  * raw words (see post_token_raw). */
@@ -236,8 +189,7 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
         }                                                                                          \
     }
 #else
-#define POST_BARE_KERNEL(N, BF, NAME)                                                              \
-    static void NAME(ompk_exec ex, const ompk_mhc_post_args *a) { (void)ex, (void)a; }
+#define POST_BARE_KERNEL(N, BF, NAME)
 #endif
 
 #define POST_KERNELS(N)                                                                            \
@@ -258,22 +210,63 @@ static const post_kernel_fn post_vec[8] = {post_vec_1, post_vec_2, post_vec_3, p
                                            post_vec_5, post_vec_6, post_vec_7, post_vec_8};
 static const post_kernel_fn post_elem_k[8] = {post_elem_1, post_elem_2, post_elem_3, post_elem_4,
                                               post_elem_5, post_elem_6, post_elem_7, post_elem_8};
+static void (*const post_plain[8])(const ompk_mhc_post_args *) = {
+    post_plain_1, post_plain_2, post_plain_3, post_plain_4,
+    post_plain_5, post_plain_6, post_plain_7, post_plain_8};
+
+#ifdef OMPK_HAVE_BARE
 static const post_kernel_fn post_bare[2][8] = {
     {post_bare_f32_1, post_bare_f32_2, post_bare_f32_3, post_bare_f32_4, post_bare_f32_5,
      post_bare_f32_6, post_bare_f32_7, post_bare_f32_8},
     {post_bare_bf16_1, post_bare_bf16_2, post_bare_bf16_3, post_bare_bf16_4, post_bare_bf16_5,
      post_bare_bf16_6, post_bare_bf16_7, post_bare_bf16_8}};
-static void (*const post_plain[8])(const ompk_mhc_post_args *) = {
-    post_plain_1, post_plain_2, post_plain_3, post_plain_4,
-    post_plain_5, post_plain_6, post_plain_7, post_plain_8};
 
-/* The bare GPU variant for target tensors on the vector path with D >= 512 (shorter rows leave
- * most of a 256-thread team idle); OMPK_MHC_POST_VARIANT=portable forces the portable kernel. */
-static int use_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
+/* The streaming configuration for (n, dtype) named `v` (NULL: the default one), or NULL. */
+static const ompk_mhc_post_stream_cfg *find_stream(const char *v, int n, int bf16) {
+    int count;
+    const ompk_mhc_post_stream_cfg *list = ompk_mhc_post_stream_list(&count);
+    for (int i = 0; i < count; i++) {
+        const ompk_mhc_post_stream_cfg *c = &list[i];
+        if (c->n == n && c->is_bf16 == bf16 &&
+            (v ? c->name && strcmp(c->name, v) == 0 : c->name == NULL))
+            return c;
+    }
+    return NULL;
+}
+
+static int64_t env_int(const char *name, int64_t dflt) {
+    const char *v = getenv(name);
+    return v && *v ? strtoll(v, NULL, 10) : dflt;
+}
+
+#endif
+
+/* Target tensors on the vector path with D >= 512 take a bare GPU kernel (shorter rows leave
+ * most of a team idle): the streaming one where (n, dtype) has one, else the first bare kernel.
+ * OMPK_MHC_POST_VARIANT may name another: "portable", "bare1", or a streaming configuration of
+ * mhc_post_fwd_stream.c (one that does not exist for (n, dtype) leaves the default). For the
+ * benchmark's sweep, OMPK_MHC_POST_THREADS overrides the streaming team size (default: enough for
+ * one step to cover a token's chunks, 64..256, a multiple of 32). */
+static int run_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
 #ifdef OMPK_HAVE_BARE
     if (!ex.on_target || a->D < 512) return 0;
+    const int bf = a->is_bf16 ? 1 : 0;
     const char *v = getenv("OMPK_MHC_POST_VARIANT");
-    return !(v && strcmp(v, "portable") == 0);
+    if (v && strcmp(v, "portable") == 0) return 0;
+    const ompk_mhc_post_stream_cfg *cfg = v ? find_stream(v, a->n, bf) : NULL;
+    if (!cfg && !(v && strcmp(v, "bare1") == 0)) cfg = find_stream(NULL, a->n, bf);
+    if (a->B * a->S > INT32_MAX) cfg = NULL; /* the streaming kernels launch a team per token */
+    if (!cfg) {
+        post_bare[bf][a->n - 1](ex, a);
+        return 1;
+    }
+    const int64_t C = a->D / 8, per_step = (C + cfg->U - 1) / cfg->U;
+    int64_t threads = (per_step + 31) / 32 * 32;
+    threads = threads < 64 ? 64 : threads > 256 ? 256 : threads;
+    threads = env_int("OMPK_MHC_POST_THREADS", threads);
+    threads = threads < 32 ? 32 : threads > 1024 ? 1024 : threads;
+    cfg->fn(ex, a, (int)threads);
+    return 1;
 #else
     (void)ex, (void)a;
     return 0;
@@ -284,9 +277,7 @@ void ompk_mhc_post_fwd_kernel(ompk_exec ex, const ompk_mhc_post_args *a) {
     const int k = a->n - 1; /* validated: 1 <= n <= 8 */
     if (!ompk_mhc_post_vec_ok(a))
         post_elem_k[k](ex, a);
-    else if (use_bare(ex, a))
-        post_bare[a->is_bf16 ? 1 : 0][k](ex, a);
-    else
+    else if (!run_bare(ex, a))
         post_vec[k](ex, a);
 }
 
