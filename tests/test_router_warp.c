@@ -46,7 +46,7 @@ static void gen(int cls, int64_t T, int64_t N, uint64_t seed, float *x, float *y
 }
 
 /* ar: the N > 64, k <= 11 kernel takes the axis ranks by arg-max rounds (1) or by the sort (0);
- * ar = 2: the two-tokens-per-warp kernel (OMPK_ROUTER_VARIANT=pair, N <= 64, k <= 11), ar = 3:
+ * ar = 2: the two-tokens-per-warp kernel (the default for N <= 64, k <= 11), ar = 3:
  * the same on bf16 inputs (the inputs rounded to bf16 first), sorted as 32-bit keys */
 static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed, int ar) {
     float *x = malloc(sizeof(float) * (size_t)(T * N)),

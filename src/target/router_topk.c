@@ -621,14 +621,14 @@ RT_AI void rt_warp_run(const void *sx, int64_t sx0, int sx1, const void *sy, int
                       rt_opaque(lane), S, CS, AR, ca, cb, sc + t * sc0, sc1, ix + t * ix0, ix1);
 }
 
-/* OMPK_ROUTER_VARIANT=pair, N <= 64 and k <= 11: two tokens per warp, 16 lanes each (lanes
- * 0-15 token t, 16-31 token t+1), 4 keys per lane per axis and 2 candidates per lane. Per token
- * the axis sort takes 10 shuffle steps instead of 15 (the other 11 compare-exchanges stay in
- * registers) and the candidate sort 10 instead of 15, and each warp instruction serves two
- * tokens, so the warp's latency chain (the limit: 40% of cycles without an eligible warp) is
- * shared by twice the work. Ranks <= k <= 11 and the frontier lanes a <= k fit in 16 lanes; at
- * most 29 candidates fit in 32 slots. Every collective is executed by all 32 lanes: a token
- * with NaN/+inf (or the missing partner of an odd last token) goes through the networks with
+/* The default for N <= 64 and k <= 11 (OMPK_ROUTER_VARIANT=warp1: one token per warp): two tokens
+ * per warp, 16 lanes each (lanes 0-15 token t, 16-31 token t+1), 4 keys per lane per axis and 2
+ * candidates per lane. Per token the axis sort takes 10 shuffle steps instead of 15 (the other 11
+ * compare-exchanges stay in registers) and the candidate sort 10 instead of 15, and each warp
+ * instruction serves two tokens, so the warp's latency chain (the limit: 40% of cycles without an
+ * eligible warp) is shared by twice the work. Ranks <= k <= 11 and the frontier lanes a <= k fit in
+ * 16 lanes; at most 29 candidates fit in 32 slots. Every collective is executed by all 32 lanes: a
+ * token with NaN/+inf (or the missing partner of an odd last token) goes through the networks with
  * garbage keys and writes nothing; its fallback and the tie scans run after the networks (the
  * tie scan of each token by the whole warp). */
 /* bf16 bits -> 32-bit key: the value's order in the high half (-0 folded onto +0), the index's
@@ -853,8 +853,9 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     /* OMPK_ROUTER_VARIANT=sort: the full axis sort also where arg-max rounds are the default */
     const char *v = getenv("OMPK_ROUTER_VARIANT");
     const int rounds = !(v && strcmp(v, "sort") == 0);
-    if (v && strcmp(v, "pair") == 0 && rt_pair_eligible(N, k)) {
-        /* two tokens per warp */
+    /* two tokens per warp where it applies: 9-12% faster than one token per warp at N64 k8 on
+     * the H200 (bench/results/2026-11-21-s2-h200-final); OMPK_ROUTER_VARIANT=warp1 keeps one */
+    if (!(v && strcmp(v, "warp1") == 0) && rt_pair_eligible(N, k)) {
         const int64_t pw = (T + 2 * RT_WARPS - 1) / (2 * RT_WARPS);
         const int pteams = (int)(pw < 65536 ? pw : 65536);
         if (bf16)
