@@ -19,6 +19,7 @@ for p in $presets; do
     [ -n "$dir" ] || dir=build
     echo "=== tests: $p"
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+    export LSAN_OPTIONS=suppressions=$PWD/ci/lsan.supp:print_suppressions=0
     log=$(mktemp)
     ./ci/run-tests.sh "$dir" "$p" >"$log" 2>&1
     cat "$log"

@@ -6,81 +6,26 @@
 
 #include "test_attention_common.h"
 
-static const ompk_attention_mask masks[3] = {OMPK_ATTN_MASK_NONE, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT,
-                                             OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT};
-
-static void masks_gqa(ompk_dtype dt) {
-    ompk_device devs[4];
-    int nd = tu_devices(devs, 4);
-    const int64_t groups[3] = {1, 4, 8};
-    for (int di = 0; di < nd; di++)
-        for (int m = 0; m < 3; m++)
-            for (int gi = 0; gi < 3; gi++) {
-                att_case c;
-                int64_t G = groups[gi];
-                att_case_new(&c, devs[di], dt, 2, 2 * G, 2, 37, 45, 64, masks[m],
-                             (uint64_t)(1000 + m * 10 + gi), 1.0, 0);
-                char label[128];
-                snprintf(label, sizeof label, "%s %s mask=%s G=%lld", tu_device_name(devs[di]),
-                         ompk_dtype_name(dt), att_mask_name(masks[m]), (long long)G);
-                double w = att_check_bwd(&c, label);
-                cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
-                att_case_free(&c);
-            }
-}
-
 Test(attention_bwd, f32_masks_gqa) {
-    masks_gqa(OMPK_F32);
+    att_sweep_masks_gqa(att_check_bwd, OMPK_F32, 1000);
 }
 Test(attention_bwd, bf16_masks_gqa) {
-    masks_gqa(OMPK_BF16);
-}
-
-static void head_dims(ompk_dtype dt) {
-    ompk_device devs[4];
-    int nd = tu_devices(devs, 4);
-    const int64_t dhs[6] = {32, 64, 80, 96, 128, 256};
-    for (int di = 0; di < nd; di++)
-        for (int i = 0; i < 6; i++) {
-            att_case c;
-            att_case_new(&c, devs[di], dt, 1, 4, 2, 50, 61, dhs[i],
-                         OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, (uint64_t)(1100 + i), 1.0, i % 2);
-            char label[128];
-            snprintf(label, sizeof label, "%s %s dh=%lld", tu_device_name(devs[di]),
-                     ompk_dtype_name(dt), (long long)dhs[i]);
-            double w = att_check_bwd(&c, label);
-            cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
-            att_case_free(&c);
-        }
+    att_sweep_masks_gqa(att_check_bwd, OMPK_BF16, 1000);
 }
 
 Test(attention_bwd, f32_head_dims) {
-    head_dims(OMPK_F32);
+    att_sweep_head_dims(att_check_bwd, OMPK_F32, 4, 2, 50, 61, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT,
+                        1100, 1);
 }
 Test(attention_bwd, bf16_head_dims) {
-    head_dims(OMPK_BF16);
+    att_sweep_head_dims(att_check_bwd, OMPK_BF16, 4, 2, 50, 61, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT,
+                        1100, 1);
 }
 
 Test(attention_bwd, odd_and_unequal_lengths) {
-    ompk_device devs[4];
-    int nd = tu_devices(devs, 4);
     const int64_t nm[][2] = {{1, 1},    {1, 17},    {17, 1},   {17, 129},
                              {129, 17}, {300, 129}, {129, 300}};
-    for (int di = 0; di < nd; di++)
-        for (size_t s = 0; s < sizeof nm / sizeof nm[0]; s++)
-            for (int m = 0; m < 3; m++) {
-                ompk_dtype dt = (s + (size_t)m) % 2 ? OMPK_BF16 : OMPK_F32;
-                att_case c;
-                att_case_new(&c, devs[di], dt, 1, 4, 1, nm[s][0], nm[s][1], 32, masks[m],
-                             (uint64_t)(1200 + s * 3 + (size_t)m), 1.0, 0);
-                char label[160];
-                snprintf(label, sizeof label, "%s %s N=%lld M=%lld mask=%s",
-                         tu_device_name(devs[di]), ompk_dtype_name(dt), (long long)nm[s][0],
-                         (long long)nm[s][1], att_mask_name(masks[m]));
-                double w = att_check_bwd(&c, label);
-                cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
-                att_case_free(&c);
-            }
+    att_sweep_lengths(att_check_bwd, nm, sizeof nm / sizeof nm[0], 4, 1, 1200);
 }
 
 Test(attention_bwd, one_thousand_square) {
@@ -126,7 +71,7 @@ Test(attention_bwd, large_logits) {
     for (int di = 0; di < nd; di++)
         for (int m = 0; m < 3; m++) {
             att_case c;
-            att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 40, 50, 64, masks[m],
+            att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 40, 50, 64, att_mask(m),
                          (uint64_t)(1500 + m), 30.0, 0);
             /* fp32 scores of std ~900 (up to ~4000 in the log2 domain the kernels use) are
              * summed with ~1e-3 absolute rounding, recomputed in the backward with another
@@ -135,7 +80,7 @@ Test(attention_bwd, large_logits) {
              * still far below the O(1) errors a wrong rescale or an overflow gives. */
             c.tol_mult = 100.0;
             double w = att_check_bwd(&c, "x30");
-            cr_expect(w <= 1.0, "x30 mask=%s: worst ratio %g", att_mask_name(masks[m]), w);
+            cr_expect(w <= 1.0, "x30 mask=%s: worst ratio %g", att_mask_name(att_mask(m)), w);
             att_case_free(&c);
         }
 }
@@ -196,12 +141,13 @@ Test(attention_bwd, variants_match_reference) {
                     att_case c;
                     att_case_new(&c, devs[di], OMPK_BF16, shapes[si].B, shapes[si].Hq,
                                  shapes[si].Hkv, shapes[si].N, shapes[si].M, shapes[si].dh,
-                                 masks[m], (uint64_t)(1900 + si * 3 + (size_t)m), 1.0,
+                                 att_mask(m), (uint64_t)(1900 + si * 3 + (size_t)m), 1.0,
                                  shapes[si].bshd);
                     c.tol_mult = 2.0;
                     char label[160];
                     snprintf(label, sizeof label, "%s %s shape %zu mask=%s",
-                             tu_device_name(devs[di]), variants[vi], si, att_mask_name(masks[m]));
+                             tu_device_name(devs[di]), variants[vi], si,
+                             att_mask_name(att_mask(m)));
                     double w = att_check_bwd(&c, label);
                     cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
                     att_case_free(&c);

@@ -205,4 +205,79 @@ static inline const char *att_mask_name(ompk_attention_mask m) {
     return m == OMPK_ATTN_MASK_NONE ? "none" : m == OMPK_ATTN_MASK_CAUSAL_TOP_LEFT ? "tl" : "br";
 }
 
+/* The reference sweeps the forward and backward suites share; `check` is att_check_fwd or
+ * att_check_bwd, and each suite passes its own shapes and seeds. */
+typedef double (*att_check_fn)(att_case *c, const char *label);
+
+/* The three masks, m = 0..2 */
+static inline ompk_attention_mask att_mask(int m) {
+    return m == 0   ? OMPK_ATTN_MASK_NONE
+           : m == 1 ? OMPK_ATTN_MASK_CAUSAL_TOP_LEFT
+                    : OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT;
+}
+
+static inline void att_expect(att_check_fn check, att_case *c, const char *label) {
+    double w = check(c, label);
+    cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
+    att_case_free(c);
+}
+
+/* Every mask with GQA groups 1, 4 and 8 (B2, Hkv 2, N37, M45, dh 64) on every device. */
+static inline void att_sweep_masks_gqa(att_check_fn check, ompk_dtype dt, uint64_t seed0) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    const int64_t groups[3] = {1, 4, 8};
+    for (int di = 0; di < nd; di++)
+        for (int m = 0; m < 3; m++)
+            for (int gi = 0; gi < 3; gi++) {
+                att_case c;
+                att_case_new(&c, devs[di], dt, 2, 2 * groups[gi], 2, 37, 45, 64, att_mask(m),
+                             seed0 + (uint64_t)(m * 10 + gi), 1.0, 0);
+                char label[128];
+                snprintf(label, sizeof label, "%s %s mask=%s G=%lld", tu_device_name(devs[di]),
+                         ompk_dtype_name(dt), att_mask_name(att_mask(m)), (long long)groups[gi]);
+                att_expect(check, &c, label);
+            }
+}
+
+/* Every supported dh on every device at one shape; with alt_bshd the odd-numbered dh use
+ * strided BSHD views. */
+static inline void att_sweep_head_dims(att_check_fn check, ompk_dtype dt, int64_t Hq, int64_t Hkv,
+                                       int64_t N, int64_t M, ompk_attention_mask mask,
+                                       uint64_t seed0, int alt_bshd) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    const int64_t dhs[6] = {32, 64, 80, 96, 128, 256};
+    for (int di = 0; di < nd; di++)
+        for (int i = 0; i < 6; i++) {
+            att_case c;
+            att_case_new(&c, devs[di], dt, 1, Hq, Hkv, N, M, dhs[i], mask, seed0 + (uint64_t)i, 1.0,
+                         alt_bshd ? i % 2 : 0);
+            char label[128];
+            snprintf(label, sizeof label, "%s %s dh=%lld", tu_device_name(devs[di]),
+                     ompk_dtype_name(dt), (long long)dhs[i]);
+            att_expect(check, &c, label);
+        }
+}
+
+/* Each (N, M) pair with each mask on every device (dh 32, f32 and bf16 alternating). */
+static inline void att_sweep_lengths(att_check_fn check, const int64_t (*nm)[2], size_t count,
+                                     int64_t Hq, int64_t Hkv, uint64_t seed0) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (size_t s = 0; s < count; s++)
+            for (int m = 0; m < 3; m++) {
+                ompk_dtype dt = (s + (size_t)m) % 2 ? OMPK_BF16 : OMPK_F32;
+                att_case c;
+                att_case_new(&c, devs[di], dt, 1, Hq, Hkv, nm[s][0], nm[s][1], 32, att_mask(m),
+                             seed0 + (uint64_t)(s * 3 + (size_t)m), 1.0, 0);
+                char label[160];
+                snprintf(label, sizeof label, "%s %s N=%lld M=%lld mask=%s",
+                         tu_device_name(devs[di]), ompk_dtype_name(dt), (long long)nm[s][0],
+                         (long long)nm[s][1], att_mask_name(att_mask(m)));
+                att_expect(check, &c, label);
+            }
+}
+
 #endif

@@ -7,82 +7,27 @@
 
 #include "test_attention_common.h"
 
-static const ompk_attention_mask masks[3] = {OMPK_ATTN_MASK_NONE, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT,
-                                             OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT};
-
-static void masks_gqa(ompk_dtype dt) {
-    ompk_device devs[4];
-    int nd = tu_devices(devs, 4);
-    const int64_t groups[3] = {1, 4, 8};
-    for (int di = 0; di < nd; di++)
-        for (int m = 0; m < 3; m++)
-            for (int gi = 0; gi < 3; gi++) {
-                att_case c;
-                int64_t G = groups[gi];
-                att_case_new(&c, devs[di], dt, 2, 2 * G, 2, 37, 45, 64, masks[m],
-                             (uint64_t)(m * 10 + gi), 1.0, 0);
-                char label[128];
-                snprintf(label, sizeof label, "%s %s mask=%s G=%lld", tu_device_name(devs[di]),
-                         ompk_dtype_name(dt), att_mask_name(masks[m]), (long long)G);
-                double w = att_check_fwd(&c, label);
-                cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
-                att_case_free(&c);
-            }
-}
-
 Test(attention_fwd, f32_masks_gqa) {
-    masks_gqa(OMPK_F32);
+    att_sweep_masks_gqa(att_check_fwd, OMPK_F32, 0);
 }
 Test(attention_fwd, bf16_masks_gqa) {
-    masks_gqa(OMPK_BF16);
-}
-
-static void head_dims(ompk_dtype dt) {
-    ompk_device devs[4];
-    int nd = tu_devices(devs, 4);
-    const int64_t dhs[6] = {32, 64, 80, 96, 128, 256};
-    for (int di = 0; di < nd; di++)
-        for (int i = 0; i < 6; i++) {
-            att_case c;
-            att_case_new(&c, devs[di], dt, 1, 2, 1, 70, 70, dhs[i], OMPK_ATTN_MASK_CAUSAL_TOP_LEFT,
-                         (uint64_t)(100 + i), 1.0, 0);
-            char label[128];
-            snprintf(label, sizeof label, "%s %s dh=%lld", tu_device_name(devs[di]),
-                     ompk_dtype_name(dt), (long long)dhs[i]);
-            double w = att_check_fwd(&c, label);
-            cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
-            att_case_free(&c);
-        }
+    att_sweep_masks_gqa(att_check_fwd, OMPK_BF16, 0);
 }
 
 Test(attention_fwd, f32_head_dims) {
-    head_dims(OMPK_F32);
+    att_sweep_head_dims(att_check_fwd, OMPK_F32, 2, 1, 70, 70, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 100,
+                        0);
 }
 Test(attention_fwd, bf16_head_dims) {
-    head_dims(OMPK_BF16);
+    att_sweep_head_dims(att_check_fwd, OMPK_BF16, 2, 1, 70, 70, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 100,
+                        0);
 }
 
 /* Sizes that are multiples of no tile, N != M both ways, single rows and keys. */
 Test(attention_fwd, odd_and_unequal_lengths) {
-    ompk_device devs[4];
-    int nd = tu_devices(devs, 4);
     const int64_t nm[][2] = {{1, 1},    {1, 17},     {17, 1},    {17, 129},
                              {129, 17}, {1000, 129}, {129, 1000}};
-    for (int di = 0; di < nd; di++)
-        for (size_t s = 0; s < sizeof nm / sizeof nm[0]; s++)
-            for (int m = 0; m < 3; m++) {
-                ompk_dtype dt = (s + (size_t)m) % 2 ? OMPK_BF16 : OMPK_F32;
-                att_case c;
-                att_case_new(&c, devs[di], dt, 1, 4, 2, nm[s][0], nm[s][1], 32, masks[m],
-                             (uint64_t)(200 + s * 3 + (size_t)m), 1.0, 0);
-                char label[160];
-                snprintf(label, sizeof label, "%s %s N=%lld M=%lld mask=%s",
-                         tu_device_name(devs[di]), ompk_dtype_name(dt), (long long)nm[s][0],
-                         (long long)nm[s][1], att_mask_name(masks[m]));
-                double w = att_check_fwd(&c, label);
-                cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
-                att_case_free(&c);
-            }
+    att_sweep_lengths(att_check_fwd, nm, sizeof nm / sizeof nm[0], 4, 2, 200);
 }
 
 Test(attention_fwd, one_thousand_square) {
@@ -173,9 +118,9 @@ Test(attention_fwd, large_logits_stay_finite) {
             for (int bf = 0; bf < 2; bf++) {
                 att_case c;
                 att_case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 2, 2, 65, 80, 128,
-                             masks[m], (uint64_t)(600 + m * 2 + bf), 30.0, 0);
+                             att_mask(m), (uint64_t)(600 + m * 2 + bf), 30.0, 0);
                 char label[64];
-                snprintf(label, sizeof label, "x30 %s %s", att_mask_name(masks[m]),
+                snprintf(label, sizeof label, "x30 %s %s", att_mask_name(att_mask(m)),
                          ompk_dtype_name(c.dt));
                 /* Logits of std ~900 carry an fp32 rounding of ~1e-4 absolute before the
                  * exponential (the inputs' precision, not the kernel's): a 20x wider band,
@@ -267,12 +212,12 @@ Test(attention_fwd, variants_match_reference) {
                     att_case c;
                     att_case_new(&c, devs[di], dts[vi / 2], shapes[si].B, shapes[si].Hq,
                                  shapes[si].Hkv, shapes[si].N, shapes[si].M, shapes[si].dh,
-                                 masks[m], (uint64_t)(900 + si * 3 + (size_t)m), 1.0,
+                                 att_mask(m), (uint64_t)(900 + si * 3 + (size_t)m), 1.0,
                                  shapes[si].bshd);
                     char label[160];
                     snprintf(label, sizeof label, "%s %s %s shape %zu mask=%s",
                              tu_device_name(devs[di]), variants[vi % 2], ompk_dtype_name(c.dt), si,
-                             att_mask_name(masks[m]));
+                             att_mask_name(att_mask(m)));
                     double w = att_check_fwd(&c, label);
                     cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
                     att_case_free(&c);
