@@ -656,37 +656,15 @@ ATH_INLINE void ath_bwd_head_f(const ompk_attn_geom *g, const float *dout, const
         }
 }
 
-#define ATH_SWITCH_DH(dh, CALL)                                                                    \
-    switch (dh) {                                                                                  \
-    case 32:                                                                                       \
-        CALL(32);                                                                                  \
-        break;                                                                                     \
-    case 64:                                                                                       \
-        CALL(64);                                                                                  \
-        break;                                                                                     \
-    case 80:                                                                                       \
-        CALL(80);                                                                                  \
-        break;                                                                                     \
-    case 96:                                                                                       \
-        CALL(96);                                                                                  \
-        break;                                                                                     \
-    case 128:                                                                                      \
-        CALL(128);                                                                                 \
-        break;                                                                                     \
-    default:                                                                                       \
-        CALL(256);                                                                                 \
-        break;                                                                                     \
-    }
-
 ATH_TARGET static void ath_fwd_item(const ompk_attn_geom *g, const void *q, const void *k,
                                     const void *v, void *out, float *lse, int64_t w, int64_t nblk) {
     int64_t i0 = (w % nblk) * ATH_L, bh = w / nblk;
 #define ATH_FWD(D) ath_fwd_block(g, q, k, v, out, lse, bh / g->Hq, bh % g->Hq, i0, D)
 #define ATH_FWDF(D) ath_fwd_block_f(g, q, k, v, out, lse, bh / g->Hq, bh % g->Hq, i0, D)
     if (g->bf16) {
-        ATH_SWITCH_DH(g->dh, ATH_FWD)
+        ATT_SWITCH_DH(g->dh, ATH_FWD)
     } else {
-        ATH_SWITCH_DH(g->dh, ATH_FWDF)
+        ATT_SWITCH_DH(g->dh, ATH_FWDF)
     }
 #undef ATH_FWD
 #undef ATH_FWDF
@@ -697,7 +675,7 @@ ATH_TARGET static void ath_dq_item(const ompk_attn_geom *g, const void *dout, co
                                    const float *dsum, void *dq, int64_t w, int64_t nblk) {
     int64_t i0 = (w % nblk) * ATH_L, bh = w / nblk;
 #define ATH_DQ(D) ath_dq_block(g, dout, q, k, v, lse, dsum, dq, bh / g->Hq, bh % g->Hq, i0, D)
-    ATH_SWITCH_DH(g->dh, ATH_DQ)
+    ATT_SWITCH_DH(g->dh, ATH_DQ)
 #undef ATH_DQ
 }
 
@@ -708,7 +686,7 @@ ATH_TARGET static void ath_dkdv_item(const ompk_attn_geom *g, const void *dout, 
     int64_t j0 = (w % nblk) * ATH_L, bh = w / nblk;
 #define ATH_DKDV(D)                                                                                \
     ath_dkdv_block(g, dout, q, k, v, lse, dsum, dk, dv, bh / g->Hkv, bh % g->Hkv, j0, D)
-    ATH_SWITCH_DH(g->dh, ATH_DKDV)
+    ATT_SWITCH_DH(g->dh, ATH_DKDV)
 #undef ATH_DKDV
 }
 
@@ -721,9 +699,9 @@ ATH_TARGET static void ath_bwd_head_item(const ompk_attn_geom *g, const void *do
 #define ATH_HEAD(D)                                                                                \
     ath_bwd_head(g, dout, q, k, v, lse, dsum, dq, dk, dv, w / g->Hkv, w % g->Hkv, dqa, D)
     if (g->bf16) {
-        ATH_SWITCH_DH(g->dh, ATH_HEAD)
+        ATT_SWITCH_DH(g->dh, ATH_HEAD)
     } else {
-        ATH_SWITCH_DH(g->dh, ATH_HEADF)
+        ATT_SWITCH_DH(g->dh, ATH_HEADF)
     }
 #undef ATH_HEADF
 #undef ATH_HEAD

@@ -589,28 +589,6 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
     }
 }
 
-#define ATT_SWITCH_DH(dh, CALL)                                                                    \
-    switch (dh) {                                                                                  \
-    case 32:                                                                                       \
-        CALL(32);                                                                                  \
-        break;                                                                                     \
-    case 64:                                                                                       \
-        CALL(64);                                                                                  \
-        break;                                                                                     \
-    case 80:                                                                                       \
-        CALL(80);                                                                                  \
-        break;                                                                                     \
-    case 96:                                                                                       \
-        CALL(96);                                                                                  \
-        break;                                                                                     \
-    case 128:                                                                                      \
-        CALL(128);                                                                                 \
-        break;                                                                                     \
-    default:                                                                                       \
-        CALL(256);                                                                                 \
-        break;                                                                                     \
-    }
-
 /* Host work items: cloned for AVX-512 and baseline x86-64 (picked at load time), since the
  * library is built for baseline x86-64. The GPU image compiles them too but never calls them. */
 #if defined(__x86_64__) && !defined(__NVPTX__) && !defined(__AMDGCN__)
