@@ -1,10 +1,12 @@
 /* The descriptor, DLPack interop, memory helpers and status strings. */
 #include <criterion/criterion.h>
 #include <dlpack/dlpack.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
 #include "check.h"
+#include "gpu_wait.h"
 #include "scratch.h"
 #include "test_util.h"
 
@@ -118,6 +120,23 @@ Test(core, memory_round_trip_every_device) {
     }
     cr_assert_null(ompk_malloc(ompk_device_target(ompk_device_count() + 1), 16));
     cr_assert_eq(ompk_memset(NULL, ompk_device_host(), 0, 4), OMPK_ERR_INVALID_ARGUMENT);
+}
+
+/* After a GPU call the context spins while waiting (gpu_wait.c), or does what OMPK_GPU_WAIT says */
+Test(core, gpu_wait_mode_is_set) {
+    const char *env = getenv("OMPK_GPU_WAIT");
+    for (int d = 0; d < ompk_device_count(); d++) {
+        unsigned char *p = ompk_malloc(ompk_device_target(d), 64);
+        cr_assert_not_null(p);
+        cr_assert_eq(ompk_memset(p, ompk_device_target(d), 0, 64), OMPK_OK);
+        ompk_free(ompk_device_target(d), p);
+        const char *mode = ompk_gpu_wait_mode(d);
+        if (!strncmp(mode, "unknown", 7)) continue; /* not the CUDA plugin */
+        if (!env || !strcmp(env, "spin"))
+            cr_assert_str_eq(mode, "spin");
+        else if (!strcmp(env, "yield"))
+            cr_assert_str_eq(mode, "yield");
+    }
 }
 
 Test(core, bf16_rounding_is_nearest_even) {

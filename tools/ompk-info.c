@@ -10,6 +10,7 @@
 
 #include "cpu.h"
 #include "ompk/ompk.h"
+#include "gpu_wait.h"
 #include "probe.h"
 
 static void print_topology(void) {
@@ -67,6 +68,8 @@ int main(int argc, char **argv) {
                r == 1 ? "image loaded, kernel ran on the device"
                       : "ERROR: kernel fell back to the host (no compatible image?)");
         if (r != 1) rc = 1;
+        ompk_gpu_wait_prepare(d);
+        printf("           device %d waits by: %s (OMPK_GPU_WAIT)\n", d, ompk_gpu_wait_mode(d));
     }
     if (need_gpu && ndev == 0) {
         printf("ERROR: --require-gpu but no OpenMP device is visible\n");

@@ -2,7 +2,8 @@
 # ci/device/bundle.sh BUILD_DIR OUT_DIR
 # Gathers what the GPU machine needs to run a build (it has no clang, libomp or libomptarget):
 #   OUT_DIR/bin      ompk-info, ompk-bench, tests/test_*, examples
-#   OUT_DIR/lib      libompk.so
+#   OUT_DIR/lib.tar.xz  lib/libompk.so, compressed (a device run carries at most 64 MiB, and the
+#                    offload images make the library 16 MiB); run.sh unpacks it
 #   OUT_DIR/run.sh   the device-side driver (copied from ci/device/run.sh)
 #   OUT_DIR/fixtures the test fixtures of this checkout (the binaries name their path)
 #   .carry/runtime/runtime.tar.xz  (shared by all bundles) the LLVM 19 offload runtime and every
@@ -62,4 +63,5 @@ else
     rm -rf "$stage"
 fi
 rm -f "$needed"
+tar -C "$out" -cf - lib | xz -T0 -6 >"$out/lib.tar.xz" && rm -rf "$out/lib"
 du -sh "$rt/runtime.tar.xz" "$out" | sed 's/^/bundle: /'

@@ -12,6 +12,11 @@ repo=$(pwd)
 res=/tmp/ompk-out
 rm -rf "$res" && mkdir -p "$res"
 rt=/tmp/ompk-rt
+# the bundle carries its library compressed; a bundle is rebuilt, never updated in place, so an
+# unpacked lib/ older than the archive is stale
+if [ -f "$B/lib.tar.xz" ] && { [ ! -d "$B/lib" ] || [ "$B/lib.tar.xz" -nt "$B/lib" ]; }; then
+    rm -rf "$B/lib" && tar -C "$B" -xJf "$B/lib.tar.xz" && touch "$B/lib"
+fi
 if [ ! -f "$rt/.ok" ]; then
     mkdir -p "$rt" && tar -C "$rt" -xJf "$repo/.carry/runtime/runtime.tar.xz" && touch "$rt/.ok"
 fi

@@ -8,6 +8,7 @@
 #define PROBE_HAVE_BARE 1
 #endif
 
+#include "gpu_wait.h"
 #include "probe.h"
 
 int ompk_probe_device(int dev) {
@@ -25,6 +26,8 @@ int ompk_probe_device(int dev) {
 
 int ompk_probe_launch(int dev, ompk_probe_form form, int *word) {
     if (dev < 0 || dev >= omp_get_num_devices() || !word) return -1;
+    /* what every ompk GPU call does first, so the probe measures the library's own wait */
+    ompk_gpu_wait_prepare(dev);
     switch (form) {
     case OMPK_PROBE_BARE:
 #ifdef PROBE_HAVE_BARE

@@ -1,0 +1,130 @@
+/* How the host thread waits for a GPU at the end of a synchronous target region.
+ *
+ * LLVM 19's CUDA plugin gives the device's primary context CU_CTX_SCHED_BLOCKING_SYNC when it
+ * creates it, so every synchronous target region ends with the thread asleep on an OS primitive
+ * until an interrupt wakes it. On the GPU machine (a VM) that wake-up measured 20-45 us per region
+ * (ompk-bench launch_overhead on an H200: 54 us for a synchronous empty region, 11 us once the
+ * context spins; the router's N64 k8 forward went from 0.071 to 0.039 ms), more than many of our
+ * kernels take. CUDA's own default for a process with fewer contexts than cores is to spin. So
+ * on the first GPU call per device, ompk switches that context to spinning (cuCtxSetFlags, CUDA
+ * 12.1+), unless OMPK_GPU_WAIT says otherwise. Spinning keeps one host core busy while a call
+ * waits, which is what CUDA does by default.
+ *
+ * libcuda is looked up only if the offload plugin has already loaded it (RTLD_NOLOAD): ompk adds
+ * no dependency, and on a machine without the CUDA plugin nothing happens. The driver functions
+ * are declared here with the types of their C ABI, so no CUDA header is needed either. */
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_wait.h"
+
+#define GW_MAX_DEV 64
+#define GW_SCHED_SPIN 0x1u
+#define GW_SCHED_YIELD 0x2u
+#define GW_SCHED_BLOCKING 0x4u
+#define GW_SCHED_MASK 0x7u
+
+typedef int (*gw_dev_get_f)(int *, int);
+typedef int (*gw_state_f)(int, unsigned *, int *);
+typedef int (*gw_retain_f)(void **, int);
+typedef int (*gw_release_f)(int);
+typedef int (*gw_ctx_get_f)(void **);
+typedef int (*gw_ctx_set_f)(void *);
+typedef int (*gw_flags_f)(unsigned);
+typedef int (*gw_get_flags_f)(unsigned *);
+
+typedef struct gw_driver {
+    gw_dev_get_f dev_get;
+    gw_state_f state;
+    gw_retain_f retain;
+    gw_release_f release;
+    gw_ctx_get_f ctx_get;
+    gw_ctx_set_f ctx_set;
+    gw_flags_f set_flags;
+    gw_get_flags_f get_flags;
+} gw_driver;
+
+/* 0: not tried yet; 1: settled (set, left alone, or impossible) */
+static atomic_int settled[GW_MAX_DEV];
+
+static int load_driver(gw_driver *d) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return 0;
+    d->dev_get = (gw_dev_get_f)dlsym(h, "cuDeviceGet");
+    d->state = (gw_state_f)dlsym(h, "cuDevicePrimaryCtxGetState");
+    d->retain = (gw_retain_f)dlsym(h, "cuDevicePrimaryCtxRetain");
+    d->release = (gw_release_f)dlsym(h, "cuDevicePrimaryCtxRelease_v2");
+    d->ctx_get = (gw_ctx_get_f)dlsym(h, "cuCtxGetCurrent");
+    d->ctx_set = (gw_ctx_set_f)dlsym(h, "cuCtxSetCurrent");
+    d->set_flags = (gw_flags_f)dlsym(h, "cuCtxSetFlags");
+    d->get_flags = (gw_get_flags_f)dlsym(h, "cuCtxGetFlags");
+    /* the handle stays open: the plugin holds libcuda for the life of the process anyway */
+    return d->dev_get && d->state && d->retain && d->release && d->ctx_get && d->ctx_set;
+}
+
+static unsigned wanted_flags(void) {
+    const char *e = getenv("OMPK_GPU_WAIT");
+    if (e && !strcmp(e, "block")) return 0; /* keep what the runtime chose */
+    if (e && !strcmp(e, "yield")) return GW_SCHED_YIELD;
+    return GW_SCHED_SPIN;
+}
+
+/* 1 when the context was seen (set or deliberately left), 0 when it does not exist yet */
+static int settle(int dev) {
+    gw_driver d;
+    if (!load_driver(&d)) return 1;
+    int cu = 0, active = 0;
+    unsigned flags = 0;
+    if (d.dev_get(&cu, dev) != 0 || d.state(cu, &flags, &active) != 0) return 1;
+    if (!active) return 0; /* the runtime has not created it yet: look again next call */
+    const unsigned want = wanted_flags();
+    if (!want || (flags & GW_SCHED_MASK) == want || !d.set_flags) return 1;
+    void *prev = NULL, *ctx = NULL;
+    if (d.ctx_get(&prev) != 0 || d.retain(&ctx, cu) != 0) return 1;
+    if (d.ctx_set(ctx) == 0) {
+        d.set_flags((flags & ~GW_SCHED_MASK) | want);
+        d.ctx_set(prev);
+    }
+    d.release(cu);
+    return 1;
+}
+
+void ompk_gpu_wait_prepare(int dev) {
+    if (dev < 0 || dev >= GW_MAX_DEV || atomic_load_explicit(&settled[dev], memory_order_acquire))
+        return;
+    /* two threads may both settle the same context; the result is the same */
+    if (settle(dev)) atomic_store_explicit(&settled[dev], 1, memory_order_release);
+}
+
+/* cuDevicePrimaryCtxGetState reports the flags the context was created with, not the ones
+ * cuCtxSetFlags gave it later: the live flags come from the context itself. */
+const char *ompk_gpu_wait_mode(int dev) {
+    gw_driver d;
+    if (dev < 0 || !load_driver(&d) || !d.get_flags) return "unknown (no CUDA driver loaded)";
+    int cu = 0, active = 0;
+    unsigned flags = 0;
+    if (d.dev_get(&cu, dev) != 0 || d.state(cu, &flags, &active) != 0) return "unknown";
+    if (!active) return "no context yet";
+    void *prev = NULL, *ctx = NULL;
+    int ok = 0;
+    if (d.ctx_get(&prev) == 0 && d.retain(&ctx, cu) == 0) {
+        if (d.ctx_set(ctx) == 0) {
+            ok = d.get_flags(&flags) == 0;
+            d.ctx_set(prev);
+        }
+        d.release(cu);
+    }
+    if (!ok) return "unknown";
+    switch (flags & GW_SCHED_MASK) {
+    case GW_SCHED_SPIN:
+        return "spin";
+    case GW_SCHED_YIELD:
+        return "yield";
+    case GW_SCHED_BLOCKING:
+        return "block";
+    default:
+        return "auto";
+    }
+}
