@@ -25,108 +25,32 @@
 #define ATTF_UNROLL _Pragma("GCC unroll 16")
 #endif
 
+/* The warp instructions (mma.sync, ldmatrix.trans, shuffles, cp.async) come from ptx_mma.h. */
 #if defined(ATTF_EMULATE)
 /* tests/test_attention_fast_emu.c: the team's 128 threads are host OpenMP threads and the warp
- * instructions (mma.sync, ldmatrix.trans, shuffles) exchange fragments through memory, so CI
- * runs the tensor-core algorithm itself (fragment layouts, masking, online softmax) against
- * the reference; the GPU run checks the real instructions. */
+ * instructions exchange fragments through memory (ptx_mma.h's emulation), so CI runs the
+ * tensor-core algorithm itself (fragment layouts, masking, online softmax) against the
+ * reference; the GPU run checks the real instructions. */
+#define PTX_MMA_EMULATE 1
 #include <math.h>
 #include <omp.h>
 #define ATTF_HAVE 1
-#define ATTF_BQ 64 /* query rows per team, 16 per warp */
-#define ATTF_BK 64 /* keys per shared tile */
-#define ATTF_PAD 8 /* bf16 elements of row padding: conflict-free fragment loads */
-#define ATTF_LD (128 + ATTF_PAD)
-#define ATTF_LOG2E 1.4426950408889634f
-#define ATTF_LN2 0.6931471805599453f
-#define ATTF_INLINE static inline __attribute__((always_inline))
-/* nvptx64 variants: referenced through the variant mechanism only */
-#define ATTF_DEVICE static inline __attribute__((always_inline, unused))
-
-static int64_t attf_emu_block;
-static uint32_t attf_emu_u[128][6];
-static const uint16_t *attf_emu_p[128];
-static float attf_emu_f[128];
-static uint16_t attf_emu_sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
-static uint16_t attf_emu_sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
 #define ATTF_TID() omp_get_thread_num()
 #define ATTF_BID() attf_emu_block
 #define ATTF_SYNC() _Pragma("omp barrier")
-
-static float attf_bf(uint32_t w, int hi) {
-    union {
-        uint32_t u;
-        float f;
-    } x;
-    x.u = hi ? (w & 0xffff0000u) : (w << 16);
-    return x.f;
-}
-
-/* D = A * B + C for the warp's m16n8k16 tile, from the 32 lanes' fragments. */
-static void attf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
-    for (int i = 0; i < 4; i++) attf_emu_u[tid][i] = a[i];
-    attf_emu_u[tid][4] = b0;
-    attf_emu_u[tid][5] = b1;
-#pragma omp barrier
-    const int gq = lane >> 2, t4 = lane & 3;
-    for (int e = 0; e < 4; e++) {
-        const int row = gq + (e >= 2 ? 8 : 0), col = t4 * 2 + (e & 1);
-        float acc = c[e];
-        for (int kk = 0; kk < 16; kk++) {
-            /* A[row][kk]: lane (row % 8) * 4 + (kk % 8) / 2, register (row / 8) + 2 (kk / 8) */
-            const int al = (row & 7) * 4 + ((kk & 7) >> 1), ar = (row >> 3) + 2 * (kk >> 3);
-            /* B[kk][col]: lane col * 4 + (kk % 8) / 2, register kk / 8 */
-            const int bl = col * 4 + ((kk & 7) >> 1), br = 4 + (kk >> 3);
-            acc +=
-                attf_bf(attf_emu_u[w0 + al][ar], kk & 1) * attf_bf(attf_emu_u[w0 + bl][br], kk & 1);
-        }
-        c[e] = acc;
-    }
-#pragma omp barrier
-}
-
-/* ldmatrix.x4.trans: lane l gives the row address of row l % 8 of matrix l / 8. */
-static void attf_ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
-    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
-    attf_emu_p[tid] = p;
-#pragma omp barrier
-    const int gq = lane >> 2, t4 = lane & 3;
-    for (int mi = 0; mi < 4; mi++) {
-        const uint16_t *r0 = attf_emu_p[w0 + mi * 8 + t4 * 2];
-        const uint16_t *r1 = attf_emu_p[w0 + mi * 8 + t4 * 2 + 1];
-        r[mi] = (uint32_t)r0[gq] | ((uint32_t)r1[gq] << 16);
-    }
-#pragma omp barrier
-}
-
-static float attf_xor(float v, int m) {
-    const int tid = omp_get_thread_num();
-    attf_emu_f[tid] = v;
-#pragma omp barrier
-    const float o = attf_emu_f[tid ^ m];
-#pragma omp barrier
-    return o;
-}
-
-ATTF_INLINE float attf_ex2(float x) {
-    return exp2f(x);
-}
-
-/* cp.async completes at once here; the commit/wait bookkeeping has nothing to track */
-ATTF_INLINE void attf_cp16(uint16_t *dst, const uint16_t *src) {
-    memcpy(dst, src, 16);
-}
-ATTF_INLINE void attf_cp_commit(void) {}
-ATTF_INLINE void attf_cp_wait1(void) {}
-ATTF_INLINE void attf_cp_wait0(void) {}
-
 #elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
 #include <math.h>
 #include <omp.h>
 #include <ompx.h>
 #define ATTF_HAVE 1
 #define ATTF_REAL 1
+#define ATTF_TID() ompx_thread_id_x()
+#define ATTF_BID() ompx_block_id_x()
+#define ATTF_SYNC() ompx_sync_block_acq_rel()
+#endif
+
+#ifdef ATTF_HAVE
+#include "ptx_mma.h"
 #define ATTF_BQ 64 /* query rows per team, 16 per warp */
 #define ATTF_BK 64 /* keys per shared tile */
 #define ATTF_PAD 8 /* bf16 elements of row padding: conflict-free fragment loads */
@@ -134,74 +58,32 @@ ATTF_INLINE void attf_cp_wait0(void) {}
 #define ATTF_LOG2E 1.4426950408889634f
 #define ATTF_LN2 0.6931471805599453f
 #define ATTF_INLINE static inline __attribute__((always_inline))
-/* nvptx64 variants: referenced through the variant mechanism only */
-#define ATTF_DEVICE static inline __attribute__((always_inline, unused))
-#define ATTF_TID() ompx_thread_id_x()
-#define ATTF_BID() ompx_block_id_x()
-#define ATTF_SYNC() ompx_sync_block_acq_rel()
+#define attf_mma ptx_mma_bf16_16816
+#define attf_ldsm_x4_t ptx_ldsm_x4_trans
+#define attf_xor ptx_shfl_xor
+#define attf_cp16 ptx_cp_async16
+#define attf_cp_commit ptx_cp_async_commit
+#define attf_cp_wait0 ptx_cp_async_wait0
+#define attf_cp_wait1 ptx_cp_async_wait1
 
-/* Host bodies only satisfy the host compilation of the bare region; the dispatch launches it on
- * target tensors only, where the nvptx64 variants below replace them. */
-ATTF_INLINE void attf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    (void)a, (void)b0, (void)b1, (void)c;
-}
-ATTF_INLINE void attf_ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
-    (void)p;
-    r[0] = r[1] = r[2] = r[3] = 0;
-}
-ATTF_INLINE float attf_xor(float v, int m) {
-    (void)m;
-    return v;
-}
+#ifdef ATTF_EMULATE
+static int64_t attf_emu_block;
+static uint16_t attf_emu_sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
+static uint16_t attf_emu_sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
 ATTF_INLINE float attf_ex2(float x) {
     return exp2f(x);
 }
-ATTF_INLINE void attf_cp16(uint16_t *dst, const uint16_t *src) {
-    memcpy(dst, src, 16);
+#else
+/* host body for the host compilation of the bare region; the nvptx64 variant runs */
+ATTF_INLINE __attribute__((unused)) float attf_ex2(float x) {
+    return exp2f(x);
 }
-ATTF_INLINE void attf_cp_commit(void) {}
-ATTF_INLINE void attf_cp_wait1(void) {}
-ATTF_INLINE void attf_cp_wait0(void) {}
-
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
-ATTF_DEVICE void attf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    __asm__ volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-ATTF_DEVICE void attf_ldsm_x4_t(uint32_t r[4], const uint16_t *p) {
-    uint32_t addr;
-    __asm__("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(addr) : "l"(p));
-    __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr));
-}
-ATTF_DEVICE float attf_xor(float v, int m) {
-    return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, m, 0x1f);
-}
-ATTF_DEVICE float attf_ex2(float x) {
+ATTF_INLINE __attribute__((unused)) float attf_ex2(float x) {
     return __nvvm_ex2_approx_f(x);
 }
-/* 16 bytes global -> shared without a register round trip; groups complete in commit order */
-ATTF_DEVICE void attf_cp16(uint16_t *dst, const uint16_t *src) {
-    uint32_t addr;
-    __asm__("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-            : "=r"(addr)
-            : "l"(dst));
-    __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(src) : "memory");
-}
-ATTF_DEVICE void attf_cp_commit(void) {
-    __asm__ volatile("cp.async.commit_group;" ::: "memory");
-}
-/* every committed group but the newest has landed (for this thread) */
-ATTF_DEVICE void attf_cp_wait1(void) {
-    __asm__ volatile("cp.async.wait_group 1;" ::: "memory");
-}
-ATTF_DEVICE void attf_cp_wait0(void) {
-    __asm__ volatile("cp.async.wait_group 0;" ::: "memory");
-}
 #pragma omp end declare variant
+#endif
 #endif
 
 #ifdef ATTF_HAVE
