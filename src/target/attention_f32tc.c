@@ -51,154 +51,62 @@
 #define ATTT_LOG2E 1.4426950408889634f
 #define ATTT_LN2 0.6931471805599453f
 
+/* The warp instructions (mma.sync tf32, shuffles, cp.async, ex2) come from ptx_mma.h. */
 #if defined(ATTT_EMULATE)
 /* tests/test_attention_f32tc_emu.c: the team's 128 threads are host OpenMP threads and the
- * warp instructions (mma.sync tf32, shuffles) exchange fragments through memory, so CI runs the
+ * warp instructions exchange fragments through memory (ptx_mma.h's emulation), so CI runs the
  * kernel's own algorithm (operand split, permuted fragments, masks, online softmax) against the
  * reference; the GPU run checks the real instructions. */
+#define PTX_MMA_EMULATE 1
 #include <math.h>
 #include <omp.h>
 #define ATTT_HAVE 1
-#define ATTT_INLINE static inline __attribute__((always_inline))
-
-static int64_t attt_emu_block;
-static uint32_t attt_emu_u[128][6];
-static float attt_emu_f[128];
-static float attt_emu_sk[ATTT_SK_FLOATS] __attribute__((aligned(16)));
-static float attt_emu_sv[ATTT_SV_FLOATS] __attribute__((aligned(16)));
 #define ATTT_TID() omp_get_thread_num()
 #define ATTT_BID() attt_emu_block
 #define ATTT_SYNC() _Pragma("omp barrier")
-
-/* the tensor cores read a tf32 operand's top 19 bits */
-static float attt_emu_tf32(uint32_t w) {
-    union {
-        uint32_t u;
-        float f;
-    } x;
-    x.u = w & 0xffffe000u;
-    return x.f;
-}
-
-/* D = A * B + C for the warp's m16n8k8 tf32 tile, from the 32 lanes' fragments. Products of
- * two tf32 values are exact in f32. */
-static void attt_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
-    for (int i = 0; i < 4; i++) attt_emu_u[tid][i] = a[i];
-    attt_emu_u[tid][4] = b0;
-    attt_emu_u[tid][5] = b1;
-#pragma omp barrier
-    const int gq = lane >> 2, t4 = lane & 3;
-    for (int e = 0; e < 4; e++) {
-        const int row = gq + (e >= 2 ? 8 : 0), col = t4 * 2 + (e & 1);
-        float acc = c[e];
-        for (int kk = 0; kk < 8; kk++) {
-            /* A[row][kk]: lane (row % 8) * 4 + kk % 4, register row / 8 + 2 (kk / 4) */
-            const int al = (row & 7) * 4 + (kk & 3), ar = (row >> 3) + 2 * (kk >> 2);
-            /* B[kk][col]: lane col * 4 + kk % 4, register kk / 4 */
-            const int bl = col * 4 + (kk & 3), br = 4 + (kk >> 2);
-            acc += attt_emu_tf32(attt_emu_u[w0 + al][ar]) * attt_emu_tf32(attt_emu_u[w0 + bl][br]);
-        }
-        c[e] = acc;
-    }
-#pragma omp barrier
-}
-
-static float attt_xor(float v, int m) {
-    const int tid = omp_get_thread_num();
-    attt_emu_f[tid] = v;
-#pragma omp barrier
-    const float o = attt_emu_f[tid ^ m];
-#pragma omp barrier
-    return o;
-}
-
-ATTT_INLINE float attt_ex2(float x) {
-    return exp2f(x);
-}
-
-ATTT_INLINE float attt_opaque(float x) {
-    return x;
-}
-
-/* cp.async completes at once here; the commit/wait bookkeeping has nothing to track */
-ATTT_INLINE void attt_cp16(float *dst, const float *src) {
-    memcpy(dst, src, 16);
-}
-ATTT_INLINE void attt_cp_commit(void) {}
-ATTT_INLINE void attt_cp_wait1(void) {}
-
 #elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
 #include <math.h>
 #include <omp.h>
 #include <ompx.h>
 #define ATTT_HAVE 1
 #define ATTT_REAL 1
-#define ATTT_INLINE static inline __attribute__((always_inline))
-/* nvptx64 variants: referenced through the variant mechanism only */
-#define ATTT_DEVICE static inline __attribute__((always_inline, unused))
 #define ATTT_TID() ompx_thread_id_x()
 #define ATTT_BID() ompx_block_id_x()
 #define ATTT_SYNC() ompx_sync_block_acq_rel()
+#endif
 
-/* Host bodies only satisfy the host compilation of the bare region; the dispatch launches it on
- * target tensors only, where the nvptx64 variants below replace them. */
-ATTT_INLINE void attt_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    (void)a, (void)b0, (void)b1, (void)c;
-}
-ATTT_INLINE float attt_xor(float v, int m) {
-    (void)m;
-    return v;
-}
-ATTT_INLINE float attt_ex2(float x) {
-    return exp2f(x);
-}
+#ifdef ATTT_HAVE
+#include "ptx_mma.h"
+#define ATTT_INLINE static inline __attribute__((always_inline))
+#define attt_mma ptx_mma_tf32_1688
+#define attt_xor ptx_shfl_xor
+#define attt_ex2 ptx_ex2
+#define attt_cp16 ptx_cp_async16
+#define attt_cp_commit ptx_cp_async_commit
+#define attt_cp_wait1 ptx_cp_async_wait1
+
+#ifdef ATTT_EMULATE
+static int64_t attt_emu_block;
+static float attt_emu_sk[ATTT_SK_FLOATS] __attribute__((aligned(16)));
+static float attt_emu_sv[ATTT_SV_FLOATS] __attribute__((aligned(16)));
 ATTT_INLINE float attt_opaque(float x) {
     return x;
 }
-ATTT_INLINE void attt_cp16(float *dst, const float *src) {
-    memcpy(dst, src, 16);
+#else
+ATTT_INLINE __attribute__((unused)) float attt_opaque(float x) {
+    return x;
 }
-ATTT_INLINE void attt_cp_commit(void) {}
-ATTT_INLINE void attt_cp_wait1(void) {}
-
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
-ATTT_DEVICE void attt_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    __asm__ volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-ATTT_DEVICE float attt_xor(float v, int m) {
-    return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, m, 0x1f);
-}
-ATTT_DEVICE float attt_ex2(float x) {
-    return __nvvm_ex2_approx_f(x);
-}
 /* x, as a value the compiler cannot see through: keeps the split of the loop-invariant Q
  * fragments inside the key loop (hoisted, hi and lo of Q would take 2 DH/2 registers more and
  * spill at dh 128). */
-ATTT_DEVICE float attt_opaque(float x) {
+ATTT_INLINE __attribute__((unused)) float attt_opaque(float x) {
     float y;
     __asm__ volatile("mov.b32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-/* 16 bytes global -> shared without a register round trip; groups complete in commit order */
-ATTT_DEVICE void attt_cp16(float *dst, const float *src) {
-    uint32_t addr;
-    __asm__("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-            : "=r"(addr)
-            : "l"(dst));
-    __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(src) : "memory");
-}
-ATTT_DEVICE void attt_cp_commit(void) {
-    __asm__ volatile("cp.async.commit_group;" ::: "memory");
-}
-/* every committed group but the newest has landed (for this thread) */
-ATTT_DEVICE void attt_cp_wait1(void) {
-    __asm__ volatile("cp.async.wait_group 1;" ::: "memory");
-}
 #pragma omp end declare variant
+#endif
 #endif
 
 #ifdef ATTT_HAVE

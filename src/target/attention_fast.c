@@ -65,24 +65,12 @@
 #define attf_cp_commit ptx_cp_async_commit
 #define attf_cp_wait0 ptx_cp_async_wait0
 #define attf_cp_wait1 ptx_cp_async_wait1
+#define attf_ex2 ptx_ex2
 
 #ifdef ATTF_EMULATE
 static int64_t attf_emu_block;
 static uint16_t attf_emu_sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
 static uint16_t attf_emu_sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
-ATTF_INLINE float attf_ex2(float x) {
-    return exp2f(x);
-}
-#else
-/* host body for the host compilation of the bare region; the nvptx64 variant runs */
-ATTF_INLINE __attribute__((unused)) float attf_ex2(float x) {
-    return exp2f(x);
-}
-#pragma omp begin declare variant match(device = {arch(nvptx64)})
-ATTF_INLINE __attribute__((unused)) float attf_ex2(float x) {
-    return __nvvm_ex2_approx_f(x);
-}
-#pragma omp end declare variant
 #endif
 #endif
 

@@ -20,6 +20,7 @@
 #ifndef OMPK_PTX_MMA_H
 #define OMPK_PTX_MMA_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -89,6 +90,36 @@ PTX_EMU_FN void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0,
 #pragma omp barrier
 }
 
+/* c += A * B for one m16n8k8 tile of tf32 operands (f32 bit patterns; the tensor cores read
+ * the top 19 bits), f32 accumulation. Products of two tf32 values are exact in f32. */
+PTX_EMU_FN void ptx_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    for (int i = 0; i < 4; i++) ptx_emu_u[tid][i] = a[i];
+    ptx_emu_u[tid][4] = b0;
+    ptx_emu_u[tid][5] = b1;
+#pragma omp barrier
+    const int g = lane >> 2, t = lane & 3;
+    for (int e = 0; e < 4; e++) {
+        const int row = g + (e >= 2 ? 8 : 0), col = t * 2 + (e & 1);
+        float acc = c[e];
+        for (int kk = 0; kk < 8; kk++) {
+            /* A[row][kk]: lane (row % 8) * 4 + kk % 4, register row / 8 + 2 (kk / 4) */
+            const int al = (row & 7) * 4 + (kk & 3), ar = (row >> 3) + 2 * (kk >> 2);
+            /* B[kk][col]: lane col * 4 + kk % 4, register 4 + kk / 4 */
+            const int bl = col * 4 + (kk & 3), br = 4 + (kk >> 2);
+            union {
+                uint32_t u;
+                float f;
+            } x, y;
+            x.u = ptx_emu_u[w0 + al][ar] & 0xffffe000u;
+            y.u = ptx_emu_u[w0 + bl][br] & 0xffffe000u;
+            acc += x.f * y.f;
+        }
+        c[e] = acc;
+    }
+#pragma omp barrier
+}
+
 PTX_EMU_FN void ptx_emu_ldsm(uint32_t r[4], const uint16_t *p, int trans) {
     const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
     ptx_emu_p[tid] = p;
@@ -126,6 +157,10 @@ PTX_EMU_FN float ptx_shfl_xor(float v, int mask) {
 PTX_INLINE void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     (void)c, (void)a, (void)b0, (void)b1;
 }
+/* c += A * B for one m16n8k8 tile, tf32 inputs (f32 bit patterns), f32 accumulation. */
+PTX_INLINE void ptx_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    (void)c, (void)a, (void)b0, (void)b1;
+}
 
 /* ldmatrix .x4 (.trans): lane l gives the shared address of row l % 8 of 8x8 matrix l / 8. */
 PTX_INLINE void ptx_ldsm_x4(uint32_t r[4], const uint16_t *p) {
@@ -143,6 +178,11 @@ PTX_INLINE float ptx_shfl_xor(float v, int mask) {
     return v;
 }
 #endif
+
+/* 2^x; the GPU's ex2.approx (2 ulp) */
+PTX_INLINE float ptx_ex2(float x) {
+    return exp2f(x);
+}
 
 /* 16 bytes global -> shared without a register round trip; groups complete in commit order */
 PTX_INLINE void ptx_cp_async16(void *dst_shared, const void *src_global) {
@@ -165,6 +205,15 @@ PTX_INLINE void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0,
                      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+PTX_INLINE void ptx_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    __asm__ volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+PTX_INLINE float ptx_ex2(float x) {
+    return __nvvm_ex2_approx_f(x);
 }
 PTX_INLINE void ptx_ldsm_x4(uint32_t r[4], const uint16_t *p) {
     __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
