@@ -76,6 +76,7 @@
 #endif
 
 #ifdef ATTT_HAVE
+#include "attention_softmax.h"
 #include "ptx_mma.h"
 #define ATTT_INLINE static inline __attribute__((always_inline))
 #define attt_mma ptx_mma_tf32_1688
@@ -268,49 +269,10 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
         if (kt + ATTT_BK < jmax) attt_load_tile(sk, kh, g->ks[2], kt + ATTT_BK, M, tid, LDK, DH);
         attt_cp_commit();
 
-        float mx0 = m0, mx1 = m1;
         /* visible keys of this tile for rows r0 and r1, as tile-relative counts */
         const int c0 = (int)(lim0 - kt < ATTT_BK ? lim0 - kt : ATTT_BK);
         const int c1 = (int)(lim1 - kt < ATTT_BK ? lim1 - kt : ATTT_BK);
-        ATTT_UNROLL
-        for (int nt = 0; nt < 4; nt++) ATTT_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const int key = nt * 8 + t4 * 2 + (e & 1);
-            const float x = key < (e < 2 ? c0 : c1) ? s[nt][e] * sl2 : -INFINITY;
-            s[nt][e] = x;
-            if (e < 2)
-                mx0 = x > mx0 ? x : mx0;
-            else
-                mx1 = x > mx1 ? x : mx1;
-        }
-        mx0 = fmaxf(mx0, attt_xor(mx0, 1));
-        mx0 = fmaxf(mx0, attt_xor(mx0, 2));
-        mx1 = fmaxf(mx1, attt_xor(mx1, 1));
-        mx1 = fmaxf(mx1, attt_xor(mx1, 2));
-        /* rows with nothing visible yet keep m = -inf; exponentials against 0 give p = 0 */
-        const float base0 = mx0 == -INFINITY ? 0.f : mx0, base1 = mx1 == -INFINITY ? 0.f : mx1;
-        const float a0 = attt_ex2(m0 - base0), a1 = attt_ex2(m1 - base1);
-        m0 = mx0;
-        m1 = mx1;
-        float ps0 = 0.f, ps1 = 0.f;
-        ATTT_UNROLL
-        for (int nt = 0; nt < 4; nt++) {
-            s[nt][0] = attt_ex2(s[nt][0] - base0);
-            s[nt][1] = attt_ex2(s[nt][1] - base0);
-            s[nt][2] = attt_ex2(s[nt][2] - base1);
-            s[nt][3] = attt_ex2(s[nt][3] - base1);
-            ps0 += s[nt][0] + s[nt][1];
-            ps1 += s[nt][2] + s[nt][3];
-        }
-        l0 = l0 * a0 + ps0;
-        l1 = l1 * a1 + ps1;
-        ATTT_UNROLL
-        for (int n = 0; n < DH / 8; n++) {
-            o[n][0] *= a0;
-            o[n][1] *= a0;
-            o[n][2] *= a1;
-            o[n][3] *= a1;
-        }
+        att_softmax_tile(s, 4, o, DH, t4, c0, c1, sl2, &m0, &m1, &l0, &l1);
         attt_cp_wait1();
         ATTT_SYNC(); /* this V tile has landed */
         ATTT_UNROLL

@@ -50,6 +50,7 @@
 #endif
 
 #ifdef ATTF_HAVE
+#include "attention_softmax.h"
 #include "ptx_mma.h"
 #define ATTF_BQ 64 /* query rows per team, 16 per warp */
 #define ATTF_BK 64 /* keys per shared tile */
@@ -185,49 +186,10 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
         if (kt + ATTF_BK < jmax) attf_load_tile(sk, kh, g->ks[2], kt + ATTF_BK, M, tid, DH);
         attf_cp_commit();
 
-        float mx0 = m0, mx1 = m1;
         /* visible keys of this tile for rows r0 and r1, as tile-relative counts */
         const int c0 = (int)(lim0 - kt < ATTF_BK ? lim0 - kt : ATTF_BK);
         const int c1 = (int)(lim1 - kt < ATTF_BK ? lim1 - kt : ATTF_BK);
-        ATTF_UNROLL
-        for (int nt = 0; nt < 8; nt++) ATTF_UNROLL
-        for (int e = 0; e < 4; e++) {
-            const int key = nt * 8 + t4 * 2 + (e & 1);
-            const float x = key < (e < 2 ? c0 : c1) ? s[nt][e] * sl2 : -INFINITY;
-            s[nt][e] = x;
-            if (e < 2)
-                mx0 = x > mx0 ? x : mx0;
-            else
-                mx1 = x > mx1 ? x : mx1;
-        }
-        mx0 = fmaxf(mx0, attf_xor(mx0, 1));
-        mx0 = fmaxf(mx0, attf_xor(mx0, 2));
-        mx1 = fmaxf(mx1, attf_xor(mx1, 1));
-        mx1 = fmaxf(mx1, attf_xor(mx1, 2));
-        /* rows with nothing visible yet keep m = -inf; exponentials against 0 give p = 0 */
-        const float base0 = mx0 == -INFINITY ? 0.f : mx0, base1 = mx1 == -INFINITY ? 0.f : mx1;
-        const float a0 = attf_ex2(m0 - base0), a1 = attf_ex2(m1 - base1);
-        m0 = mx0;
-        m1 = mx1;
-        float ps0 = 0.f, ps1 = 0.f;
-        ATTF_UNROLL
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] = attf_ex2(s[nt][0] - base0);
-            s[nt][1] = attf_ex2(s[nt][1] - base0);
-            s[nt][2] = attf_ex2(s[nt][2] - base1);
-            s[nt][3] = attf_ex2(s[nt][3] - base1);
-            ps0 += s[nt][0] + s[nt][1];
-            ps1 += s[nt][2] + s[nt][3];
-        }
-        l0 = l0 * a0 + ps0;
-        l1 = l1 * a1 + ps1;
-        ATTF_UNROLL
-        for (int n = 0; n < DH / 8; n++) {
-            o[n][0] *= a0;
-            o[n][1] *= a0;
-            o[n][2] *= a1;
-            o[n][3] *= a1;
-        }
+        att_softmax_tile(s, 8, o, DH, t4, c0, c1, sl2, &m0, &m1, &l0, &l1);
         attf_cp_wait1();
         ATTF_SYNC(); /* this V tile has landed */
         ATTF_UNROLL
