@@ -33,19 +33,20 @@ static void __attribute__((constructor)) emu_passive_wait(void) {
 static uint32_t emu_sm[BWD_TC_SMEM_WORDS] __attribute__((aligned(16)));
 
 static void team(int n, const bwd_tc_geom *g, const char *x, const char *dh, const char *gxp,
-                 char *dx, const float *phi, const float *gamma, const uint32_t *frag, float *pw) {
+                 char *dx, const float *phi, const float *gamma, const uint32_t *frag,
+                 const float *tok, float *pw, float *blk) {
     switch (n) {
     case 1:
-        bwd_tc_team(1, g, x, dh, gxp, dx, phi, gamma, frag, pw, emu_sm);
+        bwd_tc_team(1, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm);
         break;
     case 2:
-        bwd_tc_team(2, g, x, dh, gxp, dx, phi, gamma, frag, pw, emu_sm);
+        bwd_tc_team(2, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm);
         break;
     case 3:
-        bwd_tc_team(3, g, x, dh, gxp, dx, phi, gamma, frag, pw, emu_sm);
+        bwd_tc_team(3, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm);
         break;
     default:
-        bwd_tc_team(4, g, x, dh, gxp, dx, phi, gamma, frag, pw, emu_sm);
+        bwd_tc_team(4, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm);
         break;
     }
 }
@@ -119,11 +120,15 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     for (int64_t i = 0; i < nfw; i++)
         cr_assert(frag[i] != 0xffc1ffc1u, "fragment word %lld not written", (long long)i);
 
+    const int64_t R = M + 3;
+    float *tok = malloc(sizeof(float) * (size_t)(T * R)), *blk = malloc(sizeof(float) * (g.NB * R));
+    for (int64_t i = 0; i < T * R; i++) tok[i] = (float)rnd();
+    for (int64_t i = 0; i < g.NB * R; i++) blk[i] = NAN;
     float *pw = malloc(sizeof(float) * (size_t)(g.NB * M * K));
     for (int64_t i = 0; i < g.NB * M * K; i++) pw[i] = NAN;
     int ok = 1;
-    for (int blk = 0; blk < g.NKT * g.NB && ok; blk++) {
-        bwd_tc_emu_block = blk;
+    for (int bid = 0; bid < g.NKT * g.NB && ok; bid++) {
+        bwd_tc_emu_block = bid;
 #pragma omp parallel num_threads(BWD_TC_THREADS)
         {
             if (omp_get_num_threads() != BWD_TC_THREADS) {
@@ -131,7 +136,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
                 ok = 0;
             } else {
                 team(n, &g, (const char *)x, (const char *)dh, with_gxp ? (const char *)gx : NULL,
-                     (char *)dx, phi, with_gamma ? gamma : NULL, frag, pw);
+                     (char *)dx, phi, with_gamma ? gamma : NULL, frag, tok, pw, blk);
             }
         }
     }
@@ -183,6 +188,18 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
                 cr_log_error("dW n=%d D=%lld m=%lld k=%lld: %.9g vs %.9g", n, (long long)D,
                              (long long)m, (long long)k, s, r);
         }
+    /* block sums of the token rows */
+    int bbad = 0;
+    for (int q = 0; q < g.NB; q++)
+        for (int64_t j = 0; j < R; j++) {
+            double r = 0, sc = 0;
+            for (int64_t t = q * TBK; t < T && t < (q + 1) * TBK; t++)
+                r += tok[t * R + j], sc += fabs(tok[t * R + j]);
+            const ompk_tol tb = ompk_tol_for(OMPK_F32, sc);
+            if (!(fabs(blk[q * R + j] - r) <= tb.atol + tb.rtol * fabs(r)) && bbad++ < 5)
+                cr_log_error("blk q=%d j=%lld: %.9g vs %.9g", q, (long long)j, blk[q * R + j], r);
+        }
+    cr_expect_eq(bbad, 0, "n=%d TBK=%lld: %d block sums differ", n, (long long)TBK, bbad);
     /* padding between rows stays untouched */
     int touched = 0;
     for (int64_t i = 0; i < B * sx0; i++) {
@@ -196,7 +213,79 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
                  (long long)D, (long long)pad, with_gamma, (long long)TBK, wbad);
     cr_expect_eq(touched, 0, "%d padding elements of dx written", touched);
     free(x), free(gx), free(dh), free(dx), free(phi), free(gamma), free(dhm), free(coef);
-    free(hp), free(frag), free(pw), free(rdx), free(rdw);
+    free(hp), free(frag), free(pw), free(rdx), free(rdw), free(tok), free(blk);
+}
+
+static void dhpre(int n, const bwd_tc_geom *g, const char *x, const char *dh, int64_t t, int lane,
+                  float *out) {
+    switch (n) {
+    case 1:
+        bwd_tc_dhpre_warp(1, g, x, dh, t, lane, out);
+        break;
+    case 2:
+        bwd_tc_dhpre_warp(2, g, x, dh, t, lane, out);
+        break;
+    case 3:
+        bwd_tc_dhpre_warp(3, g, x, dh, t, lane, out);
+        break;
+    default:
+        bwd_tc_dhpre_warp(4, g, x, dh, t, lane, out);
+        break;
+    }
+}
+
+/* The fused stage 1: a warp a token (4 tokens a 128-thread team), dh_pre[t][i] against the
+ * double sums, every lane with the same bits; D with and without a tail of the 256-wide d
+ * blocks, padded strides. */
+static void check_dhpre(int64_t B, int64_t S, int n, int64_t D, int64_t pad) {
+    const int64_t T = B * S;
+    const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
+    const int64_t sdh1 = D + pad, sdh0 = S * sdh1;
+    uint16_t *x = bf16_tensor(B * sx0, 2.0), *dh = bf16_tensor(B * sdh0, 1.0);
+    bwd_tc_geom g;
+    memset(&g, 0, sizeof g);
+    g.T = T, g.S = S, g.D = D, g.K = n * D;
+    g.sx0 = sx0, g.sx1 = sx1, g.sx2 = sx2, g.sdh0 = sdh0, g.sdh1 = sdh1;
+    static float out[BWD_TC_THREADS][8];
+    int bad = 0;
+    for (int64_t t0 = 0; t0 < T; t0 += 4) {
+#pragma omp parallel num_threads(BWD_TC_THREADS)
+        {
+            const int tid = omp_get_thread_num();
+            const int64_t t = t0 + tid / 32 < T ? t0 + tid / 32 : T - 1;
+            dhpre(n, &g, (const char *)x, (const char *)dh, t, tid & 31, out[tid]);
+        }
+        for (int w = 0; w < 4 && t0 + w < T; w++) {
+            const int64_t t = t0 + w, b = t / S, s = t % S;
+            for (int i = 0; i < n; i++) {
+                double r = 0, sc = 0;
+                for (int64_t d = 0; d < D; d++) {
+                    const double p = (double)ompk_bf16_to_f32(dh[b * sdh0 + s * sdh1 + d]) *
+                                     ompk_bf16_to_f32(x[b * sx0 + s * sx1 + i * sx2 + d]);
+                    r += p, sc += fabs(p);
+                }
+                const ompk_tol tl = ompk_tol_for(OMPK_F32, sc);
+                for (int l = 0; l < 32; l++) {
+                    const float v = out[w * 32 + l][i];
+                    if (memcmp(&v, &out[w * 32][i], sizeof v) != 0) bad++;
+                }
+                if (!(fabs(out[w * 32][i] - r) <= tl.atol + tl.rtol * fabs(r)) && bad++ < 5)
+                    cr_log_error("dh_pre t=%lld i=%d: %.9g vs %.9g", (long long)t, i,
+                                 out[w * 32][i], r);
+            }
+        }
+    }
+    cr_expect_eq(bad, 0, "n=%d D=%lld pad=%lld: %d dh_pre sums differ", n, (long long)D,
+                 (long long)pad, bad);
+    free(x), free(dh);
+}
+
+Test(mhc_pre_bwd_tc_emu, fused_dh_pre) {
+    rng_state = 3;
+    check_dhpre(2, 5, 4, 4096, 0);
+    check_dhpre(1, 7, 3, 296, 8);
+    check_dhpre(1, 6, 1, 64, 0);
+    check_dhpre(3, 2, 2, 520, 16);
 }
 
 /* token tails inside a tile and across batches (S not a multiple of 16), several tiles a team

@@ -124,20 +124,25 @@ MHC_INLINE void bwd_dhpre(const int N, const char *xrow, int64_t sx2, const char
         if (i < N) out[i] = acc[i];
 }
 
-/* Stage 2 body for token t. */
+/* Stage 2 body for token t: dh_pre from the NC partials at pdh, or given (dhp_in). */
 MHC_INLINE void bwd_token(const int N, int64_t t, int64_t S, int64_t T, int64_t NC, int64_t K,
-                          const float *pdh, const mhc_pre_bwd_args *a, const float *alpha,
-                          const float *dh_post, const float *dh_res, const float *h_mix,
-                          const float *inv_rms, const float *h_pre, const float *h_post,
-                          float *dhm_ws, int MW, float *coef, float *tok) {
+                          const float *pdh, const float *dhp_in, const mhc_pre_bwd_args *a,
+                          const float *alpha, const float *dh_post, const float *dh_res,
+                          const float *h_mix, const float *inv_rms, const float *h_pre,
+                          const float *h_post, float *dhm_ws, int MW, float *coef, float *tok) {
     const int M = 2 * N + N * N;
     const int64_t b = t / S, s = t % S;
     float dhp[NMAX];
     MHC_UNROLL
     for (int i = 0; i < NMAX; i++) dhp[i] = 0.f;
-    for (int64_t c = 0; c < NC; c++) MHC_UNROLL
-    for (int i = 0; i < NMAX; i++)
-        if (i < N) dhp[i] += pdh[(c * T + t) * N + i];
+    if (dhp_in) {
+        MHC_UNROLL
+        for (int i = 0; i < NMAX; i++) dhp[i] = dhp_in[i];
+    } else {
+        for (int64_t c = 0; c < NC; c++) MHC_UNROLL
+        for (int i = 0; i < NMAX; i++)
+            if (i < N) dhp[i] += pdh[(c * T + t) * N + i];
+    }
     const float r = inv_rms[t * a->sinv];
     const float al[3] = {alpha[0], alpha[a->salpha], alpha[2 * a->salpha]};
     float ga[3] = {0.f, 0.f, 0.f}, dinv = 0.f;

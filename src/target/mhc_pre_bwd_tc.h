@@ -9,9 +9,10 @@
  *  - Stage 2 also writes each token's dh_mix, coef and h_pre in the order the mma fragments
  *    need (bwd_tc_frag_tok: one "fragment tile" of FW words per 16 tokens, bf16 parts packed),
  *    so stage 4 moves a tile's operands with plain 16-byte copies and never re-splits them.
- *  - The x tile [16 tokens][128 k], the lanes' dh_in pieces and the fragment tile go global ->
- *    team-shared memory by cp.async through a ring of BWD_TC_NS stages (the loads run NS - 1
- *    tiles ahead without holding registers; one barrier a tile).
+ *  - The x tile [16 tokens][128 k] and the lanes' dh_in pieces go global -> team-shared memory
+ *    by cp.async through a ring of BWD_TC_NS stages (DRAM loads run NS - 1 = 3 tiles ahead
+ *    without holding registers); the fragment tile (L2-resident) is loaded into registers a
+ *    tile ahead and stored into one of two shared buffers. One barrier a tile.
  *  - dW^T[k][m] += x^T[k][tok] * dh_mix[tok][m] by mma.sync m16n8k16 (A = x tile via
  *    ldmatrix.trans, B = dh_mix split into bf16 hi + mid + lo: x is exact in bf16, so the sums
  *    keep f32-level accuracy); the accumulators stay in registers over the token block and are
@@ -32,10 +33,18 @@
 #include "mhc_kern.h"
 #include "ptx_mma.h"
 
+#if defined(__clang__)
+#define BWD_TC_UNROLL2 _Pragma("unroll 2")
+#elif defined(__GNUC__)
+#define BWD_TC_UNROLL2 _Pragma("GCC unroll 2")
+#else
+#define BWD_TC_UNROLL2
+#endif
+
 #define BWD_TC_NMAX 4 /* stream counts served (register budget: w fragments grow with M) */
 #define BWD_TC_THREADS 128
 #define BWD_TC_KT 128 /* k per team, 32 per warp */
-#define BWD_TC_NS 3   /* ring stages */
+#define BWD_TC_NS 4   /* x / dh_in ring stages (3 tiles in flight) */
 #define BWD_TC_M(N) (2 * (N) + (N) * (N))
 #define BWD_TC_MT(N) ((BWD_TC_M(N) + 7) / 8)       /* n8 tiles of m (dW) */
 #define BWD_TC_KS(N) ((3 * BWD_TC_M(N) + 15) / 16) /* k16 steps of the dx reduction */
@@ -51,8 +60,12 @@
 /* dh_in of a tile: each thread's two 16-byte pieces (rows gq and gq + 8 at its 8 d), stored at
  * piece h * 128 + tid: copied and read back by the same thread */
 #define BWD_TC_DW (2 * BWD_TC_THREADS * 4)
-#define BWD_TC_SW(N) (BWD_TC_XW + BWD_TC_DW + BWD_TC_FW(N))
-#define BWD_TC_SMEM_WORDS (BWD_TC_NS * BWD_TC_SW(BWD_TC_NMAX))
+#define BWD_TC_SW (BWD_TC_XW + BWD_TC_DW) /* words of a ring stage */
+/* the ring, then two fragment-tile buffers */
+#define BWD_TC_SMEM(N) (BWD_TC_NS * BWD_TC_SW + 2 * BWD_TC_FW(N))
+#define BWD_TC_SMEM_WORDS BWD_TC_SMEM(BWD_TC_NMAX)
+/* 16-byte pieces of a fragment tile per thread */
+#define BWD_TC_FP ((BWD_TC_FW(BWD_TC_NMAX) / 4 + BWD_TC_THREADS - 1) / BWD_TC_THREADS)
 
 typedef struct bwd_tc_geom {
     int64_t T, S, D, K, TBK; /* TBK: tokens per team, a multiple of 16 */
@@ -155,11 +168,10 @@ MHC_INLINE int64_t bwd_tc_row(bwd_tc_cur c, int64_t s0, int64_t s1) {
 /* Tile j's x rows and fragment tile into ring slot st (words). Each thread copies 16 bytes of x
  * rows r0 and r0 + 8 at column piece cx (token cursors xc[0..1] point at tile j's rows), and
  * pieces tid, tid + 128, ... of the fragment tile. Rows past the block's tokens are zeros. */
-MHC_INLINE void bwd_tc_issue(const int N, const bwd_tc_geom *g, const char *x, int64_t xoff,
+MHC_INLINE void bwd_tc_issue(const bwd_tc_geom *g, const char *x, int64_t xoff,
                              const bwd_tc_cur xc[2], int64_t tr0, const char *dh, int64_t dw,
-                             const bwd_tc_cur ec[2], int64_t te0, int64_t t1, const uint32_t *ftile,
-                             uint32_t *st, int tid) {
-    const int FW = BWD_TC_FW(N);
+                             const bwd_tc_cur ec[2], int64_t te0, int64_t t1, uint32_t *st,
+                             int tid) {
     uint16_t *xs = (uint16_t *)st;
     const int r0 = tid >> 4, cx = tid & 15;
     const ompk_u128 z = {{0u, 0u, 0u, 0u}};
@@ -176,24 +188,81 @@ MHC_INLINE void bwd_tc_issue(const int N, const bwd_tc_geom *g, const char *x, i
         else
             *(ompk_u128 *)dd = z;
     }
+}
+
+/* This thread's pieces of a fragment tile (pieces tid, tid + 128, tid + 256) into registers,
+ * and from there into a shared buffer: as 16-byte vectors in three named variables (a struct
+ * of uint32_t[4] here was copied as 8-byte halves through local memory). */
+typedef uint32_t bwd_tc_v4 __attribute__((vector_size(16)));
+_Static_assert(BWD_TC_FP <= 3, "fragment tile pieces per thread");
+
+MHC_INLINE void bwd_tc_fload(const int N, bwd_tc_v4 *f0, bwd_tc_v4 *f1, bwd_tc_v4 *f2,
+                             const uint32_t *ftile, int tid) {
+    const int np = BWD_TC_FW(N) / 4;
+    if (tid < np) *f0 = *(const bwd_tc_v4 *)(ftile + 4 * tid);
+    if (tid + BWD_TC_THREADS < np) *f1 = *(const bwd_tc_v4 *)(ftile + 4 * (tid + BWD_TC_THREADS));
+    if (tid + 2 * BWD_TC_THREADS < np)
+        *f2 = *(const bwd_tc_v4 *)(ftile + 4 * (tid + 2 * BWD_TC_THREADS));
+}
+
+MHC_INLINE void bwd_tc_fstore(const int N, bwd_tc_v4 f0, bwd_tc_v4 f1, bwd_tc_v4 f2, uint32_t *fb,
+                              int tid) {
+    const int np = BWD_TC_FW(N) / 4;
+    if (tid < np) *(bwd_tc_v4 *)(fb + 4 * tid) = f0;
+    if (tid + BWD_TC_THREADS < np) *(bwd_tc_v4 *)(fb + 4 * (tid + BWD_TC_THREADS)) = f1;
+    if (tid + 2 * BWD_TC_THREADS < np) *(bwd_tc_v4 *)(fb + 4 * (tid + 2 * BWD_TC_THREADS)) = f2;
+}
+
+/* Stage 1 for token t by one warp (the tensor-core path fuses stages 1 and 2 into one bare
+ * kernel, a warp a token): dh_pre[i] = sum_d dh_in[t][d] x[t][i][d] with each lane on 8
+ * consecutive d (16-byte loads: a warp reads 512 contiguous bytes of a row), then the lane sums
+ * reduced by xor shuffles, a fixed pattern that leaves the same bits in every lane. */
+MHC_INLINE void bwd_tc_dhpre_warp(const int N, const bwd_tc_geom *g, const char *x, const char *dh,
+                                  int64_t t, int lane, float dhp[8]) {
+    const int64_t b = t / g->S, s = t - b * g->S;
+    const char *xr = x + (b * g->sx0 + s * g->sx1) * 2, *dr = dh + (b * g->sdh0 + s * g->sdh1) * 2;
+    float acc[BWD_TC_NMAX][2];
     MHC_UNROLL
-    for (int p = 0; p < (BWD_TC_FW(BWD_TC_NMAX) / 4 + BWD_TC_THREADS - 1) / BWD_TC_THREADS; p++) {
-        const int pc = tid + p * BWD_TC_THREADS;
-        if (pc < FW / 4) ptx_cp_async16(st + BWD_TC_XW + BWD_TC_DW + 4 * pc, ftile + 4 * pc);
+    for (int i = 0; i < BWD_TC_NMAX; i++) acc[i][0] = acc[i][1] = 0.f;
+    BWD_TC_UNROLL2
+    for (int64_t d = 8 * lane; d < g->D; d += 256) {
+        const ompk_u128 dv = *(const ompk_u128 *)(dr + d * 2);
+        ompk_u128 xv[BWD_TC_NMAX];
+        MHC_UNROLL
+        for (int i = 0; i < BWD_TC_NMAX; i++)
+            if (i < N) xv[i] = *(const ompk_u128 *)(xr + (i * g->sx2 + d) * 2);
+        MHC_UNROLL
+        for (int i = 0; i < BWD_TC_NMAX; i++) MHC_UNROLL
+        for (int w = 0; w < 4; w++) {
+            if (i >= N) continue;
+            acc[i][w & 1] += ptx_bf16_half(dv.w[w], 0) * ptx_bf16_half(xv[i].w[w], 0) +
+                             ptx_bf16_half(dv.w[w], 1) * ptx_bf16_half(xv[i].w[w], 1);
+        }
+    }
+    MHC_UNROLL
+    for (int i = 0; i < BWD_TC_NMAX; i++) {
+        if (i >= N) continue;
+        float v = acc[i][0] + acc[i][1];
+        MHC_UNROLL
+        for (int mask = 16; mask >= 1; mask >>= 1) v += ptx_shfl_xor(v, mask);
+        dhp[i] = v;
     }
 }
 
-/* One team: dx of its tokens at its 128 k, and its token block's dW partial pw[m][k]
- * (pw = the block's [M][K] slice). sm: BWD_TC_SMEM_WORDS words of team-shared memory. */
+/* One team: dx of its tokens at its 128 k, its token block's dW partial pw[m][k] (pw = the
+ * block's [M][K] slice), and (stage 3 folded in) the block's sums of the per-token dz / dalpha
+ * rows tok [T][M + 3] at columns kb, kb + NKT, ... into blk [NB][M + 3]. sm: BWD_TC_SMEM_WORDS
+ * words of team-shared memory. */
 MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, const char *dh,
                             const char *gxp, char *dx, const float *phi, const float *gamma,
-                            const uint32_t *frag, float *pw_all, uint32_t *sm) {
+                            const uint32_t *frag, const float *tok, float *pw_all, float *blk,
+                            uint32_t *sm) {
     const int M = BWD_TC_M(N), MT = BWD_TC_MT(N), KS = BWD_TC_KS(N), FW = BWD_TC_FW(N);
-    const int WB = BWD_TC_WB(N), WA = BWD_TC_WA(N), SW = BWD_TC_SW(N), NS = BWD_TC_NS;
+    const int WB = BWD_TC_WB(N), WA = BWD_TC_WA(N), SW = BWD_TC_SW, NS = BWD_TC_NS;
     const int tid = BWD_TC_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
-    const int blk = BWD_TC_BID();
-    const int kb = blk % g->NKT, q = blk / g->NKT;
+    const int bid = BWD_TC_BID();
+    const int kb = bid % g->NKT, q = bid / g->NKT;
     const int64_t S = g->S, D = g->D, K = g->K;
     const int64_t k0 = (int64_t)kb * BWD_TC_KT, kw0 = k0 + 32 * warp;
     const int64_t iw = kw0 / D, dw = kw0 - iw * D + 8 * t4; /* this lane's stream, first d */
@@ -243,27 +312,37 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
     MHC_UNROLL
     for (int j = 0; j < BWD_TC_NS - 1; j++) {
         if (j < ntile) {
-            bwd_tc_issue(N, g, x, xoff, xc, t0 + 16 * j + (tid >> 4), dh, dw, dc, t0 + 16 * j + gq,
-                         t1, ftile + j * FW, sm + j * SW, tid);
+            bwd_tc_issue(g, x, xoff, xc, t0 + 16 * j + (tid >> 4), dh, dw, dc, t0 + 16 * j + gq, t1,
+                         sm + j * SW, tid);
             MHC_UNROLL
             for (int h = 0; h < 2; h++) bwd_tc_cur_step(&xc[h], S32), bwd_tc_cur_step(&dc[h], S32);
         }
         ptx_cp_async_commit();
     }
+    /* fragment tiles: tile 0 straight into buffer 0, tile 1 into registers */
+    uint32_t *fbuf = sm + NS * SW;
+    bwd_tc_v4 f0 = {0u, 0u, 0u, 0u}, f1 = f0, f2 = f0;
+    bwd_tc_fload(N, &f0, &f1, &f2, ftile, tid);
+    bwd_tc_fstore(N, f0, f1, f2, fbuf, tid);
+    if (ntile > 1) bwd_tc_fload(N, &f0, &f1, &f2, ftile + FW, tid);
     int slot = 0;
     for (int j = 0; j < ntile; j++) {
-        ptx_cp_async_wait1(); /* tile j's group has landed (the newer one may be pending) */
+        ptx_cp_async_wait2(); /* tile j's group has landed (NS - 2 newer ones may be pending) */
         BWD_TC_SYNC();
         {
             const int jn = j + NS - 1, sn = slot == 0 ? NS - 1 : slot - 1;
             if (jn < ntile) {
-                bwd_tc_issue(N, g, x, xoff, xc, t0 + 16 * jn + (tid >> 4), dh, dw, dc,
-                             t0 + 16 * jn + gq, t1, ftile + jn * FW, sm + sn * SW, tid);
+                bwd_tc_issue(g, x, xoff, xc, t0 + 16 * jn + (tid >> 4), dh, dw, dc,
+                             t0 + 16 * jn + gq, t1, sm + sn * SW, tid);
                 MHC_UNROLL
                 for (int h = 0; h < 2; h++)
                     bwd_tc_cur_step(&xc[h], S32), bwd_tc_cur_step(&dc[h], S32);
             }
             ptx_cp_async_commit();
+            /* tile j + 1's fragments into the buffer tile j - 1 used (every warp is past it),
+             * visible after the next barrier; tile j + 2's loads in flight meanwhile */
+            if (j + 1 < ntile) bwd_tc_fstore(N, f0, f1, f2, fbuf + ((j + 1) & 1) * FW, tid);
+            if (j + 2 < ntile) bwd_tc_fload(N, &f0, &f1, &f2, ftile + (j + 2) * FW, tid);
         }
         const int64_t tr = t0 + 16 * j + gq; /* epilogue rows tr, tr + 8 */
         ompk_u128 gxv[2];
@@ -278,7 +357,7 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
         }
         const uint32_t *st = sm + slot * SW;
         const uint16_t *xs = (const uint16_t *)st;
-        const uint32_t *fs = st + BWD_TC_XW + BWD_TC_DW;
+        const uint32_t *fs = fbuf + (j & 1) * FW;
         /* dW: A = x^T (16 k x 16 tokens) by ldmatrix.trans, B = dh parts, small parts first */
         MHC_UNROLL
         for (int kt = 0; kt < 2; kt++) {
@@ -329,7 +408,7 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
                                hp * ptx_bf16_half(dv.w[w], e);
                         if (g->has_gxp) v[e] += ptx_bf16_half(gxv[h].w[w], e);
                     }
-                    o.w[w] = ptx_pack_bf16x2(v[0], v[1]);
+                    o.w[w] = ptx_cvt_bf16x2(v[0], v[1]);
                 }
                 *(ompk_u128 *)(dx + (bwd_tc_row(ec[h], g->sdx0, g->sdx1) + iw * g->sdx2 + dw) * 2) =
                     o;
@@ -349,16 +428,36 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
         const int64_t k = kw0 + 16 * kt + gq + 8 * (e >> 1);
         if (m < M) pw[m * K + k] = accw[kt][mt][e];
     }
+    /* block sums: each thread a run of consecutive tokens, then a fixed tree over the threads
+     * in shared memory (the ring is free once every warp passed this barrier) */
+    BWD_TC_SYNC();
+    float *red = (float *)sm;
+    const int R = M + 3;
+    const int64_t per = (t1 - t0 + BWD_TC_THREADS - 1) / BWD_TC_THREADS;
+    const int64_t a0 = t0 + tid * per, a1 = a0 + per < t1 ? a0 + per : t1;
+    for (int j = kb; j < R; j += g->NKT) {
+        float v = 0.f;
+        for (int64_t t = a0; t < a1; t++) v += tok[t * R + j];
+        red[tid] = v;
+        BWD_TC_SYNC();
+        for (int w = BWD_TC_THREADS / 2; w >= 1; w >>= 1) {
+            if (tid < w) red[tid] += red[tid + w];
+            BWD_TC_SYNC();
+        }
+        if (tid == 0) blk[(int64_t)q * R + j] = red[0];
+        BWD_TC_SYNC();
+    }
 }
 
 /* Stage 4 on tensor cores, one ompx_bare launch of NKT * NB teams (mhc_pre_bwd_tc_launch.inc),
  * built with two register caps: 168 (default) and 128 (OMPK_MHC_PRE_BWD_VARIANT=tc-r128). */
 void mhc_pre_bwd_tc_stage4(ompk_exec ex, int n, const bwd_tc_geom *g, const char *x, const char *dh,
                            const char *gxp, char *dx, const float *phi, const float *gamma,
-                           const uint32_t *frag, float *pw);
+                           const uint32_t *frag, const float *tok, float *pw, float *blk);
 void mhc_pre_bwd_tc_stage4_r128(ompk_exec ex, int n, const bwd_tc_geom *g, const char *x,
                                 const char *dh, const char *gxp, char *dx, const float *phi,
-                                const float *gamma, const uint32_t *frag, float *pw);
+                                const float *gamma, const uint32_t *frag, const float *tok,
+                                float *pw, float *blk);
 #endif /* BWD_TC_HAVE */
 
 #endif
