@@ -9,8 +9,9 @@
  *     registers over its tokens; the host form works on 8-float vectors. Each item writes its
  *     dW sums as its token block's partial.
  *  5. dW = fixed-order sum of the block partials; dphi = dW*gamma, dgamma = colsum(dW*phi).
- * On a GPU with bf16 tensors of 16-byte rows and n <= BWD_TC_NMAX, stage 2 also writes the
- * operands in mma fragment order and stage 4 is the tensor-core team of mhc_pre_bwd_tc.h.
+ * On a GPU with bf16 tensors of 16-byte rows and n <= BWD_TC_NMAX the tensor-core path of
+ * mhc_pre_bwd_tc.h runs instead: stages 1 + 2 fused (writing the operands in mma fragment
+ * order), stage 4 on tensor cores with stage 3's block sums, stage 5 with the blocks' sum.
  * No float atomics anywhere: the same inputs give the same bits. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,28 +1,32 @@
-/* mHC pre backward, stage 4 (dx and the dW partials in one pass over x) on tensor cores, for bf16
- * x, dh_in and grad_x_post on the GPU (used by mhc_pre_bwd.c; the team function also runs on
- * the host in tests/test_mhc_pre_bwd_tc_emu.c with PTX_MMA_EMULATE).
- *
- * The portable stage-4 kernel keeps a run of k's weights and dW sums in registers and reads each
- * token's dh_mix row per thread; it is latency bound (237 registers, 12.5% occupancy). Here an
- * ompx_bare team of 4 warps owns 128 consecutive k (32 a warp, inside one stream) and a block of
- * tokens, walked in tiles of 16 tokens:
- *  - Stage 2 also writes each token's dh_mix, coef and h_pre in the order the mma fragments
- *    need (bwd_tc_frag_tok: one "fragment tile" of FW words per 16 tokens, bf16 parts packed),
- *    so stage 4 moves a tile's operands with plain 16-byte copies and never re-splits them.
- *  - The x tile [16 tokens][128 k] and the lanes' dh_in pieces go global -> team-shared memory
- *    by cp.async through a ring of BWD_TC_NS stages (DRAM loads run NS - 1 = 3 tiles ahead
- *    without holding registers); the fragment tile (L2-resident) is loaded into registers a
- *    tile ahead and stored into one of two shared buffers. One barrier a tile.
- *  - dW^T[k][m] += x^T[k][tok] * dh_mix[tok][m] by mma.sync m16n8k16 (A = x tile via
- *    ldmatrix.trans, B = dh_mix split into bf16 hi + mid + lo: x is exact in bf16, so the sums
- *    keep f32-level accuracy); the accumulators stay in registers over the token block and are
- *    written as the block's partial, summed in fixed order by stage 5 as before.
- *  - dx[tok][k] = sum_m dh_mix[tok][m] w[m][k] by mma as well: the reduction index runs over
- *    3M slots (dh_hi w_hi | dh_hi w_mid | dh_mid w_hi, ~2^-16 relative, far below dx's one bf16
- *    rounding), w = phi*gamma held as B fragments in registers for the whole block. Column j of
- *    n-tile nt is k = 4j + nt of the warp's 32, so each lane's accumulators are 8 consecutive k of
- *    two token rows: the epilogue adds -coef*x (x from the shared tile) + h_pre*dh_in
- *    (+ grad_x_post), rounds once and stores 16 bytes a row.
+/* mHC pre backward on tensor cores, for bf16 x, dh_in and grad_x_post on the GPU (used by
+ * mhc_pre_bwd.c; the team functions also run on the host in tests/test_mhc_pre_bwd_tc_emu.c with
+ * PTX_MMA_EMULATE). Four launches instead of six:
+ *  - Stages 1 + 2 fused, a warp a token (bwd_tc_dhpre_warp: 16-byte loads of x and dh_in, lane
+ *    sums reduced by shuffles); lane 0 then runs the portable stage-2 body and writes the token's
+ *    dh_mix, coef and h_pre in the order the mma fragments need (bwd_tc_frag_tok: one
+ *    "fragment tile" of FW words per 16 tokens, bf16 parts packed), so stage 4 moves a tile's
+ *    operands with plain 16-byte copies and never re-splits them.
+ *  - Stage 4 (dx and the dW partials in one pass over x; bwd_tc_team). The portable kernel keeps
+ *    a run of k's weights and dW sums in registers and reads each token's dh_mix row per thread;
+ *    it is latency bound (237 registers, 12.5% occupancy). Here an ompx_bare team of 4 warps
+ *    owns 128 consecutive k (32 a warp, inside one stream) and a block of tokens, walked in
+ *    tiles of 16 tokens:
+ *    . The x tile [16 tokens][128 k] and the lanes' dh_in pieces go global -> team-shared memory
+ *      by cp.async through a ring of BWD_TC_NS stages (DRAM loads run NS - 1 = 3 tiles ahead
+ *      without holding registers); the fragment tile (L2-resident) is loaded into registers a
+ *      tile ahead and stored into one of two shared buffers. One barrier a tile.
+ *    . dW^T[k][m] += x^T[k][tok] * dh_mix[tok][m] by mma.sync m16n8k16 (A = x tile via
+ *      ldmatrix.trans, B = dh_mix split into bf16 hi + mid + lo: x is exact in bf16, so the sums
+ *      keep f32-level accuracy); the accumulators stay in registers over the token block and
+ *      are written as the block's partial, summed in fixed order by stage 5.
+ *    . dx[tok][k] = sum_m dh_mix[tok][m] w[m][k] by mma as well: the reduction index runs over
+ *      3M slots (dh_hi w_hi | dh_hi w_mid | dh_mid w_hi, ~2^-16 relative, far below dx's one
+ *      bf16 rounding), w = phi*gamma held as B fragments in registers for the whole block.
+ *      Column j of n-tile nt is k = 4j + nt of the warp's 32, so each lane's accumulators are 8
+ *      consecutive k of two token rows: the epilogue adds -coef*x (x from the shared tile) +
+ *      h_pre*dh_in (+ grad_x_post), rounds once and stores 16 bytes a row.
+ *    . Stage 3 folded in: the block's sums of the per-token dz / dalpha rows, one column per
+ *      team of the block; stage 5 sums the blocks.
  * Deterministic: every sum has a fixed order; no atomics. */
 #ifndef OMPK_MHC_PRE_BWD_TC_H
 #define OMPK_MHC_PRE_BWD_TC_H
