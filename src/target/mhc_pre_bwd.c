@@ -9,8 +9,15 @@
  *     registers over its tokens; the host form works on 8-float vectors. Each item writes its
  *     dW sums as its token block's partial.
  *  5. dW = fixed-order sum of the block partials; dphi = dW*gamma, dgamma = colsum(dW*phi).
+ * On a GPU with bf16 tensors of 16-byte rows and n <= BWD_TC_NMAX the tensor-core path of
+ * mhc_pre_bwd_tc.h runs instead: stages 1 + 2 fused (writing the operands in mma fragment
+ * order), stage 4 on tensor cores with stage 3's block sums, stage 5 with the blocks' sum.
  * No float atomics anywhere: the same inputs give the same bits. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "mhc_kern.h"
+#include "mhc_pre_bwd_tc.h"
 
 #define NMAX 8
 #define MMAX (2 * NMAX + NMAX * NMAX)
@@ -67,12 +74,14 @@ static bwd_geom bwd_geometry(const mhc_pre_bwd_args *a) {
 }
 
 /* workspace: dh_pre partials [NC][T][n], dh_mix [T][MW], coef [T], token rows [T][R],
- * block rows [NBLK][R], dW partials [NB][M][K] */
+ * block rows [NBLK][R], dW partials [NB][M][K], fragment tiles (tensor-core stage 4; sized
+ * whichever path runs, a few MB) */
 int64_t mhc_pre_bwd_workspace(const mhc_pre_bwd_args *a) {
     bwd_geom g = bwd_geometry(a);
     const int M = 2 * a->n + a->n * a->n;
-    return (int64_t)sizeof(float) * (al4(g.NC * g.T * a->n) + al4(g.T * g.MW) + al4(g.T) +
-                                     al4(g.T * g.R) + al4(g.NBLK * g.R) + al4(g.NB * M * g.K)) +
+    return (int64_t)sizeof(float) *
+               (al4(g.NC * g.T * a->n) + al4(g.T * g.MW) + al4(g.T) + al4(g.T * g.R) +
+                al4(g.NBLK * g.R) + al4(g.NB * M * g.K) + al4(bwd_tc_frag_words(a->n, g.T))) +
            64;
 }
 
@@ -116,20 +125,25 @@ MHC_INLINE void bwd_dhpre(const int N, const char *xrow, int64_t sx2, const char
         if (i < N) out[i] = acc[i];
 }
 
-/* Stage 2 body for token t. */
+/* Stage 2 body for token t: dh_pre from the NC partials at pdh, or given (dhp_in). */
 MHC_INLINE void bwd_token(const int N, int64_t t, int64_t S, int64_t T, int64_t NC, int64_t K,
-                          const float *pdh, const mhc_pre_bwd_args *a, const float *alpha,
-                          const float *dh_post, const float *dh_res, const float *h_mix,
-                          const float *inv_rms, const float *h_pre, const float *h_post,
-                          float *dhm_ws, int MW, float *coef, float *tok) {
+                          const float *pdh, const float *dhp_in, const mhc_pre_bwd_args *a,
+                          const float *alpha, const float *dh_post, const float *dh_res,
+                          const float *h_mix, const float *inv_rms, const float *h_pre,
+                          const float *h_post, float *dhm_ws, int MW, float *coef, float *tok) {
     const int M = 2 * N + N * N;
     const int64_t b = t / S, s = t % S;
     float dhp[NMAX];
     MHC_UNROLL
     for (int i = 0; i < NMAX; i++) dhp[i] = 0.f;
-    for (int64_t c = 0; c < NC; c++) MHC_UNROLL
-    for (int i = 0; i < NMAX; i++)
-        if (i < N) dhp[i] += pdh[(c * T + t) * N + i];
+    if (dhp_in) {
+        MHC_UNROLL
+        for (int i = 0; i < NMAX; i++) dhp[i] = dhp_in[i];
+    } else {
+        for (int64_t c = 0; c < NC; c++) MHC_UNROLL
+        for (int i = 0; i < NMAX; i++)
+            if (i < N) dhp[i] += pdh[(c * T + t) * N + i];
+    }
     const float r = inv_rms[t * a->sinv];
     const float al[3] = {alpha[0], alpha[a->salpha], alpha[2 * a->salpha]};
     float ga[3] = {0.f, 0.f, 0.f}, dinv = 0.f;
@@ -479,6 +493,44 @@ static int bwd_kc_vec_ok(const mhc_pre_bwd_args *a, int KC) {
         if ((uintptr_t)a->gxp % (uintptr_t)(KC * gsz)) return 0;
     }
     return 1;
+}
+
+/* Whether stage 4 runs on tensor cores (bwd_tc_team), with its geometry in *tg: bf16 x, dh_in
+ * and grad_x_post on a device, n <= BWD_TC_NMAX, 16-byte aligned contiguous runs of 8, every
+ * warp's 32 k inside one stream and whole team tiles (D % 32 == 0, K % 128 == 0). Token blocks
+ * of at least the portable kernel's size (so its partial buffer suffices), about 16 of them:
+ * fewer partials for stage 5, and enough teams (K/128 per block) to fill the GPU.
+ * Returns 0 (portable stage 4), 1 (tensor cores, 168-register build) or 2 (the 128-register
+ * build). OMPK_MHC_PRE_BWD_VARIANT = portable | tc-r128 selects the alternatives (benchmarks,
+ * tests). */
+static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *bg,
+                       bwd_tc_geom *tg) {
+    memset(tg, 0, sizeof *tg);
+#ifdef BWD_TC_HAVE
+    if (!ex.on_target || a->n > BWD_TC_NMAX || !a->bf16 || !a->dh_bf16) return 0;
+    if ((a->gxp && !a->gxp_bf16) || bg->T < 1 || bg->T > 0x7fffffff) return 0;
+    if (a->D % 32 || bg->K % BWD_TC_KT) return 0;
+    if (!bwd_kc_vec_ok(a, 8)) return 0;
+    const char *v = getenv("OMPK_MHC_PRE_BWD_VARIANT");
+    if (v && strcmp(v, "portable") == 0) return 0;
+    int64_t tbk = (bg->T + 15) / 16;
+    if (tbk < bg->TBK) tbk = bg->TBK;
+    tbk = (tbk + 15) & ~(int64_t)15;
+    const int64_t nb = (bg->T + tbk - 1) / tbk, nkt = bg->K / BWD_TC_KT;
+    if (nb > bg->NB || nb * nkt > 0x7fffffff) return 0;
+    tg->T = bg->T, tg->S = a->S, tg->D = a->D, tg->K = bg->K, tg->TBK = tbk;
+    tg->sx0 = a->sx[0], tg->sx1 = a->sx[1], tg->sx2 = a->sx[2];
+    tg->sdh0 = a->sdh[0], tg->sdh1 = a->sdh[1];
+    tg->sg0 = a->sgxp[0], tg->sg1 = a->sgxp[1], tg->sg2 = a->sgxp[2];
+    tg->sdx0 = a->sdx[0], tg->sdx1 = a->sdx[1], tg->sdx2 = a->sdx[2];
+    tg->sphi = a->sphi, tg->shp0 = a->shpre[0], tg->shp1 = a->shpre[1];
+    tg->NKT = (int)nkt, tg->NB = (int)nb;
+    tg->has_gamma = a->gamma != NULL, tg->has_gxp = a->gxp != NULL;
+    return v && strcmp(v, "tc-r128") == 0 ? 2 : 1;
+#else
+    (void)ex, (void)a, (void)bg;
+    return 0;
+#endif
 }
 
 #define MHC_N_INC "mhc_pre_bwd_n.inc"

@@ -245,4 +245,25 @@ PTX_INLINE void ptx_cp_async_wait1(void) {
 #pragma omp end declare variant
 #endif
 
+/* Added for mhc_pre_bwd_tc.h: wait until at most 2 of this thread's committed cp.async groups
+ * are pending (a ring of 4 stages keeps 3 in flight); and two floats to packed bf16 by the
+ * hardware conversion (round to nearest even, as ptx_pack_bf16x2; a NaN becomes the canonical
+ * bf16 NaN). */
+PTX_INLINE void ptx_cp_async_wait2(void) {}
+PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
+    return ptx_pack_bf16x2(lo, hi);
+}
+#if defined(PTX_MMA_DEVICE) && !defined(PTX_MMA_EMULATE)
+#pragma omp begin declare variant match(device = {arch(nvptx64)})
+PTX_INLINE void ptx_cp_async_wait2(void) {
+    __asm__ volatile("cp.async.wait_group 2;" ::: "memory");
+}
+PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
+    uint32_t r;
+    __asm__("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#pragma omp end declare variant
+#endif
+
 #endif
