@@ -1,8 +1,8 @@
 /* ompk_mhc_pre_fwd under each kernel variant that OMPK_MHC_PRE_VARIANT selects on a GPU (the
  * default tensor-core GEMM with contiguous K splits and lane-parallel launch 2, tc-epi-thread
- * (launch 2 one thread a token), tc-fused (launches 2 and 3 as one), the L2 prefetch rounds
- * tc-pf2 / tc-pf4 / tc-fused-pf2 / tc-interleaved-pf2, tc-interleaved, tc-async (n <= 6; else
- * the default), portable = SIMT), each
+ * (launch 2 one thread a token), tc-fused (launches 2 and 3 as one), tc-rot (rotated stage
+ * order), tc-interleaved, tc-async and tc-async-rot (n <= 6; else the default), portable =
+ * SIMT), each
  * against the double reference, on every device tu_devices lists (the host ignores the
  * variable: there the check repeats the portable kernels). Shapes that take the tensor-core
  * path: bf16, D a multiple of 8, with token and D tails and n up to 8. */
@@ -62,9 +62,8 @@ static void check_variant(ompk_device dev, const char *variant, int64_t B, int64
 }
 
 Test(mhc_pre_tc, every_variant_matches_reference) {
-    const char *variants[] = {NULL,       "tc-epi-thread", "tc-fused",       "tc-pf2",
-                              "tc-pf4",   "tc-fused-pf2",  "tc-interleaved", "tc-interleaved-pf2",
-                              "tc-async", "portable"};
+    const char *variants[] = {NULL,       "tc-epi-thread", "tc-fused", "tc-rot", "tc-interleaved",
+                              "tc-async", "tc-async-rot",  "portable"};
     const int nv = (int)(sizeof variants / sizeof variants[0]);
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);

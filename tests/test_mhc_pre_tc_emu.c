@@ -44,22 +44,22 @@ static void team_async(int n, const pre_tc_geom *g, const char *x, const float *
                        const float *gamma, float *part) {
     switch (n) {
     case 1:
-        pre_tca_team(1, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(1, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     case 2:
-        pre_tca_team(2, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(2, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     case 3:
-        pre_tca_team(3, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(3, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     case 4:
-        pre_tca_team(4, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(4, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     case 5:
-        pre_tca_team(5, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(5, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     default:
-        pre_tca_team(6, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(6, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     }
 }
@@ -79,7 +79,7 @@ static double rnd(void) { /* uniform in [-1, 1) */
 
 /* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8) */
 static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma,
-                  int interleave, int64_t teams, int async, int pf) {
+                  int interleave, int64_t teams, int async, int rot) {
     const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
     const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
     uint16_t *x = aligned_alloc(16, (size_t)((B * sx0 * 2 + 15) / 16 * 16));
@@ -95,10 +95,8 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     a.phi = phi, a.sphi = K, a.gamma = with_gamma ? gamma : NULL;
     a.shin[0] = S * D, a.shin[1] = D, a.shin[2] = 1;
     pre_tc_geom g = pre_tc_geometry_for(&a, interleave, teams, async);
-    g.PF = pf;
+    g.ROT = rot;
     cr_assert(g.KS >= 1);
-    ptx_emu_pf_lo = (const char *)x, ptx_emu_pf_hi = (const char *)(x + B * sx0);
-    ptx_emu_pf_n = ptx_emu_pf_bad = 0;
     float *part = malloc(sizeof(float) * (size_t)(g.KS * T * (M + 1)));
     for (int64_t i = 0; i < g.KS * T * (M + 1); i++) part[i] = NAN;
 
@@ -119,10 +117,6 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
         }
     }
     cr_assert(ok, "could not start %d host threads", PRE_TC_THREADS);
-    cr_expect_eq(ptx_emu_pf_bad, 0, "%ld of %ld L2 hints outside x", ptx_emu_pf_bad, ptx_emu_pf_n);
-    /* a team of more than pf stages hints */
-    if (pf && (g.NCH + PRE_TC_SC(n) - 1) / PRE_TC_SC(n) / g.KS > pf)
-        cr_expect_gt(ptx_emu_pf_n, 0, "no L2 hints with pf=%d", pf);
 
     /* partials summed in split order against the double sums */
     double *ref = calloc((size_t)(T * (M + 1)), sizeof(double)), smax = 0, qmax = 0;
@@ -211,16 +205,18 @@ Test(mhc_pre_tc_emu, async_stages) {
     check(1, 140, 3, 64, 8, 1, 0, 2, 1, 0);
 }
 
-/* L2 prefetch rounds (contiguous and interleaved splits): same sums, every hint inside x, with a
- * D tail, padded strides and a split ending inside a round */
-Test(mhc_pre_tc_emu, prefetch_rounds) {
+/* rotated stage order (tc-rot, tc-async-rot): every team starts at stage block % nst and wraps;
+ * the same sums with the split tails, D tails, padded strides and one to many stages a team */
+Test(mhc_pre_tc_emu, rotated_stages) {
     rng_state = 5;
-    check(1, 40, 4, 200, 0, 1, 0, 1, 0, 2);
-    check(1, 40, 4, 200, 8, 1, 0, 3, 0, 4);
-    check(1, 40, 4, 200, 8, 0, 1, 2, 0, 2);
-    check(2, 150, 4, 40, 8, 1, 1, 512, 0, 2);
-    check(1, 30, 7, 72, 0, 1, 1, 3, 0, 2);
-    check(1, 30, 5, 104, 8, 1, 0, 2, 0, 4);
+    check(1, 40, 4, 200, 0, 1, 0, 1, 0, 1);
+    check(1, 40, 4, 200, 8, 1, 0, 3, 0, 1);
+    check(2, 150, 4, 40, 8, 1, 0, 512, 0, 1);
+    check(1, 30, 7, 72, 0, 1, 0, 3, 0, 1);
+    check(1, 30, 5, 104, 8, 0, 1, 2, 0, 1);
+    check(1, 40, 4, 200, 0, 1, 0, 2, 1, 1);
+    check(1, 140, 3, 64, 8, 1, 0, 3, 1, 1);
+    check(1, 30, 6, 72, 0, 0, 1, 3, 1, 1);
 }
 
 static float emu_es[PRE_EPI_SMEM];

@@ -237,20 +237,20 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
 }
 
 /* Which kernels a call runs: SIMT (tc = 0) or the tensor-core GEMM with contiguous K splits
- * (1), interleaved splits (2) or x staged by cp.async (3, n <= 6); L2 prefetch rounds of pf
- * stages in the GEMM (0: none); launch 2 one thread a token (epi = 0), lane-parallel (1), or
+ * (1), interleaved splits (2) or x staged by cp.async (3, n <= 6); the GEMM's stage order
+ * rotated by the team number (rot = 1, see pre_tc_team); launch 2 one thread a token (epi = 0),
+ * lane-parallel (1), or
  * lane-parallel and fused with launch 3 (2). */
 typedef struct pre_variant {
-    int tc, pf, epi;
+    int tc, rot, epi;
 } pre_variant;
 
 #ifdef PRE_TC
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
  * lane's 8-element piece is either inside D or past it). The default is the configuration
  * measured fastest on the H200 (contiguous splits, lane-parallel launch 2).
- * OMPK_MHC_PRE_VARIANT = portable | tc-interleaved | tc-async | tc-pf2 | tc-pf4 |
- * tc-interleaved-pf2 | tc-epi-thread | tc-fused | tc-fused-pf2 selects the alternatives, for
- * benchmarks. */
+ * OMPK_MHC_PRE_VARIANT = portable | tc-interleaved | tc-async | tc-rot | tc-async-rot |
+ * tc-epi-thread | tc-fused selects the alternatives, for benchmarks. */
 static pre_variant pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
     const pre_variant simt = {0, 0, 0};
     pre_variant v = {1, 0, 1};
@@ -265,12 +265,10 @@ static pre_variant pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
     if (strcmp(s, "portable") == 0) return simt;
     if (strcmp(s, "tc-interleaved") == 0) v.tc = 2;
     if (strcmp(s, "tc-async") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3;
-    if (strcmp(s, "tc-pf2") == 0) v.pf = 2;
-    if (strcmp(s, "tc-pf4") == 0) v.pf = 4;
-    if (strcmp(s, "tc-interleaved-pf2") == 0) v.tc = 2, v.pf = 2;
+    if (strcmp(s, "tc-rot") == 0) v.rot = 1;
+    if (strcmp(s, "tc-async-rot") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3, v.rot = 1;
     if (strcmp(s, "tc-epi-thread") == 0) v.epi = 0;
     if (strcmp(s, "tc-fused") == 0) v.epi = 2;
-    if (strcmp(s, "tc-fused-pf2") == 0) v.epi = 2, v.pf = 2;
     return v;
 }
 #endif
@@ -312,7 +310,7 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
 #endif
     const int tc = var.tc;
     pre_tc_geom tg = pre_tc_geometry(a, tc == 2, tc == 3);
-    tg.PF = tc == 1 || tc == 2 ? var.pf : 0;
+    tg.ROT = var.rot;
     float *wt = (float *)ws;
     /* the tensor-core path needs no transposed weights: its partials start the workspace */
     float *part = tc ? wt : wt + K * MW;

@@ -53,7 +53,7 @@ typedef struct pre_tc_geom {
     int64_t T, S, D, sx0, sx1, sx2, sphi, shin0, shin1;
     int NDC, NCH, CPS, KS, NG, has_gamma; /* d chunks per stream, chunks, chunks per split */
     int ILV; /* splits interleaved by stage (1) or contiguous K ranges (0) */
-    int PF;  /* L2 prefetch rounds of PF stages (pre_tc_prefetch); 0: none */
+    int ROT; /* stage order rotated by the team number (1), see pre_tc_team */
 } pre_tc_geom;
 
 /* KS = 0 when the shape does not fit the path's index types.
@@ -219,41 +219,14 @@ MHC_INLINE void pre_tc_stage(const int N, const int SC, const int LDW, const int
     }
 }
 
-/* L2 hints for the x that the team (tokens t0.., split c) reads PF to 2 PF - 1 stages after
- * stage st (a multiple of PF), a row's stages in one burst: DRAM then sees runs of PF * SC * 64
- * bytes of a row (contiguous splits) instead of SC * 64 bytes a stage, or, with interleaved
- * splits, the group's PF * KS * SC * 64 contiguous bytes, each row by one team of the group (rows
- * = c mod KS). One hint per 128 bytes (every other chunk); rows past T and chunks past the split
- * or D get none, so every hinted address lies in x. */
-MHC_INLINE void pre_tc_prefetch(const int TOK, const int SC, const pre_tc_geom *g, const char *x,
-                                int64_t t0, int c, int q0, int q1, int st, int tid) {
-    int64_t qa, qb;
-    int rs, ro;
-    if (g->ILV) {
-        qa = (int64_t)(st + g->PF) * g->KS * SC, qb = qa + (int64_t)g->PF * g->KS * SC;
-        rs = g->KS, ro = c;
-    } else {
-        qa = q0 + (int64_t)(st + g->PF) * SC, qb = qa + (int64_t)g->PF * SC;
-        rs = 1, ro = 0;
-    }
-    if (qb > q1) qb = q1;
-    if (qa >= qb) return;
-    const int nl = (int)((qb - qa + 1) / 2), nr = (TOK - ro + rs - 1) / rs;
-    for (int w = tid; w < nr * nl; w += PRE_TC_THREADS) {
-        const int rr = w / nl, li = w - rr * nl;
-        const int64_t t = t0 + ro + (int64_t)rr * rs;
-        const int q = (int)(qa + 2 * li);
-        const int i = q / g->NDC;
-        const int64_t d = (int64_t)(q - i * g->NDC) * 32;
-        if (t >= g->T || d >= g->D) continue;
-        ptx_prefetch_l2(x + ((t / g->S) * g->sx0 + (t % g->S) * g->sx1 + i * g->sx2 + d) * 2);
-    }
-}
-
 /* One team: partial GEMM rows and sums of squares of its tokens over its K split. ws is the
- * team-shared weight buffer (two stages). PFON (a constant): the L2 hints of g->PF are compiled
- * in (a separate kernel, so the default one keeps its registers). */
-MHC_INLINE void pre_tc_team(const int N, const int PFON, const pre_tc_geom *g, const char *x,
+ * team-shared weight buffer (two stages). With ROTON (a constant: a separate kernel, so the
+ * default one keeps its registers) and g->ROT, the team walks its stages starting at stage
+ * block % nst and wrapping around: teams that run at the same time then read different column
+ * offsets of their rows instead of all the same one (lockstep teams concentrate their requests on
+ * the few DRAM channels those address bits select). Each team's order is still fixed
+ * (deterministic). */
+MHC_INLINE void pre_tc_team(const int N, const int ROTON, const pre_tc_geom *g, const char *x,
                             const float *phi, const float *gamma, float *part, uint16_t *ws) {
     const int M = 2 * N + N * N, NT = PRE_TC_NT(N), SC = PRE_TC_SC(N), BUF = PRE_TC_BUF(N);
     const int TM = PRE_TC_TM(N), LDW = PRE_TC_LDW(N);
@@ -268,6 +241,7 @@ MHC_INLINE void pre_tc_team(const int N, const int PFON, const pre_tc_geom *g, c
     const int q0 = g->ILV ? c * SC : c * g->CPS, qstep = g->ILV ? g->KS * SC : SC;
     const int q1 = g->ILV || q0 + g->CPS > g->NCH ? g->NCH : q0 + g->CPS;
     const int nst = g->ILV ? (nstall - c + g->KS - 1) / g->KS : (q1 - q0 + SC - 1) / SC;
+    const int rot = ROTON && g->ROT && nst > 0 ? blk % nst : 0;
     const int64_t tb = (int64_t)grp * PRE_TC_TOK(N) + warp * (TM * 16) + gq;
     const char *xr[PRE_TC_TMMAX][2];
     MHC_UNROLL
@@ -290,15 +264,14 @@ MHC_INLINE void pre_tc_team(const int N, const int PFON, const pre_tc_geom *g, c
     float pw[16][2];
     MHC_UNROLL
     for (int cc = 0; cc < 2; cc++)
-        if (cc < SC) pre_tc_loadx(TM, xa[cc], xr, g, q0 + cc, q1, t4);
-    pre_tc_fetchw(N, SC, pw, phi, gamma, g, q0, q1, tid);
+        if (cc < SC) pre_tc_loadx(TM, xa[cc], xr, g, q0 + rot * qstep + cc, q1, t4);
+    pre_tc_fetchw(N, SC, pw, phi, gamma, g, q0 + rot * qstep, q1, tid);
     pre_tc_storew(N, SC, LDW, pw, ws, tid);
     PRE_TC_SYNC();
     for (int st = 0; st < nst; st++) {
-        if (PFON && g->PF && st % g->PF == 0)
-            pre_tc_prefetch(PRE_TC_TOK(N), SC, g, x, (int64_t)grp * PRE_TC_TOK(N), c, q0, q1, st,
-                            tid);
-        const int qn = q0 + (st + 1) * qstep;
+        /* past the last stage: chunks from q1 on, zeros */
+        const int sn = st + 1 + rot < nst ? st + 1 + rot : st + 1 + rot - nst;
+        const int qn = !ROTON ? q0 + (st + 1) * qstep : st + 1 < nst ? q0 + sn * qstep : q1;
         MHC_UNROLL
         for (int cc = 0; cc < 2; cc++)
             if (cc < SC) pre_tc_loadx(TM, xb[cc], xr, g, qn + cc, q1, t4);
@@ -362,8 +335,9 @@ MHC_INLINE void pre_tca_issue(const char *const xrow[4], const pre_tc_geom *g, i
  * (more teams an SM). One barrier a stage: after it, stage st's x (everyone's copies) and
  * weights are visible and every warp is done with stage st - 1, whose x slot the next copy and
  * whose weight buffer the next weights then reuse. Same partials as pre_tc_team. */
-MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, const float *phi,
-                             const float *gamma, float *part, uint16_t *ws, uint16_t *xs) {
+MHC_INLINE void pre_tca_team(const int N, const int ROTON, const pre_tc_geom *g, const char *x,
+                             const float *phi, const float *gamma, float *part, uint16_t *ws,
+                             uint16_t *xs) {
     const int M = 2 * N + N * N, NT = PRE_TC_NT(N), TM = PRE_TCA_TM, NS = PRE_TCA_NS;
     const int WBUF = PRE_TCA_WBUF(N), XBUF = PRE_TCA_XBUF;
     const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
@@ -376,6 +350,9 @@ MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, c
     const int q1 = g->ILV || q0 + g->CPS > g->NCH ? g->NCH : q0 + g->CPS;
     const int nst = g->ILV ? (g->NCH - c + g->KS - 1) / g->KS : q1 - q0;
     const int64_t t0 = (int64_t)grp * PRE_TCA_TOK;
+    /* stage s reads chunk q0 + ((s + rot) % nst) * qstep (see pre_tc_team) */
+    const int rot = ROTON && g->ROT && nst > 0 ? blk % nst : 0;
+#define PRE_TCA_Q(s) (q0 + ((s) + rot < nst ? (s) + rot : (s) + rot - nst) * qstep)
     /* rows this thread copies: tokens tid / 4 + 32 j of the group */
     const char *xrow[4];
     MHC_UNROLL
@@ -395,10 +372,10 @@ MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, c
     float pw[16][2];
     MHC_UNROLL
     for (int s = 0; s < NS - 1; s++) {
-        if (s < nst) pre_tca_issue(xrow, g, q0 + s * qstep, q1, xs + s * XBUF, tid);
+        if (s < nst) pre_tca_issue(xrow, g, PRE_TCA_Q(s), q1, xs + s * XBUF, tid);
         ptx_cp_async_commit();
     }
-    pre_tc_fetchw(N, 1, pw, phi, gamma, g, q0, q1, tid);
+    pre_tc_fetchw(N, 1, pw, phi, gamma, g, PRE_TCA_Q(0), q1, tid);
     pre_tc_storew(N, 1, 32, pw, ws, tid);
     int slot = 0; /* st % NS */
     for (int st = 0; st < nst; st++) {
@@ -406,9 +383,9 @@ MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, c
         ptx_cp_async_wait1();
         PRE_TC_SYNC();
         const int sn = st + NS - 1, slot_n = slot == 0 ? NS - 1 : slot - 1;
-        if (sn < nst) pre_tca_issue(xrow, g, q0 + sn * qstep, q1, xs + slot_n * XBUF, tid);
+        if (sn < nst) pre_tca_issue(xrow, g, PRE_TCA_Q(sn), q1, xs + slot_n * XBUF, tid);
         ptx_cp_async_commit();
-        if (st + 1 < nst) pre_tc_fetchw(N, 1, pw, phi, gamma, g, q0 + (st + 1) * qstep, q1, tid);
+        if (st + 1 < nst) pre_tc_fetchw(N, 1, pw, phi, gamma, g, PRE_TCA_Q(st + 1), q1, tid);
         uint32_t xa[2][PRE_TC_TMMAX][2][4];
         const uint16_t *xt = xs + slot * XBUF + (warp * TM * 16 + gq) * 32 + t4 * 8;
         MHC_UNROLL
@@ -443,6 +420,8 @@ MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, c
         if (t4 == 0) p[M] = ss[mt][h];
     }
 }
+
+#undef PRE_TCA_Q
 
 /* Launch 2 on the tensor-core path, lane-parallel: a token is LPT lanes (16 for n <= 4, so two
  * tokens a warp; 32 above). Its M + 1 partial sums are added over the splits in split order (the
@@ -555,8 +534,10 @@ MHC_INLINE void pre_epi_team(const int N, const pre_tc_geom *g, int KS, const fl
     }
 }
 
-MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, const float *hp,
-                           char *h_in, int64_t t, int64_t d);
+MHC_INLINE void pre_tc_hin_load(const int N, const pre_tc_geom *g, const char *x, int64_t t,
+                                int64_t d, ompk_u128 v[8]);
+MHC_INLINE void pre_tc_hin_store(const int N, const pre_tc_geom *g, const float *hp, char *h_in,
+                                 int64_t t, int64_t d, const ompk_u128 v[8]);
 
 /* Launches 2 and 3 as one kernel: pre_epi_team for the team's tokens, then their h_in rows
  * (pieces of 8, adjacent threads on adjacent pieces of a row: the stream rows are read as
@@ -572,22 +553,31 @@ MHC_INLINE void pre_epi_hin_team(const int N, const pre_tc_geom *g, int KS, cons
     PRE_TC_SYNC();
     const int64_t t0 = (int64_t)PRE_TC_BID() * PRE_EPI_TOK(N), np = g->D / 8;
     const int64_t nt = g->T - t0 < PRE_EPI_TOK(N) ? g->T - t0 : PRE_EPI_TOK(N);
-    for (int64_t w = PRE_TC_TID(); w < nt * np; w += PRE_TC_THREADS) {
-        const int64_t u = w / np;
-        pre_tc_hin(N, g, x, hp_ws, h_in, t0 + u, (w - u * np) * 8);
+    /* two pieces an iteration, both loads first: twice the bytes in flight a thread */
+    for (int64_t w = PRE_TC_TID(); w < nt * np; w += 2 * PRE_TC_THREADS) {
+        const int64_t w2 = w + PRE_TC_THREADS, u = w / np, u2 = w2 / np;
+        ompk_u128 v[8], v2[8];
+        pre_tc_hin_load(N, g, x, t0 + u, (w - u * np) * 8, v);
+        if (w2 < nt * np) pre_tc_hin_load(N, g, x, t0 + u2, (w2 - u2 * np) * 8, v2);
+        pre_tc_hin_store(N, g, hp_ws, h_in, t0 + u, (w - u * np) * 8, v);
+        if (w2 < nt * np) pre_tc_hin_store(N, g, hp_ws, h_in, t0 + u2, (w2 - u2 * np) * 8, v2);
     }
 }
 
 /* h_in for the 8 elements at d of token t (16-byte loads and store; D % 8 == 0), from the
- * token's h_pre in hp [T][N]. */
-MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, const float *hp,
-                           char *h_in, int64_t t, int64_t d) {
+ * token's h_pre in hp [T][N]: the loads, then the sums and the store. */
+MHC_INLINE void pre_tc_hin_load(const int N, const pre_tc_geom *g, const char *x, int64_t t,
+                                int64_t d, ompk_u128 v[8]) {
     const int64_t b = t / g->S, s = t % g->S;
     const char *xp = x + (b * g->sx0 + s * g->sx1 + d) * 2;
-    ompk_u128 v[8];
     MHC_UNROLL
     for (int i = 0; i < 8; i++)
         if (i < N) v[i] = *(const ompk_u128 *)(xp + i * g->sx2 * 2);
+}
+
+MHC_INLINE void pre_tc_hin_store(const int N, const pre_tc_geom *g, const float *hp, char *h_in,
+                                 int64_t t, int64_t d, const ompk_u128 v[8]) {
+    const int64_t b = t / g->S, s = t % g->S;
     float acc[8];
     MHC_UNROLL
     for (int e = 0; e < 8; e++) acc[e] = 0.f;
@@ -605,6 +595,13 @@ MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, con
     MHC_UNROLL
     for (int w = 0; w < 4; w++) o.w[w] = ptx_pack_bf16x2(acc[2 * w], acc[2 * w + 1]);
     *(ompk_u128 *)(h_in + (b * g->shin0 + s * g->shin1 + d) * 2) = o;
+}
+
+MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, const float *hp,
+                           char *h_in, int64_t t, int64_t d) {
+    ompk_u128 v[8];
+    pre_tc_hin_load(N, g, x, t, d, v);
+    pre_tc_hin_store(N, g, hp, h_in, t, d, v);
 }
 #endif /* PRE_TC_HAVE */
 
