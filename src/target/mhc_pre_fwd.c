@@ -239,8 +239,7 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
 /* Which kernels a call runs: SIMT (tc = 0) or the tensor-core GEMM with contiguous K splits
  * (1), interleaved splits (2) or x staged by cp.async (3, n <= 6); the GEMM's stage order
  * rotated by the team number (rot = 1, see pre_tc_team); launch 2 one thread a token (epi = 0),
- * lane-parallel (1), or
- * lane-parallel and fused with launch 3 (2). */
+ * lane-parallel (1), or lane-parallel and fused with launch 3 (2). */
 typedef struct pre_variant {
     int tc, rot, epi;
 } pre_variant;

@@ -223,8 +223,8 @@ MHC_INLINE void pre_tc_stage(const int N, const int SC, const int LDW, const int
  * team-shared weight buffer (two stages). With ROTON (a constant: a separate kernel, so the
  * default one keeps its registers) and g->ROT, the team walks its stages starting at stage
  * block % nst and wrapping around: teams that run at the same time then read different column
- * offsets of their rows instead of all the same one (lockstep teams concentrate their requests on
- * the few DRAM channels those address bits select). Each team's order is still fixed
+ * offsets of their rows instead of all the same one (whether lockstep offsets crowd the requests
+ * onto few DRAM channels is what this variant measures). Each team's order is still fixed
  * (deterministic). */
 MHC_INLINE void pre_tc_team(const int N, const int ROTON, const pre_tc_geom *g, const char *x,
                             const float *phi, const float *gamma, float *part, uint16_t *ws) {
