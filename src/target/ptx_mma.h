@@ -196,33 +196,4 @@ PTX_INLINE void ptx_cp_async_wait1(void) {
 #pragma omp end declare variant
 #endif
 
-/* Hint: bring the 128-byte line holding p into L2 (no register result, never faults on the
- * device for a valid address). With PTX_MMA_EMULATE the tests give the valid byte range
- * [ptx_emu_pf_lo, ptx_emu_pf_hi) and count the hints and those outside it. */
-#ifdef PTX_MMA_EMULATE
-static const char *ptx_emu_pf_lo, *ptx_emu_pf_hi;
-static long ptx_emu_pf_n, ptx_emu_pf_bad;
-PTX_EMU_FN void ptx_prefetch_l2(const void *p) {
-    const char *c = (const char *)p;
-    const int bad = c < ptx_emu_pf_lo || c >= ptx_emu_pf_hi;
-#pragma omp atomic
-    ptx_emu_pf_n++;
-    if (bad) {
-#pragma omp atomic
-        ptx_emu_pf_bad++;
-    }
-}
-#else
-PTX_INLINE void ptx_prefetch_l2(const void *p) {
-    (void)p;
-}
-#endif
-#if defined(PTX_MMA_DEVICE) && !defined(PTX_MMA_EMULATE)
-#pragma omp begin declare variant match(device = {arch(nvptx64)})
-PTX_INLINE void ptx_prefetch_l2(const void *p) {
-    __asm__ volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-#pragma omp end declare variant
-#endif
-
 #endif
