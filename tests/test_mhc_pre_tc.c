@@ -1,11 +1,14 @@
 /* ompk_mhc_pre_fwd under each kernel variant that OMPK_MHC_PRE_VARIANT selects on a GPU (the
- * default tensor-core GEMM with contiguous K splits, tc-interleaved, tc-async (n <= 6; else the
- * default), portable = SIMT), each
+ * default tensor-core GEMM with contiguous K splits and lane-parallel launch 2, tc-epi-thread
+ * (launch 2 one thread a token), tc-fused (launches 2 and 3 as one), tc-rot (rotated stage
+ * order), tc-interleaved, tc-async and tc-async-rot (n <= 6; else the default), portable =
+ * SIMT), each
  * against the double reference, on every device tu_devices lists (the host ignores the
  * variable: there the check repeats the portable kernels). Shapes that take the tensor-core
  * path: bf16, D a multiple of 8, with token and D tails and n up to 8. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mhc_test_common.h"
 
@@ -35,17 +38,37 @@ static void check_variant(ompk_device dev, const char *variant, int64_t B, int64
     cr_expect(tt_cmp("h_mix", &q.h_mix, h_mix, 1) <= 1, "h_mix %s", what);
     cr_expect(tt_cmp("inv_rms", &q.inv_rms, inv, 1) <= 1, "inv_rms %s", what);
     cr_expect(tt_cmp("h_pre", &q.h_pre, h_pre, 1) <= 1, "h_pre %s", what);
+    /* same inputs, same bits: a second call */
+    tt *outs[7] = {&q.h_in, &q.h_post, &q.logits, &q.comb, &q.h_mix, &q.inv_rms, &q.h_pre};
+    void *first[7];
+    for (int i = 0; i < 7; i++) {
+        tu_buf_download(&outs[i]->b);
+        first[i] = malloc(outs[i]->b.bytes);
+        memcpy(first[i], outs[i]->b.host, outs[i]->b.bytes);
+    }
+    if (variant) setenv("OMPK_MHC_PRE_VARIANT", variant, 1);
+    st = pre_run_fwd(&q);
+    unsetenv("OMPK_MHC_PRE_VARIANT");
+    cr_assert_eq(st, OMPK_OK, "pre_fwd (second call): %s", ompk_status_str(st));
+    for (int i = 0; i < 7; i++) {
+        tu_buf_download(&outs[i]->b);
+        cr_expect(memcmp(first[i], outs[i]->b.host, outs[i]->b.bytes) == 0,
+                  "output %d differs between two calls, %s", i, what);
+        free(first[i]);
+    }
     free(x), free(phi), free(al), free(bias), free(g), free(h_in), free(h_post), free(lg);
     free(comb), free(h_mix), free(inv), free(h_pre);
     pre_free(&q);
 }
 
 Test(mhc_pre_tc, every_variant_matches_reference) {
-    const char *variants[4] = {NULL, "tc-interleaved", "tc-async", "portable"};
+    const char *variants[] = {NULL,       "tc-epi-thread", "tc-fused", "tc-rot", "tc-interleaved",
+                              "tc-async", "tc-async-rot",  "portable"};
+    const int nv = (int)(sizeof variants / sizeof variants[0]);
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < nv; v++) {
             check_variant(devs[di], variants[v], 3, 37, 4, 4096, 1, 11);
             check_variant(devs[di], variants[v], 2, 300, 3, 1000, 0, 12);
             check_variant(devs[di], variants[v], 1, 70, 8, 264, 1, 13);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 
 #include "bf16.h"
+#include "mhc_ref_pre.h"
 #include "tolerance.h"
 
 /* PRE_TC_THREADS threads on a CI machine of a few cores: waiting threads sleep instead of
@@ -34,7 +35,7 @@ static uint16_t
 
 static void team(int n, const pre_tc_geom *g, const char *x, const float *phi, const float *gamma,
                  float *part) {
-#define EMU_TEAM(N) pre_tc_team(N, g, x, phi, gamma, part, emu_ws)
+#define EMU_TEAM(N) pre_tc_team(N, 1, g, x, phi, gamma, part, emu_ws)
     MHC_SWITCH_N(n, EMU_TEAM)
 #undef EMU_TEAM
 }
@@ -43,22 +44,22 @@ static void team_async(int n, const pre_tc_geom *g, const char *x, const float *
                        const float *gamma, float *part) {
     switch (n) {
     case 1:
-        pre_tca_team(1, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(1, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     case 2:
-        pre_tca_team(2, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(2, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     case 3:
-        pre_tca_team(3, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(3, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     case 4:
-        pre_tca_team(4, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(4, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     case 5:
-        pre_tca_team(5, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(5, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     default:
-        pre_tca_team(6, g, x, phi, gamma, part, emu_ws, emu_xs);
+        pre_tca_team(6, 1, g, x, phi, gamma, part, emu_ws, emu_xs);
         break;
     }
 }
@@ -78,7 +79,7 @@ static double rnd(void) { /* uniform in [-1, 1) */
 
 /* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8) */
 static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma,
-                  int interleave, int64_t teams, int async) {
+                  int interleave, int64_t teams, int async, int rot) {
     const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
     const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
     uint16_t *x = aligned_alloc(16, (size_t)((B * sx0 * 2 + 15) / 16 * 16));
@@ -93,7 +94,8 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     a.sx[0] = sx0, a.sx[1] = sx1, a.sx[2] = sx2, a.sx[3] = 1;
     a.phi = phi, a.sphi = K, a.gamma = with_gamma ? gamma : NULL;
     a.shin[0] = S * D, a.shin[1] = D, a.shin[2] = 1;
-    const pre_tc_geom g = pre_tc_geometry_for(&a, interleave, teams, async);
+    pre_tc_geom g = pre_tc_geometry_for(&a, interleave, teams, async);
+    g.ROT = rot;
     cr_assert(g.KS >= 1);
     float *part = malloc(sizeof(float) * (size_t)(g.KS * T * (M + 1)));
     for (int64_t i = 0; i < g.KS * T * (M + 1); i++) part[i] = NAN;
@@ -170,15 +172,15 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
  * strides, with and without gamma, interleaved and contiguous splits */
 Test(mhc_pre_tc_emu, n4_tails_and_strides) {
     rng_state = 1;
-    check(2, 150, 4, 40, 8, 1, 1, 512, 0);
-    check(1, 37, 4, 96, 0, 0, 1, 512, 0);
-    check(2, 150, 4, 40, 8, 1, 0, 512, 0);
+    check(2, 150, 4, 40, 8, 1, 1, 512, 0, 0);
+    check(1, 37, 4, 96, 0, 0, 1, 512, 0, 0);
+    check(2, 150, 4, 40, 8, 1, 0, 512, 0, 0);
 }
 
 /* every stream count: one stage a chunk (n >= 5) or two (n <= 4), M not a multiple of 8 */
 Test(mhc_pre_tc_emu, all_n) {
     rng_state = 2;
-    for (int n = 1; n <= 8; n++) check(1, 20, n, 24 + 8 * (n & 2), 0, n & 1, n != 3, 512, 0);
+    for (int n = 1; n <= 8; n++) check(1, 20, n, 24 + 8 * (n & 2), 0, n & 1, n != 3, 512, 0, 0);
 }
 
 /* several stages a team (fewer teams than stages): the double-buffered weights and the x
@@ -186,19 +188,183 @@ Test(mhc_pre_tc_emu, all_n) {
  * last stage is past K */
 Test(mhc_pre_tc_emu, multi_stage) {
     rng_state = 3;
-    check(1, 40, 4, 200, 0, 1, 1, 1, 0);
-    check(1, 40, 4, 200, 8, 1, 1, 2, 0);
-    check(1, 40, 4, 200, 0, 0, 0, 3, 0);
-    check(1, 30, 5, 72, 0, 1, 1, 3, 0);
-    check(1, 30, 7, 40, 0, 1, 0, 2, 0);
+    check(1, 40, 4, 200, 0, 1, 1, 1, 0, 0);
+    check(1, 40, 4, 200, 8, 1, 1, 2, 0, 0);
+    check(1, 40, 4, 200, 0, 0, 0, 3, 0, 0);
+    check(1, 30, 5, 72, 0, 1, 1, 3, 0, 0);
+    check(1, 30, 7, 40, 0, 1, 0, 2, 0, 0);
 }
 
 /* the cp.async variant (n <= 6): ring slots reused across many stages, split and token tails */
 Test(mhc_pre_tc_emu, async_stages) {
     rng_state = 4;
-    check(1, 40, 4, 200, 0, 1, 1, 1, 1);
-    check(2, 150, 4, 40, 8, 0, 0, 512, 1);
-    check(1, 30, 6, 72, 0, 1, 1, 3, 1);
-    check(1, 20, 1, 24, 0, 1, 0, 2, 1);
-    check(1, 140, 3, 64, 8, 1, 0, 2, 1);
+    check(1, 40, 4, 200, 0, 1, 1, 1, 1, 0);
+    check(2, 150, 4, 40, 8, 0, 0, 512, 1, 0);
+    check(1, 30, 6, 72, 0, 1, 1, 3, 1, 0);
+    check(1, 20, 1, 24, 0, 1, 0, 2, 1, 0);
+    check(1, 140, 3, 64, 8, 1, 0, 2, 1, 0);
+}
+
+/* rotated stage order (tc-rot, tc-async-rot): every team starts at stage block % nst and wraps;
+ * the same sums with the split tails, D tails, padded strides and one to many stages a team */
+Test(mhc_pre_tc_emu, rotated_stages) {
+    rng_state = 5;
+    check(1, 40, 4, 200, 0, 1, 0, 1, 0, 1);
+    check(1, 40, 4, 200, 8, 1, 0, 3, 0, 1);
+    check(2, 150, 4, 40, 8, 1, 0, 512, 0, 1);
+    check(1, 30, 7, 72, 0, 1, 0, 3, 0, 1);
+    check(1, 30, 5, 104, 8, 0, 1, 2, 0, 1);
+    check(1, 40, 4, 200, 0, 1, 0, 2, 1, 1);
+    check(1, 140, 3, 64, 8, 1, 0, 3, 1, 1);
+    check(1, 30, 6, 72, 0, 0, 1, 3, 1, 1);
+}
+
+static float emu_es[PRE_EPI_SMEM];
+
+static void epi(int n, int fused, const pre_tc_geom *g, int KS, const float *part,
+                const mhc_pre_fwd_args *a, float *hp_ws, char *h_in) {
+#define EMU_EPI(N)                                                                                 \
+    pre_epi_team(N, g, KS, part, a, a->alpha, a->bias, hp_ws, a->h_post, a->logits, a->comb,       \
+                 a->h_mix, a->inv_rms, a->h_pre, emu_es)
+#define EMU_EPI_HIN(N)                                                                             \
+    pre_epi_hin_team(N, g, KS, part, a, a->alpha, a->bias, hp_ws, a->h_post, a->logits, a->comb,   \
+                     a->h_mix, a->inv_rms, a->h_pre, emu_es, (const char *)a->x, h_in)
+    if (fused) {
+        MHC_SWITCH_N(n, EMU_EPI_HIN)
+    } else {
+        MHC_SWITCH_N(n, EMU_EPI)
+    }
+#undef EMU_EPI
+#undef EMU_EPI_HIN
+}
+
+/* Launch 2, lane-parallel: partials of KS splits -> every output against a double computation
+ * (Sinkhorn by the reference), h_mix bit-identical to the split-order float sum; token tail, two
+ * batches, optional outputs absent */
+static void check_epi(int n, int64_t B, int64_t S, int KS, int all_outputs, int fused) {
+    const int64_t T = B * S, D = 48, K = n * D;
+    const int M = 2 * n + n * n;
+    float *part = malloc(sizeof(float) * (size_t)(KS * T * (M + 1)));
+    for (int c = 0; c < KS; c++)
+        for (int64_t t = 0; t < T; t++)
+            for (int m = 0; m <= M; m++)
+                part[((int64_t)c * T + t) * (M + 1) + m] =
+                    m < M ? (float)(3.0 * rnd()) : (float)(K * (0.6 + 0.5 * rnd()) / KS);
+    float alpha[3] = {0.8f, 1.1f, 1.3f}, bias[80];
+    for (int m = 0; m < M; m++) bias[m] = (float)(0.5 * rnd());
+    float *h_post = calloc(T * n, 4), *lg = calloc(T * n * n, 4), *comb = calloc(T * n * n, 4);
+    float *h_mix = calloc(T * M, 4), *inv = calloc(T, 4), *h_pre = calloc(T * n, 4);
+    float *hp_ws = calloc(T * n, 4);
+    uint16_t *x = aligned_alloc(16, (size_t)(T * K * 2)),
+             *h_in = aligned_alloc(16, (size_t)(T * D * 2));
+    for (int64_t i = 0; i < T * K; i++) x[i] = ompk_f32_to_bf16((float)(2.0 * rnd()));
+    memset(h_in, 0xff, (size_t)(T * D * 2));
+    mhc_pre_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.B = B, a.S = S, a.D = D, a.n = n, a.bf16 = 1;
+    a.sx[0] = S * K, a.sx[1] = K, a.sx[2] = D, a.sx[3] = 1;
+    a.alpha = alpha, a.salpha = 1, a.bias = bias, a.sbias = 1, a.x = x;
+    a.h_post = h_post, a.shpost[0] = S * n, a.shpost[1] = n, a.shpost[2] = 1;
+    if (all_outputs) {
+        a.logits = lg, a.comb = comb, a.h_mix = h_mix, a.inv_rms = inv, a.h_pre = h_pre;
+    }
+    a.slog[0] = a.scomb[0] = S * n * n, a.slog[1] = a.scomb[1] = n * n;
+    a.slog[2] = a.scomb[2] = n, a.slog[3] = a.scomb[3] = 1;
+    a.shmix[0] = M, a.shmix[1] = 1, a.sinv = 1, a.shpre[0] = n, a.shpre[1] = 1;
+    a.norm_eps = 1e-6f, a.hc_eps = 1e-6f, a.post_mult = 2.f, a.sk_eps = 1e-6f, a.repeat = 20;
+    pre_tc_geom g;
+    memset(&g, 0, sizeof g);
+    g.T = T, g.S = S, g.D = D, g.sx0 = S * K, g.sx1 = K, g.sx2 = D, g.shin0 = S * D, g.shin1 = D;
+    const int64_t teams = (T + PRE_EPI_TOK(n) - 1) / PRE_EPI_TOK(n);
+    int ok = 1;
+    for (int64_t blk = 0; blk < teams && ok; blk++) {
+        pre_tc_emu_block = (int)blk;
+#pragma omp parallel num_threads(PRE_TC_THREADS)
+        {
+            if (omp_get_num_threads() != PRE_TC_THREADS) {
+#pragma omp single
+                ok = 0;
+            } else {
+                epi(n, fused, &g, KS, part, &a, hp_ws, (char *)h_in);
+            }
+        }
+    }
+    cr_assert(ok, "could not start %d host threads", PRE_TC_THREADS);
+
+    double *dl = malloc(sizeof(double) * (size_t)(T * n * n)),
+           *dc = malloc(sizeof(double) * (size_t)(T * n * n));
+    int bad = 0;
+    const ompk_tol tl = ompk_tol_for(OMPK_F32, 4.0);
+#define EPI_CHECK(what, got, want)                                                                 \
+    do {                                                                                           \
+        const double w_ = (want), g_ = (got);                                                      \
+        if (!(fabs(g_ - w_) <= tl.atol + tl.rtol * fabs(w_)) && bad++ < 5)                         \
+            cr_log_error("n=%d t=%lld %s: %.9g vs %.9g", n, (long long)t, what, g_, w_);           \
+    } while (0)
+    for (int64_t t = 0; t < T; t++) {
+        double sum[81];
+        for (int m = 0; m <= M; m++) {
+            float f = 0.f;
+            sum[m] = 0;
+            for (int c = 0; c < KS; c++) {
+                f += part[((int64_t)c * T + t) * (M + 1) + m];
+                sum[m] += part[((int64_t)c * T + t) * (M + 1) + m];
+            }
+            if (all_outputs && m < M && h_mix[t * M + m] != f && bad++ < 5)
+                cr_log_error("n=%d t=%lld h_mix[%d] %.9g is not the split-order sum %.9g", n,
+                             (long long)t, m, h_mix[t * M + m], f);
+        }
+        const double r = 1.0 / sqrt(sum[M] / (double)K + 1e-6);
+        for (int i = 0; i < n; i++) {
+            const double hp = 1.0 / (1.0 + exp(-(0.8 * sum[i] * r + bias[i]))) + 1e-6;
+            EPI_CHECK("hp_ws", hp_ws[t * n + i], hp);
+            if (all_outputs) EPI_CHECK("h_pre", h_pre[t * n + i], hp);
+            EPI_CHECK("h_post", h_post[t * n + i],
+                      2.0 / (1.0 + exp(-(1.1 * sum[n + i] * r + bias[n + i]))));
+        }
+        if (all_outputs) EPI_CHECK("inv_rms", inv[t], r);
+        for (int e = 0; e < n * n; e++)
+            dl[t * n * n + e] = 1.3 * sum[2 * n + e] * r + bias[2 * n + e];
+    }
+    if (all_outputs) {
+        ompk_mhc_ref_sinkhorn_fwd(T, n, 20, 1e-6, dl, dc);
+        for (int64_t t = 0; t < T; t++)
+            for (int e = 0; e < n * n; e++) {
+                EPI_CHECK("res_logits", lg[t * n * n + e], dl[t * n * n + e]);
+                EPI_CHECK("comb", comb[t * n * n + e], dc[t * n * n + e]);
+            }
+    }
+    if (fused) {
+        const ompk_tol th = ompk_tol_for(OMPK_BF16, 2.0);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t d = 0; d < D; d++) {
+                double ref = 0;
+                for (int i = 0; i < n; i++)
+                    ref += hp_ws[t * n + i] * ompk_bf16_to_f32(x[t * K + i * D + d]);
+                const double got = ompk_bf16_to_f32(h_in[t * D + d]);
+                if (!(fabs(got - ref) <= th.atol + th.rtol * fabs(ref)) && bad++ < 5)
+                    cr_log_error("n=%d t=%lld d=%lld h_in %.9g vs %.9g", n, (long long)t,
+                                 (long long)d, got, ref);
+            }
+    }
+#undef EPI_CHECK
+    cr_expect_eq(bad, 0, "n=%d T=%lld KS=%d outputs=%d fused=%d: %d values differ", n, (long long)T,
+                 KS, all_outputs, fused, bad);
+    free(x), free(h_in);
+    free(part), free(h_post), free(lg), free(comb), free(h_mix), free(inv), free(h_pre);
+    free(hp_ws), free(dl), free(dc);
+}
+
+Test(mhc_pre_tc_emu, epilogue_lanes) {
+    rng_state = 6;
+    for (int n = 1; n <= 8; n++) check_epi(n, 2, 19, 1 + n % 3, 1, 0);
+    check_epi(4, 1, 13, 2, 0, 0);
+    check_epi(7, 3, 3, 3, 0, 0);
+}
+
+/* the same fused with h_in (launches 2 + 3 as one) */
+Test(mhc_pre_tc_emu, epilogue_fused_hin) {
+    rng_state = 7;
+    for (int n = 1; n <= 8; n++) check_epi(n, 2, 19, 1 + n % 3, 1, 1);
+    check_epi(4, 1, 13, 2, 0, 1);
 }

@@ -236,25 +236,39 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
     }
 }
 
+/* Which kernels a call runs: SIMT (tc = 0) or the tensor-core GEMM with contiguous K splits
+ * (1), interleaved splits (2) or x staged by cp.async (3, n <= 6); the GEMM's stage order
+ * rotated by the team number (rot = 1, see pre_tc_team); launch 2 one thread a token (epi = 0),
+ * lane-parallel (1), or lane-parallel and fused with launch 3 (2). */
+typedef struct pre_variant {
+    int tc, rot, epi;
+} pre_variant;
+
 #ifdef PRE_TC
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
- * lane's 8-element piece is either inside D or past it). Returns 0 (SIMT kernels), 1 (tensor
- * cores, contiguous K splits: the configuration measured on the H200), 2 (tensor cores,
- * interleaved splits) or 3 (tensor cores, x staged by cp.async; n <= 6).
- * OMPK_MHC_PRE_VARIANT = portable | tc-interleaved | tc-async selects the alternatives, for
- * benchmarks. */
-static int pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
-    if (!ex.on_target || !a->bf16 || !vec || a->D % 8) return 0;
+ * lane's 8-element piece is either inside D or past it). The default is the configuration
+ * measured fastest on the H200 (contiguous splits, lane-parallel launch 2).
+ * OMPK_MHC_PRE_VARIANT = portable | tc-interleaved | tc-async | tc-rot | tc-async-rot |
+ * tc-epi-thread | tc-fused selects the alternatives, for benchmarks. */
+static pre_variant pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
+    const pre_variant simt = {0, 0, 0};
+    pre_variant v = {1, 0, 1};
+    if (!ex.on_target || !a->bf16 || !vec || a->D % 8) return simt;
     for (int async = 0; async < 2; async++) {
         const pre_tc_geom g = pre_tc_geometry(a, 0, async);
-        if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return 0;
+        if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return simt;
     }
-    const char *v = getenv("OMPK_MHC_PRE_VARIANT");
-    if (!v) return 1;
-    if (strcmp(v, "portable") == 0) return 0;
-    if (strcmp(v, "tc-interleaved") == 0) return 2;
-    if (strcmp(v, "tc-async") == 0 && PRE_TCA_FITS(a->n)) return 3;
-    return 1;
+    if ((a->B * a->S + PRE_EPI_TOK(a->n) - 1) / PRE_EPI_TOK(a->n) > 0x7fffffff) return simt;
+    const char *s = getenv("OMPK_MHC_PRE_VARIANT");
+    if (!s) return v;
+    if (strcmp(s, "portable") == 0) return simt;
+    if (strcmp(s, "tc-interleaved") == 0) v.tc = 2;
+    if (strcmp(s, "tc-async") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3;
+    if (strcmp(s, "tc-rot") == 0) v.rot = 1;
+    if (strcmp(s, "tc-async-rot") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3, v.rot = 1;
+    if (strcmp(s, "tc-epi-thread") == 0) v.epi = 0;
+    if (strcmp(s, "tc-fused") == 0) v.epi = 2;
+    return v;
 }
 #endif
 
@@ -269,7 +283,8 @@ typedef struct pre_launch {
     char *h_in;
     float *h_post, *logits, *comb, *h_mix, *inv_rms, *h_pre;
     mhc_pre_fwd_args args;
-    int tc; /* tensor-core GEMM and bare h_in kernels */
+    int tc;  /* tensor-core GEMM and bare h_in kernels */
+    int epi; /* pre_variant.epi (tensor-core path only) */
     pre_tc_geom tg;
     const float *phi, *gamma;
 } pre_launch;
@@ -288,11 +303,13 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     const float *phi = a->phi, *gamma = a->gamma, *alpha = a->alpha, *bias = a->bias;
     const int64_t sphi = a->sphi;
 #ifdef PRE_TC
-    const int tc = pre_tc_ok(ex, a, vec);
+    const pre_variant var = pre_tc_ok(ex, a, vec);
 #else
-    const int tc = 0;
+    const pre_variant var = {0, 0, 0};
 #endif
-    const pre_tc_geom tg = pre_tc_geometry(a, tc == 2, tc == 3);
+    const int tc = var.tc;
+    pre_tc_geom tg = pre_tc_geometry(a, tc == 2, tc == 3);
+    tg.ROT = var.rot;
     float *wt = (float *)ws;
     /* the tensor-core path needs no transposed weights: its partials start the workspace */
     float *part = tc ? wt : wt + K * MW;
@@ -315,7 +332,7 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     pre_launch L;
     L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
     L.K = K, L.CD = CD, L.NCD = NCD, L.NC = tc ? tg.KS : NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
-    L.tc = tc, L.tg = tg, L.phi = phi, L.gamma = gamma;
+    L.tc = tc, L.epi = var.epi, L.tg = tg, L.phi = phi, L.gamma = gamma;
     L.wt = wt, L.part = part, L.hp_ws = hp_ws, L.alpha = alpha, L.bias = bias;
     L.h_in = h_in, L.shin0 = a->shin[0], L.shin1 = a->shin[1];
     L.h_post = h_post, L.logits = logits, L.comb = comb, L.h_mix = h_mix;

@@ -53,6 +53,7 @@ typedef struct pre_tc_geom {
     int64_t T, S, D, sx0, sx1, sx2, sphi, shin0, shin1;
     int NDC, NCH, CPS, KS, NG, has_gamma; /* d chunks per stream, chunks, chunks per split */
     int ILV; /* splits interleaved by stage (1) or contiguous K ranges (0) */
+    int ROT; /* stage order rotated by the team number (1), see pre_tc_team */
 } pre_tc_geom;
 
 /* KS = 0 when the shape does not fit the path's index types.
@@ -195,14 +196,15 @@ MHC_INLINE void pre_tc_stage(const int N, const int SC, const int LDW, const int
             if (nt >= NT) continue;
             const ompk_u128 wv =
                 *(const ompk_u128 *)(wb + (s * ROWS + nt * 8 + gq) * LDW + cc * 32 + 8 * t4);
+            /* k16 step outer, token tile inner: back-to-back mma.sync go to different
+             * accumulators (each accumulator still sees the same order) */
             MHC_UNROLL
+            for (int kh = 0; kh < 2; kh++) MHC_UNROLL
             for (int mt = 0; mt < PRE_TC_TMMAX; mt++) {
                 if (mt >= TM) continue;
                 const uint32_t *r0 = xa[cc][mt][0], *r1 = xa[cc][mt][1];
-                const uint32_t a0[4] = {r0[0], r1[0], r0[1], r1[1]};
-                const uint32_t a1[4] = {r0[2], r1[2], r0[3], r1[3]};
-                ptx_mma_bf16_16816(acc[mt][nt], a0, wv.w[0], wv.w[1]);
-                ptx_mma_bf16_16816(acc[mt][nt], a1, wv.w[2], wv.w[3]);
+                const uint32_t af[4] = {r0[2 * kh], r1[2 * kh], r0[2 * kh + 1], r1[2 * kh + 1]};
+                ptx_mma_bf16_16816(acc[mt][nt], af, wv.w[2 * kh], wv.w[2 * kh + 1]);
             }
         }
         MHC_UNROLL
@@ -218,9 +220,14 @@ MHC_INLINE void pre_tc_stage(const int N, const int SC, const int LDW, const int
 }
 
 /* One team: partial GEMM rows and sums of squares of its tokens over its K split. ws is the
- * team-shared weight buffer (two stages). */
-MHC_INLINE void pre_tc_team(const int N, const pre_tc_geom *g, const char *x, const float *phi,
-                            const float *gamma, float *part, uint16_t *ws) {
+ * team-shared weight buffer (two stages). With ROTON (a constant: a separate kernel, so the
+ * default one keeps its registers) and g->ROT, the team walks its stages starting at stage
+ * block % nst and wrapping around: teams that run at the same time then read different column
+ * offsets of their rows instead of all the same one (whether lockstep offsets crowd the requests
+ * onto few DRAM channels is what this variant measures). Each team's order is still fixed
+ * (deterministic). */
+MHC_INLINE void pre_tc_team(const int N, const int ROTON, const pre_tc_geom *g, const char *x,
+                            const float *phi, const float *gamma, float *part, uint16_t *ws) {
     const int M = 2 * N + N * N, NT = PRE_TC_NT(N), SC = PRE_TC_SC(N), BUF = PRE_TC_BUF(N);
     const int TM = PRE_TC_TM(N), LDW = PRE_TC_LDW(N);
     const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
@@ -234,6 +241,7 @@ MHC_INLINE void pre_tc_team(const int N, const pre_tc_geom *g, const char *x, co
     const int q0 = g->ILV ? c * SC : c * g->CPS, qstep = g->ILV ? g->KS * SC : SC;
     const int q1 = g->ILV || q0 + g->CPS > g->NCH ? g->NCH : q0 + g->CPS;
     const int nst = g->ILV ? (nstall - c + g->KS - 1) / g->KS : (q1 - q0 + SC - 1) / SC;
+    const int rot = ROTON && g->ROT && nst > 0 ? blk % nst : 0;
     const int64_t tb = (int64_t)grp * PRE_TC_TOK(N) + warp * (TM * 16) + gq;
     const char *xr[PRE_TC_TMMAX][2];
     MHC_UNROLL
@@ -256,12 +264,14 @@ MHC_INLINE void pre_tc_team(const int N, const pre_tc_geom *g, const char *x, co
     float pw[16][2];
     MHC_UNROLL
     for (int cc = 0; cc < 2; cc++)
-        if (cc < SC) pre_tc_loadx(TM, xa[cc], xr, g, q0 + cc, q1, t4);
-    pre_tc_fetchw(N, SC, pw, phi, gamma, g, q0, q1, tid);
+        if (cc < SC) pre_tc_loadx(TM, xa[cc], xr, g, q0 + rot * qstep + cc, q1, t4);
+    pre_tc_fetchw(N, SC, pw, phi, gamma, g, q0 + rot * qstep, q1, tid);
     pre_tc_storew(N, SC, LDW, pw, ws, tid);
     PRE_TC_SYNC();
     for (int st = 0; st < nst; st++) {
-        const int qn = q0 + (st + 1) * qstep;
+        /* past the last stage: chunks from q1 on, zeros */
+        const int sn = st + 1 + rot < nst ? st + 1 + rot : st + 1 + rot - nst;
+        const int qn = !ROTON ? q0 + (st + 1) * qstep : st + 1 < nst ? q0 + sn * qstep : q1;
         MHC_UNROLL
         for (int cc = 0; cc < 2; cc++)
             if (cc < SC) pre_tc_loadx(TM, xb[cc], xr, g, qn + cc, q1, t4);
@@ -325,8 +335,9 @@ MHC_INLINE void pre_tca_issue(const char *const xrow[4], const pre_tc_geom *g, i
  * (more teams an SM). One barrier a stage: after it, stage st's x (everyone's copies) and
  * weights are visible and every warp is done with stage st - 1, whose x slot the next copy and
  * whose weight buffer the next weights then reuse. Same partials as pre_tc_team. */
-MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, const float *phi,
-                             const float *gamma, float *part, uint16_t *ws, uint16_t *xs) {
+MHC_INLINE void pre_tca_team(const int N, const int ROTON, const pre_tc_geom *g, const char *x,
+                             const float *phi, const float *gamma, float *part, uint16_t *ws,
+                             uint16_t *xs) {
     const int M = 2 * N + N * N, NT = PRE_TC_NT(N), TM = PRE_TCA_TM, NS = PRE_TCA_NS;
     const int WBUF = PRE_TCA_WBUF(N), XBUF = PRE_TCA_XBUF;
     const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
@@ -339,6 +350,9 @@ MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, c
     const int q1 = g->ILV || q0 + g->CPS > g->NCH ? g->NCH : q0 + g->CPS;
     const int nst = g->ILV ? (g->NCH - c + g->KS - 1) / g->KS : q1 - q0;
     const int64_t t0 = (int64_t)grp * PRE_TCA_TOK;
+    /* stage s reads chunk q0 + ((s + rot) % nst) * qstep (see pre_tc_team) */
+    const int rot = ROTON && g->ROT && nst > 0 ? blk % nst : 0;
+#define PRE_TCA_Q(s) (q0 + ((s) + rot < nst ? (s) + rot : (s) + rot - nst) * qstep)
     /* rows this thread copies: tokens tid / 4 + 32 j of the group */
     const char *xrow[4];
     MHC_UNROLL
@@ -358,10 +372,10 @@ MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, c
     float pw[16][2];
     MHC_UNROLL
     for (int s = 0; s < NS - 1; s++) {
-        if (s < nst) pre_tca_issue(xrow, g, q0 + s * qstep, q1, xs + s * XBUF, tid);
+        if (s < nst) pre_tca_issue(xrow, g, PRE_TCA_Q(s), q1, xs + s * XBUF, tid);
         ptx_cp_async_commit();
     }
-    pre_tc_fetchw(N, 1, pw, phi, gamma, g, q0, q1, tid);
+    pre_tc_fetchw(N, 1, pw, phi, gamma, g, PRE_TCA_Q(0), q1, tid);
     pre_tc_storew(N, 1, 32, pw, ws, tid);
     int slot = 0; /* st % NS */
     for (int st = 0; st < nst; st++) {
@@ -369,9 +383,9 @@ MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, c
         ptx_cp_async_wait1();
         PRE_TC_SYNC();
         const int sn = st + NS - 1, slot_n = slot == 0 ? NS - 1 : slot - 1;
-        if (sn < nst) pre_tca_issue(xrow, g, q0 + sn * qstep, q1, xs + slot_n * XBUF, tid);
+        if (sn < nst) pre_tca_issue(xrow, g, PRE_TCA_Q(sn), q1, xs + slot_n * XBUF, tid);
         ptx_cp_async_commit();
-        if (st + 1 < nst) pre_tc_fetchw(N, 1, pw, phi, gamma, g, q0 + (st + 1) * qstep, q1, tid);
+        if (st + 1 < nst) pre_tc_fetchw(N, 1, pw, phi, gamma, g, PRE_TCA_Q(st + 1), q1, tid);
         uint32_t xa[2][PRE_TC_TMMAX][2][4];
         const uint16_t *xt = xs + slot * XBUF + (warp * TM * 16 + gq) * 32 + t4 * 8;
         MHC_UNROLL
@@ -407,16 +421,163 @@ MHC_INLINE void pre_tca_team(const int N, const pre_tc_geom *g, const char *x, c
     }
 }
 
+#undef PRE_TCA_Q
+
+/* Launch 2 on the tensor-core path, lane-parallel: a token is LPT lanes (16 for n <= 4, so two
+ * tokens a warp; 32 above). Its M + 1 partial sums are added over the splits in split order (the
+ * order of the one-thread-a-token kernel: bit-identical sums), staged in team-shared memory, and
+ * the Sinkhorn matrix lives one entry per lane on an NP x NP grid (NP = 4 or 8, two entries a
+ * lane for n > 4: rows lane / 8 and lane / 8 + 4): row sums and maxima are xor shuffles over the
+ * column bits of the lane, column sums over the row bits, in a fixed tree order
+ * (deterministic). Entries outside n x n stay 0. */
+#define PRE_EPI_LPT(N) ((N) <= 4 ? 16 : 32)
+#define PRE_EPI_NP(N) ((N) <= 4 ? 4 : 8)
+#define PRE_EPI_TOK(N) (PRE_TC_THREADS / PRE_EPI_LPT(N)) /* tokens per team */
+#define PRE_EPI_MP 84                                    /* floats a token: >= M + 1 = 81 */
+#define PRE_EPI_SMEM (PRE_TC_THREADS / 16 * PRE_EPI_MP)
+
+MHC_INLINE float pre_epi_sigmoid(float z) {
+    return 1.f / (1.f + expf(-z));
+}
+
+/* sum (or maximum) over the lanes whose bits in [lo, hi) differ, a fixed butterfly */
+MHC_INLINE float pre_epi_sum(float v, int lo, int hi) {
+    for (int o = lo; o < hi; o <<= 1) v += ptx_shfl_xor(v, o);
+    return v;
+}
+MHC_INLINE float pre_epi_max(float v, int lo, int hi) {
+    for (int o = lo; o < hi; o <<= 1) {
+        const float u = ptx_shfl_xor(v, o);
+        v = u > v ? u : v;
+    }
+    return v;
+}
+
+/* One team: tokens PRE_EPI_TOK(N) * block .. of the KS-split partials in part; es is the
+ * team-shared staging buffer (PRE_EPI_SMEM floats). Writes what pre_token writes. */
+MHC_INLINE void pre_epi_team(const int N, const pre_tc_geom *g, int KS, const float *part,
+                             const mhc_pre_fwd_args *a, const float *alpha, const float *bias,
+                             float *hp_ws, float *h_post, float *logits, float *comb, float *h_mix,
+                             float *inv_rms, float *h_pre, float *es) {
+    const int M = 2 * N + N * N, MP = M + 1, LPT = PRE_EPI_LPT(N), NP = PRE_EPI_NP(N);
+    const int ER = NP * NP / LPT; /* Sinkhorn entries a lane: 1 or 2 */
+    const int tid = PRE_TC_TID(), slot = tid / LPT, l = tid % LPT;
+    const int64_t T = g->T, t = (int64_t)PRE_TC_BID() * PRE_EPI_TOK(N) + slot;
+    /* past T: lane work on the last token (the shuffles need every lane), nothing written */
+    const int live_t = t < T;
+    const int64_t tl = live_t ? t : T - 1;
+    float *e = es + slot * PRE_EPI_MP;
+    for (int m = l; m < MP; m += LPT) {
+        float sum = 0.f;
+        for (int c = 0; c < KS; c++) sum += part[((int64_t)c * T + tl) * MP + m];
+        e[m] = sum;
+    }
+    PRE_TC_SYNC();
+    const float r = 1.f / sqrtf(e[M] / (float)((int64_t)N * g->D) + a->norm_eps);
+    const float a0 = alpha[0], a1 = alpha[a->salpha], a2 = alpha[2 * a->salpha];
+    const int64_t b = tl / g->S, s = tl % g->S;
+    if (live_t) {
+        if (inv_rms && l == 0) inv_rms[t * a->sinv] = r;
+        if (h_mix)
+            for (int m = l; m < M; m += LPT) h_mix[t * a->shmix[0] + m * a->shmix[1]] = e[m];
+        if (l < N) {
+            const float hp = pre_epi_sigmoid(a0 * (e[l] * r) + bias[l * a->sbias]) + a->hc_eps;
+            hp_ws[t * N + l] = hp;
+            if (h_pre) h_pre[t * a->shpre[0] + l * a->shpre[1]] = hp;
+            h_post[b * a->shpost[0] + s * a->shpost[1] + l * a->shpost[2]] =
+                a->post_mult * pre_epi_sigmoid(a1 * (e[N + l] * r) + bias[(N + l) * a->sbias]);
+        }
+    }
+    float cv[2];
+    int live[2];
+    MHC_UNROLL
+    for (int u = 0; u < 2; u++) {
+        cv[u] = 0.f, live[u] = 0;
+        if (u >= ER) continue;
+        const int q = l + u * LPT, i = q / NP, j = q % NP;
+        live[u] = i < N && j < N;
+        const int m = 2 * N + i * N + j;
+        cv[u] = live[u] ? a2 * (e[m] * r) + bias[m * a->sbias] : -INFINITY;
+        if (live[u] && live_t && logits)
+            logits[b * a->slog[0] + s * a->slog[1] + i * a->slog[2] + j * a->slog[3]] = cv[u];
+    }
+    if (!comb) return;
+    const float eps = a->sk_eps;
+    /* softmax over j (max-subtracted), then + eps */
+    MHC_UNROLL
+    for (int u = 0; u < 2; u++) {
+        if (u >= ER) continue;
+        const float mx = pre_epi_max(cv[u], 1, NP);
+        const float ex = live[u] ? expf(cv[u] - mx) : 0.f;
+        const float sum = pre_epi_sum(ex, 1, NP);
+        cv[u] = live[u] ? ex / sum + eps : 0.f;
+    }
+    for (int rr = 0; rr < a->repeat; rr++) {
+        if (rr > 0) {
+            MHC_UNROLL
+            for (int u = 0; u < 2; u++) {
+                if (u >= ER) continue;
+                const float sum = pre_epi_sum(cv[u], 1, NP) + eps;
+                cv[u] = live[u] ? cv[u] / sum : 0.f;
+            }
+        }
+        const float sum = pre_epi_sum(ER == 2 ? cv[0] + cv[1] : cv[0], NP, LPT) + eps;
+        MHC_UNROLL
+        for (int u = 0; u < 2; u++)
+            if (u < ER) cv[u] = live[u] ? cv[u] / sum : 0.f;
+    }
+    MHC_UNROLL
+    for (int u = 0; u < 2; u++) {
+        if (u >= ER || !live[u] || !live_t) continue;
+        const int q = l + u * LPT, i = q / NP, j = q % NP;
+        comb[b * a->scomb[0] + s * a->scomb[1] + i * a->scomb[2] + j * a->scomb[3]] = cv[u];
+    }
+}
+
+MHC_INLINE void pre_tc_hin_load(const int N, const pre_tc_geom *g, const char *x, int64_t t,
+                                int64_t d, ompk_u128 v[8]);
+MHC_INLINE void pre_tc_hin_store(const int N, const pre_tc_geom *g, const float *hp, char *h_in,
+                                 int64_t t, int64_t d, const ompk_u128 v[8]);
+
+/* Launches 2 and 3 as one kernel: pre_epi_team for the team's tokens, then their h_in rows
+ * (pieces of 8, adjacent threads on adjacent pieces of a row: the stream rows are read as
+ * contiguous runs) from the h_pre the team just wrote (the barrier orders global memory within
+ * the team). One launch less, and the x of a team's tokens is read right after its h_pre. */
+MHC_INLINE void pre_epi_hin_team(const int N, const pre_tc_geom *g, int KS, const float *part,
+                                 const mhc_pre_fwd_args *a, const float *alpha, const float *bias,
+                                 float *hp_ws, float *h_post, float *logits, float *comb,
+                                 float *h_mix, float *inv_rms, float *h_pre, float *es,
+                                 const char *x, char *h_in) {
+    pre_epi_team(N, g, KS, part, a, alpha, bias, hp_ws, h_post, logits, comb, h_mix, inv_rms, h_pre,
+                 es);
+    PRE_TC_SYNC();
+    const int64_t t0 = (int64_t)PRE_TC_BID() * PRE_EPI_TOK(N), np = g->D / 8;
+    const int64_t nt = g->T - t0 < PRE_EPI_TOK(N) ? g->T - t0 : PRE_EPI_TOK(N);
+    /* two pieces an iteration, both loads first: twice the bytes in flight a thread */
+    for (int64_t w = PRE_TC_TID(); w < nt * np; w += 2 * PRE_TC_THREADS) {
+        const int64_t w2 = w + PRE_TC_THREADS, u = w / np, u2 = w2 / np;
+        ompk_u128 v[8], v2[8];
+        pre_tc_hin_load(N, g, x, t0 + u, (w - u * np) * 8, v);
+        if (w2 < nt * np) pre_tc_hin_load(N, g, x, t0 + u2, (w2 - u2 * np) * 8, v2);
+        pre_tc_hin_store(N, g, hp_ws, h_in, t0 + u, (w - u * np) * 8, v);
+        if (w2 < nt * np) pre_tc_hin_store(N, g, hp_ws, h_in, t0 + u2, (w2 - u2 * np) * 8, v2);
+    }
+}
+
 /* h_in for the 8 elements at d of token t (16-byte loads and store; D % 8 == 0), from the
- * token's h_pre in hp [T][N]. */
-MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, const float *hp,
-                           char *h_in, int64_t t, int64_t d) {
+ * token's h_pre in hp [T][N]: the loads, then the sums and the store. */
+MHC_INLINE void pre_tc_hin_load(const int N, const pre_tc_geom *g, const char *x, int64_t t,
+                                int64_t d, ompk_u128 v[8]) {
     const int64_t b = t / g->S, s = t % g->S;
     const char *xp = x + (b * g->sx0 + s * g->sx1 + d) * 2;
-    ompk_u128 v[8];
     MHC_UNROLL
     for (int i = 0; i < 8; i++)
         if (i < N) v[i] = *(const ompk_u128 *)(xp + i * g->sx2 * 2);
+}
+
+MHC_INLINE void pre_tc_hin_store(const int N, const pre_tc_geom *g, const float *hp, char *h_in,
+                                 int64_t t, int64_t d, const ompk_u128 v[8]) {
+    const int64_t b = t / g->S, s = t % g->S;
     float acc[8];
     MHC_UNROLL
     for (int e = 0; e < 8; e++) acc[e] = 0.f;
@@ -434,6 +595,13 @@ MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, con
     MHC_UNROLL
     for (int w = 0; w < 4; w++) o.w[w] = ptx_pack_bf16x2(acc[2 * w], acc[2 * w + 1]);
     *(ompk_u128 *)(h_in + (b * g->shin0 + s * g->shin1 + d) * 2) = o;
+}
+
+MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, const float *hp,
+                           char *h_in, int64_t t, int64_t d) {
+    ompk_u128 v[8];
+    pre_tc_hin_load(N, g, x, t, d, v);
+    pre_tc_hin_store(N, g, hp, h_in, t, d, v);
 }
 #endif /* PRE_TC_HAVE */
 
