@@ -33,6 +33,7 @@
 
 typedef struct bwd_geom {
     int64_t T, K, CD, NC, TBK, NB, NBLK;
+    int64_t BR; /* rows of the block-sum region: NBLK (stage 3) or up to NB (tensor-core stage 4) */
     int MW, R; /* R = M + 3: per-token dz (M) and dz*hm summed per group (3) */
 } bwd_geom;
 
@@ -70,18 +71,19 @@ static bwd_geom bwd_geometry(const mhc_pre_bwd_args *a) {
     if (g.NB < 1) g.NB = 1;
     g.NBLK = (g.T + TOKBLK - 1) / TOKBLK;
     if (g.NBLK < 1) g.NBLK = 1;
+    g.BR = g.NBLK > g.NB ? g.NBLK : g.NB;
     return g;
 }
 
 /* workspace: dh_pre partials [NC][T][n], dh_mix [T][MW], coef [T], token rows [T][R],
- * block rows [NBLK][R], dW partials [NB][M][K], fragment tiles (tensor-core stage 4; sized
+ * block rows [BR][R], dW partials [NB][M][K], fragment tiles (tensor-core stage 4; sized
  * whichever path runs, a few MB) */
 int64_t mhc_pre_bwd_workspace(const mhc_pre_bwd_args *a) {
     bwd_geom g = bwd_geometry(a);
     const int M = 2 * a->n + a->n * a->n;
     return (int64_t)sizeof(float) *
                (al4(g.NC * g.T * a->n) + al4(g.T * g.MW) + al4(g.T) + al4(g.T * g.R) +
-                al4(g.NBLK * g.R) + al4(g.NB * M * g.K) + al4(bwd_tc_frag_words(a->n, g.T))) +
+                al4(g.BR * g.R) + al4(g.NB * M * g.K) + al4(bwd_tc_frag_words(a->n, g.T))) +
            64;
 }
 
