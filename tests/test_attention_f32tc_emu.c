@@ -7,16 +7,11 @@
  * instructions. */
 #define ATTT_EMULATE 1
 #include "attention_f32tc.c"
+#include "emu_common.h"
 
 #include <criterion/criterion.h>
 
 #include "test_attention_common.h"
-
-/* 128 threads on a CI machine of a few cores: waiting threads sleep instead of spinning (read
- * when the OpenMP runtime starts, which LLVM's does lazily, after this constructor). */
-static void __attribute__((constructor)) emu_passive_wait(void) {
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-}
 
 /* Shapes stay small: every emulated warp instruction is two barriers of 128 threads. */
 

@@ -5,16 +5,11 @@
  * the double reference; the GPU run of test_attention_fwd checks the real instructions. */
 #define ATTF_EMULATE 1
 #include "attention_fast.c"
+#include "emu_common.h"
 
 #include <criterion/criterion.h>
 
 #include "test_attention_common.h"
-
-/* 128 threads on a CI machine of a few cores: waiting threads sleep instead of spinning (read
- * when the OpenMP runtime starts, which LLVM's does lazily, after this constructor). */
-static void __attribute__((constructor)) emu_passive_wait(void) {
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-}
 
 /* Shapes stay small: every emulated warp instruction is two barriers of 128 threads. */
 

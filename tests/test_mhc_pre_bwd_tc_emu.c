@@ -9,13 +9,7 @@
  * The GPU run of test_mhc_pre / test_mhc_pre_bwd_tc checks the real instructions. */
 #define PTX_MMA_EMULATE 1
 #include "mhc_pre_bwd_tc.h"
-
-/* The kernel's loops over register arrays carry unroll pragmas; with the emulated warp
- * instructions (barriers inside) the host compiler may keep them rolled, which is harmless
- * here: host arrays live in memory anyway. */
-#if defined(__clang__)
-#pragma clang diagnostic ignored "-Wpass-failed"
-#endif
+#include "emu_common.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -23,12 +17,6 @@
 
 #include "bf16.h"
 #include "tolerance.h"
-
-/* BWD_TC_THREADS threads on a CI machine of a few cores: waiting threads sleep instead of
- * spinning (read when the OpenMP runtime starts, after this constructor). */
-static void __attribute__((constructor)) emu_passive_wait(void) {
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-}
 
 static uint32_t emu_sm[BWD_TC_SMEM_WORDS] __attribute__((aligned(16)));
 

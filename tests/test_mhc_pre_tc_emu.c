@@ -6,13 +6,7 @@
  * the real instructions. */
 #define PTX_MMA_EMULATE 1
 #include "mhc_pre_tc.h"
-
-/* The kernel's loops over register arrays carry unroll pragmas; with the emulated warp
- * instructions (barriers inside) the host compiler may keep them rolled, which is harmless
- * here: host arrays live in memory anyway. */
-#if defined(__clang__)
-#pragma clang diagnostic ignored "-Wpass-failed"
-#endif
+#include "emu_common.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -21,12 +15,6 @@
 #include "bf16.h"
 #include "mhc_ref_pre.h"
 #include "tolerance.h"
-
-/* PRE_TC_THREADS threads on a CI machine of a few cores: waiting threads sleep instead of
- * spinning (read when the OpenMP runtime starts, after this constructor). */
-static void __attribute__((constructor)) emu_passive_wait(void) {
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-}
 
 static uint16_t emu_xs[PRE_TCA_NS * PRE_TCA_XBUF] __attribute__((aligned(16)));
 static uint16_t

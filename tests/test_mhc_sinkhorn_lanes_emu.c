@@ -6,10 +6,7 @@
  * test_mhc_sinkhorn checks the real kernel. */
 #define PTX_MMA_EMULATE 1
 #include "mhc_sinkhorn_lanes.h"
-
-#if defined(__clang__)
-#pragma clang diagnostic ignored "-Wpass-failed"
-#endif
+#include "emu_common.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -18,10 +15,6 @@
 #include "mhc_ref_pre.h"
 #include "test_util.h"
 #include "tolerance.h"
-
-static void __attribute__((constructor)) emu_passive_wait(void) {
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-}
 
 /* lanes' work for T tokens (logits/dcomb/dlogits [T][n][n] contiguous), one emulated warp at a
  * time, as the GPU kernel lays them out */
