@@ -34,7 +34,7 @@
 typedef struct bwd_geom {
     int64_t T, K, CD, NC, TBK, NB, NBLK;
     int64_t BR; /* rows of the block-sum region: NBLK (stage 3) or up to NB (tensor-core stage 4) */
-    int MW, R; /* R = M + 3: per-token dz (M) and dz*hm summed per group (3) */
+    int MW, R;  /* R = M + 3: per-token dz (M) and dz*hm summed per group (3) */
 } bwd_geom;
 
 /* 2 floats moved as one 8-byte word */
