@@ -17,23 +17,9 @@
 
 static void emu_team(const ompk_attn_geom *g, const float *q, const float *k, const float *v,
                      float *out, float *lse) {
-    switch (g->dh) {
-    case 32:
-        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 32);
-        break;
-    case 64:
-        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 64);
-        break;
-    case 80:
-        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 80);
-        break;
-    case 96:
-        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 96);
-        break;
-    default:
-        attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, 128);
-        break;
-    }
+#define EMU_FWD(D) attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, D)
+    ATT_SWITCH_DH_TC(g->dh, EMU_FWD)
+#undef EMU_FWD
 }
 
 /* Every team of the grid in turn, its threads as one OpenMP team of 128. */

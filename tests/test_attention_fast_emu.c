@@ -38,23 +38,9 @@ static int emu_run(att_case *c) {
 #pragma omp single
                 ok = 0;
             } else {
-                switch (g.dh) {
-                case 32:
-                    attf_fwd_team(&g, q, k, v, out, lse, attf_emu_sk, attf_emu_sv, 32);
-                    break;
-                case 64:
-                    attf_fwd_team(&g, q, k, v, out, lse, attf_emu_sk, attf_emu_sv, 64);
-                    break;
-                case 80:
-                    attf_fwd_team(&g, q, k, v, out, lse, attf_emu_sk, attf_emu_sv, 80);
-                    break;
-                case 96:
-                    attf_fwd_team(&g, q, k, v, out, lse, attf_emu_sk, attf_emu_sv, 96);
-                    break;
-                default:
-                    attf_fwd_team(&g, q, k, v, out, lse, attf_emu_sk, attf_emu_sv, 128);
-                    break;
-                }
+#define EMU_FWD(D) attf_fwd_team(&g, q, k, v, out, lse, attf_emu_sk, attf_emu_sv, D)
+                ATT_SWITCH_DH_TC(g.dh, EMU_FWD)
+#undef EMU_FWD
             }
         }
     }
@@ -105,25 +91,6 @@ Test(attention_fast_emu, fully_masked_rows_and_large_logits) {
 static float emu_sl[ATTF_BQB], emu_sd[ATTF_BQB];
 static int emu_slim[ATTF_BQB];
 
-#define EMU_SWITCH_DH(dh, CALL)                                                                    \
-    switch (dh) {                                                                                  \
-    case 32:                                                                                       \
-        CALL(32);                                                                                  \
-        break;                                                                                     \
-    case 64:                                                                                       \
-        CALL(64);                                                                                  \
-        break;                                                                                     \
-    case 80:                                                                                       \
-        CALL(80);                                                                                  \
-        break;                                                                                     \
-    case 96:                                                                                       \
-        CALL(96);                                                                                  \
-        break;                                                                                     \
-    default:                                                                                       \
-        CALL(128);                                                                                 \
-        break;                                                                                     \
-    }
-
 /* Forward on the host (portable kernel), D = rowsum(dout * out), then the emulated dK/dV and
  * dQ teams. */
 static int emu_bwd(att_case *c) {
@@ -165,7 +132,7 @@ static int emu_bwd(att_case *c) {
 #define EMU_DKDV(D)                                                                                \
     attf_dkdv_team(&g, q, k, v, dout, lse, dsum, dk, dv, attf_emu_sk, attf_emu_sv, emu_sl, emu_sd, \
                    emu_slim, D)
-                EMU_SWITCH_DH(g.dh, EMU_DKDV)
+                ATT_SWITCH_DH_TC(g.dh, EMU_DKDV)
             }
         }
     }
@@ -179,7 +146,7 @@ static int emu_bwd(att_case *c) {
                 ok = 0;
             } else {
 #define EMU_DQ(D) attf_dq_team(&g, q, k, v, dout, lse, dsum, dq, attf_emu_sk, attf_emu_sv, D)
-                EMU_SWITCH_DH(g.dh, EMU_DQ)
+                ATT_SWITCH_DH_TC(g.dh, EMU_DQ)
             }
         }
     }

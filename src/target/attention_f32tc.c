@@ -365,23 +365,9 @@ ATTT_LAUNCH(128)
 
 void ompk_attn_fwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                          const void *v, void *out, float *lse) {
-    switch (g->dh) {
-    case 32:
-        attt_launch_32(ex, g, q, k, v, out, lse);
-        break;
-    case 64:
-        attt_launch_64(ex, g, q, k, v, out, lse);
-        break;
-    case 80:
-        attt_launch_80(ex, g, q, k, v, out, lse);
-        break;
-    case 96:
-        attt_launch_96(ex, g, q, k, v, out, lse);
-        break;
-    default:
-        attt_launch_128(ex, g, q, k, v, out, lse);
-        break;
-    }
+#define ATTT_FWD(D) attt_launch_##D(ex, g, q, k, v, out, lse)
+    ATT_SWITCH_DH_TC(g->dh, ATTT_FWD)
+#undef ATTT_FWD
 }
 #endif /* ATTT_REAL */
 

@@ -533,44 +533,16 @@ void ompk_attn_bwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *dout,
                         const void *k, const void *v, const void *out, const float *lse, void *dq,
                         void *dk, void *dv, float *dsum) {
     ompk_attn_rowsum(ex, g, dout, out, dsum);
-    switch (g->dh) {
-    case 32:
-        attf_bwd_32(ex, g, q, k, v, dout, lse, dsum, dq, dk, dv);
-        break;
-    case 64:
-        attf_bwd_64(ex, g, q, k, v, dout, lse, dsum, dq, dk, dv);
-        break;
-    case 80:
-        attf_bwd_80(ex, g, q, k, v, dout, lse, dsum, dq, dk, dv);
-        break;
-    case 96:
-        attf_bwd_96(ex, g, q, k, v, dout, lse, dsum, dq, dk, dv);
-        break;
-    default:
-        attf_bwd_128(ex, g, q, k, v, dout, lse, dsum, dq, dk, dv);
-        break;
-    }
+#define ATTF_BWD(D) attf_bwd_##D(ex, g, q, k, v, dout, lse, dsum, dq, dk, dv)
+    ATT_SWITCH_DH_TC(g->dh, ATTF_BWD)
+#undef ATTF_BWD
 }
 
 void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                         const void *v, void *out, float *lse) {
-    switch (g->dh) {
-    case 32:
-        attf_launch_32(ex, g, q, k, v, out, lse);
-        break;
-    case 64:
-        attf_launch_64(ex, g, q, k, v, out, lse);
-        break;
-    case 80:
-        attf_launch_80(ex, g, q, k, v, out, lse);
-        break;
-    case 96:
-        attf_launch_96(ex, g, q, k, v, out, lse);
-        break;
-    default:
-        attf_launch_128(ex, g, q, k, v, out, lse);
-        break;
-    }
+#define ATTF_FWD(D) attf_launch_##D(ex, g, q, k, v, out, lse)
+    ATT_SWITCH_DH_TC(g->dh, ATTF_FWD)
+#undef ATTF_FWD
 }
 
 #endif /* ATTF_REAL */

@@ -59,6 +59,27 @@ int ompk_attn_bwd_host(const ompk_attn_geom *g, const void *dout, const void *q,
                        const void *v, const float *lse, void *dq, void *dk, void *dv,
                        const float *dsum);
 
+/* The head dims of the tensor-core kernels (attention_fast.c, attention_f32tc.c and their host
+ * emulation tests); callers check dh first, so 128 is the remaining case. */
+#define ATT_SWITCH_DH_TC(dh, CALL)                                                                 \
+    switch (dh) {                                                                                  \
+    case 32:                                                                                       \
+        CALL(32);                                                                                  \
+        break;                                                                                     \
+    case 64:                                                                                       \
+        CALL(64);                                                                                  \
+        break;                                                                                     \
+    case 80:                                                                                       \
+        CALL(80);                                                                                  \
+        break;                                                                                     \
+    case 96:                                                                                       \
+        CALL(96);                                                                                  \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(128);                                                                                 \
+        break;                                                                                     \
+    }
+
 /* One instance per supported head dim (dh is a compile-time constant inside each), shared by
  * the portable and host kernels; callers check dh first, so 256 is the remaining case. */
 #define ATT_SWITCH_DH(dh, CALL)                                                                    \
