@@ -67,8 +67,23 @@ static uint32_t ptx_emu_u[PTX_EMU_THREADS][6];
 static const uint16_t *ptx_emu_p[PTX_EMU_THREADS];
 static float ptx_emu_f[PTX_EMU_THREADS];
 
-PTX_EMU_FN void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+/* Element kk of a fragment register: bf16 operands hold two k in a register (low half first),
+ * tf32 operands one (f32 bit patterns of which the tensor cores read the top 19 bits). Products
+ * of two such values are exact in f32. */
+static inline float ptx_emu_elem(uint32_t w, int kk, int tf32) {
+    union {
+        uint32_t u;
+        float f;
+    } x;
+    x.u = w & 0xffffe000u;
+    return tf32 ? x.f : ptx_bf16_half(w, kk & 1);
+}
+
+/* c += A * B for the warp's m16n8k16 bf16 or m16n8k8 tf32 tile, from the 32 lanes' fragments:
+ * a register holds P = 2 (bf16) or 1 (tf32) consecutive k, a lane 4 P of them per register. */
+PTX_EMU_FN void ptx_emu_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int tf32) {
     const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    const int P = tf32 ? 1 : 2, KG = 4 * P;
     for (int i = 0; i < 4; i++) ptx_emu_u[tid][i] = a[i];
     ptx_emu_u[tid][4] = b0;
     ptx_emu_u[tid][5] = b1;
@@ -77,47 +92,25 @@ PTX_EMU_FN void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0,
     for (int e = 0; e < 4; e++) {
         const int row = g + (e >= 2 ? 8 : 0), col = t * 2 + (e & 1);
         float acc = c[e];
-        for (int kk = 0; kk < 16; kk++) {
-            /* A[row][kk]: lane (row % 8) * 4 + (kk % 8) / 2, register row / 8 + 2 (kk / 8) */
-            const int al = (row & 7) * 4 + ((kk & 7) >> 1), ar = (row >> 3) + 2 * (kk >> 3);
-            /* B[kk][col]: lane col * 4 + (kk % 8) / 2, register 4 + kk / 8 */
-            const int bl = col * 4 + ((kk & 7) >> 1), br = 4 + (kk >> 3);
-            acc += ptx_bf16_half(ptx_emu_u[w0 + al][ar], kk & 1) *
-                   ptx_bf16_half(ptx_emu_u[w0 + bl][br], kk & 1);
+        for (int kk = 0; kk < 2 * KG; kk++) {
+            /* A[row][kk]: lane (row % 8) * 4 + (kk % KG) / P, register row / 8 + 2 (kk / KG) */
+            const int al = (row & 7) * 4 + (kk % KG) / P, ar = (row >> 3) + 2 * (kk / KG);
+            /* B[kk][col]: lane col * 4 + (kk % KG) / P, register 4 + kk / KG */
+            const int bl = col * 4 + (kk % KG) / P, br = 4 + kk / KG;
+            acc += ptx_emu_elem(ptx_emu_u[w0 + al][ar], kk, tf32) *
+                   ptx_emu_elem(ptx_emu_u[w0 + bl][br], kk, tf32);
         }
         c[e] = acc;
     }
 #pragma omp barrier
 }
 
-/* c += A * B for one m16n8k8 tile of tf32 operands (f32 bit patterns; the tensor cores read
- * the top 19 bits), f32 accumulation. Products of two tf32 values are exact in f32. */
+PTX_EMU_FN void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    ptx_emu_mma(c, a, b0, b1, 0);
+}
+
 PTX_EMU_FN void ptx_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
-    for (int i = 0; i < 4; i++) ptx_emu_u[tid][i] = a[i];
-    ptx_emu_u[tid][4] = b0;
-    ptx_emu_u[tid][5] = b1;
-#pragma omp barrier
-    const int g = lane >> 2, t = lane & 3;
-    for (int e = 0; e < 4; e++) {
-        const int row = g + (e >= 2 ? 8 : 0), col = t * 2 + (e & 1);
-        float acc = c[e];
-        for (int kk = 0; kk < 8; kk++) {
-            /* A[row][kk]: lane (row % 8) * 4 + kk % 4, register row / 8 + 2 (kk / 4) */
-            const int al = (row & 7) * 4 + (kk & 3), ar = (row >> 3) + 2 * (kk >> 2);
-            /* B[kk][col]: lane col * 4 + kk % 4, register 4 + kk / 4 */
-            const int bl = col * 4 + (kk & 3), br = 4 + (kk >> 2);
-            union {
-                uint32_t u;
-                float f;
-            } x, y;
-            x.u = ptx_emu_u[w0 + al][ar] & 0xffffe000u;
-            y.u = ptx_emu_u[w0 + bl][br] & 0xffffe000u;
-            acc += x.f * y.f;
-        }
-        c[e] = acc;
-    }
-#pragma omp barrier
+    ptx_emu_mma(c, a, b0, b1, 1);
 }
 
 PTX_EMU_FN void ptx_emu_ldsm(uint32_t r[4], const uint16_t *p, int trans) {
