@@ -71,52 +71,49 @@ static unsigned wanted_flags(void) {
     return GW_SCHED_SPIN;
 }
 
-/* 1 when the context was seen (set or deliberately left), 0 when it does not exist yet */
-static int settle(int dev) {
+/* In device dev's primary context, made current for the call (the caller's is restored): its
+ * live flags into *live, then, with set != 0, its scheduling bits replaced by set. The live flags
+ * come from the context itself: cuDevicePrimaryCtxGetState reports the ones it was created with,
+ * not those cuCtxSetFlags gave it later. 1: done; 0: the runtime has not created the context yet;
+ * -1: no CUDA driver or context to work with. */
+static int in_primary(int dev, unsigned set, unsigned *live) {
     gw_driver d;
-    if (!load_driver(&d)) return 1;
+    if (dev < 0 || !load_driver(&d) || !d.get_flags || !d.set_flags) return -1;
     int cu = 0, active = 0;
-    unsigned flags = 0;
-    if (d.dev_get(&cu, dev) != 0 || d.state(cu, &flags, &active) != 0) return 1;
-    if (!active) return 0; /* the runtime has not created it yet: look again next call */
-    const unsigned want = wanted_flags();
-    if (!want || (flags & GW_SCHED_MASK) == want || !d.set_flags) return 1;
+    unsigned created = 0;
+    if (d.dev_get(&cu, dev) != 0 || d.state(cu, &created, &active) != 0) return -1;
+    if (!active) return 0;
     void *prev = NULL, *ctx = NULL;
-    if (d.ctx_get(&prev) != 0 || d.retain(&ctx, cu) != 0) return 1;
+    int rc = -1;
+    if (d.ctx_get(&prev) != 0 || d.retain(&ctx, cu) != 0) return -1;
     if (d.ctx_set(ctx) == 0) {
-        d.set_flags((flags & ~GW_SCHED_MASK) | want);
+        unsigned flags = 0;
+        if (d.get_flags(&flags) == 0) {
+            rc = 1;
+            if (live) *live = flags;
+            if (set && (flags & GW_SCHED_MASK) != set) d.set_flags((flags & ~GW_SCHED_MASK) | set);
+        }
         d.ctx_set(prev);
     }
     d.release(cu);
-    return 1;
+    return rc;
 }
 
 void ompk_gpu_wait_prepare(int dev) {
     if (dev < 0 || dev >= GW_MAX_DEV || atomic_load_explicit(&settled[dev], memory_order_acquire))
         return;
-    /* two threads may both settle the same context; the result is the same */
-    if (settle(dev)) atomic_store_explicit(&settled[dev], 1, memory_order_release);
+    /* two threads may both settle the same context; the result is the same. Until the runtime
+     * has created the context (0), look again on the next call. */
+    const unsigned want = wanted_flags();
+    if (!want || in_primary(dev, want, NULL) != 0)
+        atomic_store_explicit(&settled[dev], 1, memory_order_release);
 }
 
-/* cuDevicePrimaryCtxGetState reports the flags the context was created with, not the ones
- * cuCtxSetFlags gave it later: the live flags come from the context itself. */
 const char *ompk_gpu_wait_mode(int dev) {
-    gw_driver d;
-    if (dev < 0 || !load_driver(&d) || !d.get_flags) return "unknown (no CUDA driver loaded)";
-    int cu = 0, active = 0;
     unsigned flags = 0;
-    if (d.dev_get(&cu, dev) != 0 || d.state(cu, &flags, &active) != 0) return "unknown";
-    if (!active) return "no context yet";
-    void *prev = NULL, *ctx = NULL;
-    int ok = 0;
-    if (d.ctx_get(&prev) == 0 && d.retain(&ctx, cu) == 0) {
-        if (d.ctx_set(ctx) == 0) {
-            ok = d.get_flags(&flags) == 0;
-            d.ctx_set(prev);
-        }
-        d.release(cu);
-    }
-    if (!ok) return "unknown";
+    const int r = in_primary(dev, 0, &flags);
+    if (r < 0) return "unknown (no CUDA driver or context)";
+    if (r == 0) return "no context yet";
     switch (flags & GW_SCHED_MASK) {
     case GW_SCHED_SPIN:
         return "spin";
