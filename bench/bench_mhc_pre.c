@@ -166,11 +166,13 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
     else
         emit(ctx, &m, "mhc_pre_fwd", ms, mn, fwd_bytes, gemm + 2 * T * K + 2 * T * K, -1);
     /* on a GPU also the alternatives to the default kernels (OMPK_MHC_PRE_VARIANT): the
-     * tensor-core GEMM with interleaved K splits, with x staged by cp.async, with unrotated stage
-     * order (tc-norot; async: rotated), launch 2 one thread a token or fused with launch 3, and the
-     * SIMT kernels */
-    const char *variants[] = {"tc-epi-thread", "tc-fused",     "tc-norot", "tc-interleaved",
-                              "tc-async",      "tc-async-rot", "portable"};
+     * register tensor-core GEMM with rotated stages (tc-rot, the session-3 default), plus 256-byte
+     * L2 fills (tc-l2fill), unrotated (tc-norot), with interleaved K splits, with x staged by
+     * cp.async (async: unrotated and rotated), the wide-load GEMM by name (tc-wide), launch 2 one
+     * thread a token or fused with launch 3, and the SIMT kernels */
+    const char *variants[] = {"tc-epi-thread", "tc-fused",     "tc-norot",  "tc-interleaved",
+                              "tc-async",      "tc-async-rot", "tc-l2fill", "tc-wide",
+                              "tc-rot",        "portable"};
     const int nvar = (int)(sizeof variants / sizeof variants[0]);
     for (int v = 0; v < nvar && ctx->dev.type != OMPK_HOST; v++) {
         setenv("OMPK_MHC_PRE_VARIANT", variants[v], 1);

@@ -1,10 +1,11 @@
 /* ompk_mhc_pre_fwd under each kernel variant that OMPK_MHC_PRE_VARIANT selects on a GPU (the
- * default tensor-core GEMM with contiguous K splits in rotated stage order and lane-parallel
- * launch 2, tc-epi-thread (launch 2 one thread a token), tc-fused (launches 2 and 3 as one),
- * tc-norot (stage order unrotated), tc-interleaved, tc-async and tc-async-rot (n <= 6; else the
- * default), portable = SIMT), each against the double reference, on every device tu_devices lists
- * (the host ignores the variable: there the check repeats the portable kernels). Shapes that take
- * the tensor-core path: bf16, D a multiple of 8, with token and D tails and n up to 8. */
+ * default: the wide-load GEMM for n <= 4, the register GEMM with rotated stages and L2 fills
+ * above; tc-rot (the register GEMM without fills), tc-epi-thread (launch 2 one thread a token),
+ * tc-fused (launches 2 and 3 as one), tc-norot, tc-interleaved, tc-async and tc-async-rot (n <= 6;
+ * else the register GEMM), tc-l2fill, tc-wide (n <= 4; else the default), portable = SIMT), each
+ * against the double reference, on every device tu_devices lists (the host ignores the variable:
+ * there the check repeats the portable kernels). Shapes that take the tensor-core path: bf16, D a
+ * multiple of 8, with token and D tails and n up to 8. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,8 +62,9 @@ static void check_variant(ompk_device dev, const char *variant, int64_t B, int64
 }
 
 Test(mhc_pre_tc, every_variant_matches_reference) {
-    const char *variants[] = {NULL,       "tc-epi-thread", "tc-fused", "tc-norot", "tc-interleaved",
-                              "tc-async", "tc-async-rot",  "portable"};
+    const char *variants[] = {
+        NULL,           "tc-epi-thread", "tc-fused", "tc-norot", "tc-interleaved", "tc-async",
+        "tc-async-rot", "tc-l2fill",     "tc-wide",  "tc-rot",   "portable"};
     const int nv = (int)(sizeof variants / sizeof variants[0]);
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);

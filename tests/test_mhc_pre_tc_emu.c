@@ -3,9 +3,11 @@
  * exchange fragments through memory, so CI checks the kernel's own algorithm (the k permutation
  * shared by A and B, the hi/mid/lo weight split, stage double buffering, split and token tails,
  * strides, the partial layout) against a double reference; the GPU run of test_mhc_pre checks
- * the real instructions. */
+ * the real instructions. The wide-load GEMM (mhc_pre_tcw.h) runs the same checks as a team of
+ * PRE_TCW_THREADS threads. */
 #define PTX_MMA_EMULATE 1
 #include "mhc_pre_tc.h"
+#include "mhc_pre_tcw.h"
 #include "emu_common.h"
 
 #include <criterion/criterion.h>
@@ -52,6 +54,25 @@ static void team_async(int n, const pre_tc_geom *g, const char *x, const float *
     }
 }
 
+static pre_tcw_smem emu_tcw;
+
+static void team_wide(int n, const pre_tc_geom *g, const char *x, const uint16_t *wp, float *part) {
+    switch (n) {
+    case 1:
+        pre_tcw_team(1, g, x, wp, part, &emu_tcw);
+        break;
+    case 2:
+        pre_tcw_team(2, g, x, wp, part, &emu_tcw);
+        break;
+    case 3:
+        pre_tcw_team(3, g, x, wp, part, &emu_tcw);
+        break;
+    default:
+        pre_tcw_team(4, g, x, wp, part, &emu_tcw);
+        break;
+    }
+}
+
 static void hin(int n, const pre_tc_geom *g, const char *x, const float *hp, char *h_in, int64_t t,
                 int64_t d) {
 #define EMU_HIN(N) pre_tc_hin(N, g, x, hp, h_in, t, d)
@@ -65,7 +86,8 @@ static double rnd(void) { /* uniform in [-1, 1) */
     return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
 }
 
-/* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8) */
+/* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8); async: 0 the
+ * register GEMM, 1 the cp.async one, 2 the wide-load one */
 static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma,
                   int interleave, int64_t teams, int async, int rot) {
     const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
@@ -82,29 +104,41 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     a.sx[0] = sx0, a.sx[1] = sx1, a.sx[2] = sx2, a.sx[3] = 1;
     a.phi = phi, a.sphi = K, a.gamma = with_gamma ? gamma : NULL;
     a.shin[0] = S * D, a.shin[1] = D, a.shin[2] = 1;
-    pre_tc_geom g = pre_tc_geometry_for(&a, interleave, teams, async);
+    pre_tc_geom g = async == 2 ? pre_tcw_geometry(&a, teams)
+                               : pre_tc_geometry_for(&a, interleave, teams, async);
     g.ROT = rot;
+    const int nthr = async == 2 ? PRE_TCW_THREADS : PRE_TC_THREADS;
     cr_assert(g.KS >= 1);
     float *part = malloc(sizeof(float) * (size_t)(g.KS * T * (M + 1)));
     for (int64_t i = 0; i < g.KS * T * (M + 1); i++) part[i] = NAN;
 
+    /* the wide-load GEMM's weights, precomputed as its launch does (NaN-filled first, so a
+     * piece the precompute misses shows) */
+    uint16_t *wp = NULL;
+    if (async == 2) {
+        const int64_t items = (g.NCH + PRE_TCW_SC - 1) / PRE_TCW_SC * (PRE_TC_NT(n) * 8) * 64;
+        wp = malloc(sizeof(uint16_t) * (size_t)(items * 6));
+        for (int64_t i = 0; i < items * 6; i++) wp[i] = 0x7fc0;
+        for (int64_t e = 0; e < items; e++) pre_tcw_wpair(n, &g, phi, a.gamma, wp, e);
+    }
     int ok = 1;
     for (int blk = 0; blk < g.NG * g.KS && ok; blk++) {
         pre_tc_emu_block = blk;
-#pragma omp parallel num_threads(PRE_TC_THREADS)
+#pragma omp parallel num_threads(nthr)
         {
-            if (omp_get_num_threads() != PRE_TC_THREADS) {
+            if (omp_get_num_threads() != nthr) {
 #pragma omp single
                 ok = 0;
+            } else if (async == 2) {
+                team_wide(n, &g, (const char *)x, wp, part);
+            } else if (async) {
+                team_async(n, &g, (const char *)x, phi, a.gamma, part);
             } else {
-                if (async)
-                    team_async(n, &g, (const char *)x, phi, a.gamma, part);
-                else
-                    team(n, &g, (const char *)x, phi, a.gamma, part);
+                team(n, &g, (const char *)x, phi, a.gamma, part);
             }
         }
     }
-    cr_assert(ok, "could not start %d host threads", PRE_TC_THREADS);
+    cr_assert(ok, "could not start %d host threads", nthr);
 
     /* partials summed in split order against the double sums */
     double *ref = calloc((size_t)(T * (M + 1)), sizeof(double)), smax = 0, qmax = 0;
@@ -153,7 +187,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
                 hbad++;
         }
     cr_expect_eq(hbad, 0, "n=%d D=%lld: %d h_in elements differ", n, (long long)D, hbad);
-    free(x), free(phi), free(gamma), free(part), free(ref), free(hp), free(h_in);
+    free(x), free(phi), free(gamma), free(part), free(ref), free(hp), free(h_in), free(wp);
 }
 
 /* token tail (300 = 256 + 44 tokens over two batches), a D tail inside a 32-wide chunk, padded
@@ -205,6 +239,18 @@ Test(mhc_pre_tc_emu, rotated_stages) {
     check(1, 40, 4, 200, 0, 1, 0, 2, 1, 1);
     check(1, 140, 3, 64, 8, 1, 0, 3, 1, 1);
     check(1, 30, 6, 72, 0, 0, 1, 3, 1, 1);
+}
+
+/* the wide-load GEMM (n <= 4): token tail (300 = 4 x 64 + 44 over two batches), D tails inside
+ * a chunk and stages that straddle streams (D = 40, 200), padded strides, one to many stages a
+ * split, a split whose last stage is past K, rotated and unrotated stage order */
+Test(mhc_pre_tc_emu, wide_loads) {
+    rng_state = 8;
+    check(2, 150, 4, 40, 8, 1, 0, 64, 2, 1);
+    check(1, 40, 4, 200, 0, 1, 0, 1, 2, 0);
+    check(1, 40, 4, 200, 8, 0, 0, 3, 2, 1);
+    check(1, 70, 4, 64, 0, 1, 0, 2, 2, 1);
+    for (int n = 1; n <= 3; n++) check(1, 20, n, 24 + 8 * (n & 2), 8 * (n & 1), n & 1, 0, 3, 2, 1);
 }
 
 static float emu_es[PRE_EPI_SMEM];

@@ -15,6 +15,7 @@
 
 #include "mhc_kern.h"
 #include "mhc_pre_tc.h"
+#include "mhc_pre_tcw.h"
 
 #ifdef PRE_TC_HAVE
 #define PRE_TC 1
@@ -237,39 +238,51 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
 }
 
 /* Which kernels a call runs: SIMT (tc = 0) or the tensor-core GEMM with contiguous K splits
- * (1), interleaved splits (2) or x staged by cp.async (3, n <= 6); the GEMM's stage order
+ * (1), interleaved splits (2), x staged by cp.async (3, n <= 6) or x read in wide row pieces
+ * (4, mhc_pre_tcw.h, n <= 4); the GEMM's stage order
  * rotated by the team number (rot = 1, see pre_tc_team); launch 2 one thread a token (epi = 0),
  * lane-parallel (1), or lane-parallel and fused with launch 3 (2). */
 typedef struct pre_variant {
-    int tc, rot, epi;
+    int tc, rot, epi, l2f;
 } pre_variant;
 
 #ifdef PRE_TC
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
- * lane's 8-element piece is either inside D or past it). The default is the configuration
- * measured fastest on the H200: contiguous splits with the stage order rotated by the team
- * number (0.538 ms against 0.603 unrotated in one run: co-running teams no longer read the same
- * column offsets of their 32 KB-strided rows at once), lane-parallel launch 2.
- * OMPK_MHC_PRE_VARIANT = portable | tc-norot | tc-interleaved | tc-async | tc-async-rot |
- * tc-epi-thread | tc-fused selects the alternatives, for benchmarks (tc-rot = the default). */
+ * lane's 8-element piece is either inside D or past it). The defaults are the configurations
+ * measured fastest on the H200 (bench/results/2026-11-21-s4-*): for n <= 4 the wide-load GEMM
+ * (0.445 ms against 0.517 for the session-3 default in one run: warp loads of 2 rows x 256 bytes
+ * instead of 8 rows x 64), above that the register GEMM with its stage order rotated by the team
+ * number and x loads asking L2 for 256-byte fills (tc-l2fill, 0.494 ms at n = 4 in that run;
+ * n > 4 itself not measured); lane-parallel launch 2 in both.
+ * OMPK_MHC_PRE_VARIANT = portable | tc-rot (the session-3 default) | tc-norot | tc-interleaved |
+ * tc-async | tc-async-rot | tc-epi-thread | tc-fused | tc-l2fill | tc-wide selects the
+ * alternatives, for benchmarks; the register-GEMM ones keep the stage order unrotated, as they
+ * were measured, except tc-rot, tc-async-rot and tc-l2fill. */
 static pre_variant pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
-    const pre_variant simt = {0, 0, 0};
-    pre_variant v = {1, 1, 1};
+    const pre_variant simt = {0, 0, 0, 0};
+    pre_variant v = {1, 1, 1, 1};
     if (!ex.on_target || !a->bf16 || !vec || a->D % 8) return simt;
     for (int async = 0; async < 2; async++) {
         const pre_tc_geom g = pre_tc_geometry(a, 0, async);
         if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return simt;
     }
     if ((a->B * a->S + PRE_EPI_TOK(a->n) - 1) / PRE_EPI_TOK(a->n) > 0x7fffffff) return simt;
+    const pre_tc_geom gw = pre_tcw_geometry(a, PRE_TCW_TEAMS);
+    const int wide = PRE_TCW_FITS(a->n) && gw.KS >= 1 && (int64_t)gw.NG * gw.KS <= 0x7fffffff;
     const char *s = getenv("OMPK_MHC_PRE_VARIANT");
-    if (!s || strcmp(s, "tc-rot") == 0) return v;
+    if (!s || strcmp(s, "tc-wide") == 0) {
+        if (wide) v.tc = 4, v.l2f = 0;
+        return v;
+    }
     if (strcmp(s, "portable") == 0) return simt;
-    /* the alternatives keep the stage order unrotated, as they were measured, except
-     * tc-async-rot */
+    if (strcmp(s, "tc-l2fill") == 0) return v;
+    v.l2f = 0;
+    if (strcmp(s, "tc-rot") == 0) return v;
+    if (strcmp(s, "tc-async-rot") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3;
+    if (v.tc == 3) return v;
     v.rot = 0;
     if (strcmp(s, "tc-interleaved") == 0) v.tc = 2;
     if (strcmp(s, "tc-async") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3;
-    if (strcmp(s, "tc-async-rot") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3, v.rot = 1;
     if (strcmp(s, "tc-epi-thread") == 0) v.epi = 0;
     if (strcmp(s, "tc-fused") == 0) v.epi = 2;
     return v;
@@ -289,8 +302,10 @@ typedef struct pre_launch {
     mhc_pre_fwd_args args;
     int tc;  /* tensor-core GEMM and bare h_in kernels */
     int epi; /* pre_variant.epi (tensor-core path only) */
+    int l2f; /* pre_variant.l2f: the register GEMM's x loads ask L2 for 256-byte fills */
     pre_tc_geom tg;
     const float *phi, *gamma;
+    uint16_t *wp; /* the wide-load GEMM's precomputed weights (tc = 4) */
 } pre_launch;
 
 #define MHC_N_INC "mhc_pre_fwd_n.inc"
@@ -309,10 +324,11 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
 #ifdef PRE_TC
     const pre_variant var = pre_tc_ok(ex, a, vec);
 #else
-    const pre_variant var = {0, 0, 0};
+    const pre_variant var = {0, 0, 0, 0};
 #endif
     const int tc = var.tc;
-    pre_tc_geom tg = pre_tc_geometry(a, tc == 2, tc == 3);
+    pre_tc_geom tg =
+        tc == 4 ? pre_tcw_geometry(a, PRE_TCW_TEAMS) : pre_tc_geometry(a, tc == 2, tc == 3);
     tg.ROT = var.rot;
     float *wt = (float *)ws;
     /* the tensor-core path needs no transposed weights: its partials start the workspace */
@@ -336,7 +352,9 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     pre_launch L;
     L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
     L.K = K, L.CD = CD, L.NCD = NCD, L.NC = tc ? tg.KS : NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
-    L.tc = tc, L.epi = var.epi, L.tg = tg, L.phi = phi, L.gamma = gamma;
+    L.tc = tc, L.epi = var.epi, L.l2f = var.l2f, L.tg = tg, L.phi = phi, L.gamma = gamma;
+    /* after hp_ws, 16-byte aligned */
+    L.wp = (uint16_t *)(((uintptr_t)(hp_ws + T * n) + 15) & ~(uintptr_t)15);
     L.wt = wt, L.part = part, L.hp_ws = hp_ws, L.alpha = alpha, L.bias = bias;
     L.h_in = h_in, L.shin0 = a->shin[0], L.shin1 = a->shin[1];
     L.h_post = h_post, L.logits = logits, L.comb = comb, L.h_mix = h_mix;

@@ -49,6 +49,11 @@
 #define PRE_TCA_WBUF(N) (3 * 8 * PRE_TC_NT(N) * 32) /* bf16 of one weight stage */
 #define PRE_TCA_FITS(N) (PRE_TC_NT(N) <= 6)
 
+/* The wide-load GEMM (mhc_pre_tcw.h): tokens a team, chunks a stage, teams aimed at */
+#define PRE_TCW_TOK 64
+#define PRE_TCW_SC 4
+#define PRE_TCW_TEAMS 1024
+
 typedef struct pre_tc_geom {
     int64_t T, S, D, sx0, sx1, sx2, sphi, shin0, shin1;
     int NDC, NCH, CPS, KS, NG, has_gamma; /* d chunks per stream, chunks, chunks per split */
@@ -56,14 +61,15 @@ typedef struct pre_tc_geom {
     int ROT; /* stage order rotated by the team number (1), see pre_tc_team */
 } pre_tc_geom;
 
-/* KS = 0 when the shape does not fit the path's index types.
+/* KS = 0 when the shape does not fit the path's index types. `tok` tokens a team, stages of
+ * `sc` 32-wide chunks (a split is a whole number of stages).
  * Interleaved splits: split c takes stages c, c + KS, c + 2 KS, ... and the KS teams of a token
  * group have adjacent team numbers, so the co-running teams of a group read adjacent 128-byte
  * pieces of the same token rows (KS * 128 contiguous bytes a row at a time) instead of 128 bytes
  * in each of KS far-apart ranges: fewer DRAM pages opened per byte. Either way each split's sum
  * has a fixed order (deterministic). */
-static inline pre_tc_geom pre_tc_geometry_for(const mhc_pre_fwd_args *a, int interleave,
-                                              int64_t teams, int async) {
+static inline pre_tc_geom pre_tc_geometry_tok(const mhc_pre_fwd_args *a, int interleave,
+                                              int64_t teams, int64_t tok, int sc) {
     pre_tc_geom g;
     memset(&g, 0, sizeof g);
     g.ILV = interleave;
@@ -71,9 +77,7 @@ static inline pre_tc_geom pre_tc_geometry_for(const mhc_pre_fwd_args *a, int int
     g.sx0 = a->sx[0], g.sx1 = a->sx[1], g.sx2 = a->sx[2], g.sphi = a->sphi;
     g.shin0 = a->shin[0], g.shin1 = a->shin[1];
     g.has_gamma = a->gamma != NULL;
-    const int64_t tok = async ? PRE_TCA_TOK : PRE_TC_TOK(a->n);
     const int64_t ng = (g.T + tok - 1) / tok, ndc = (a->D + 31) / 32;
-    const int sc = async ? 1 : PRE_TC_SC(a->n);
     if (ng > 0x7fffffff || ndc * a->n > 0x7fffffff) return g;
     g.NG = (int)ng, g.NDC = (int)ndc, g.NCH = (int)ndc * a->n;
     /* about `teams` teams; fewer splits when there are enough token groups, since each split
@@ -87,6 +91,12 @@ static inline pre_tc_geom pre_tc_geometry_for(const mhc_pre_fwd_args *a, int int
     return g;
 }
 
+static inline pre_tc_geom pre_tc_geometry_for(const mhc_pre_fwd_args *a, int interleave,
+                                              int64_t teams, int async) {
+    return pre_tc_geometry_tok(a, interleave, teams, async ? PRE_TCA_TOK : PRE_TC_TOK(a->n),
+                               async ? 1 : PRE_TC_SC(a->n));
+}
+
 /* about 512 teams: a few full waves on a 132-SM GPU */
 static inline pre_tc_geom pre_tc_geometry(const mhc_pre_fwd_args *a, int interleave, int async) {
     return pre_tc_geometry_for(a, interleave, 512, async);
@@ -95,9 +105,14 @@ static inline pre_tc_geom pre_tc_geometry(const mhc_pre_fwd_args *a, int interle
 /* enough for either GEMM kernel's partials */
 static inline int64_t pre_tc_workspace(const mhc_pre_fwd_args *a) {
     const pre_tc_geom g0 = pre_tc_geometry(a, 1, 0), g1 = pre_tc_geometry(a, 1, 1);
-    const int64_t ks = g0.KS > g1.KS ? g0.KS : g1.KS;
+    const pre_tc_geom g2 = pre_tc_geometry_tok(a, 0, PRE_TCW_TEAMS, PRE_TCW_TOK, PRE_TCW_SC);
+    int64_t ks = g0.KS > g1.KS ? g0.KS : g1.KS;
+    ks = ks > g2.KS ? ks : g2.KS;
     const int M = 2 * a->n + a->n * a->n;
-    return (int64_t)sizeof(float) * (ks * g0.T * (M + 1) + g0.T * a->n) + 64;
+    /* the wide-load GEMM's weights: 3 bf16 parts of its padded rows, a block every 4 chunks */
+    const int64_t wide =
+        a->n <= 4 ? (g2.NCH + PRE_TCW_SC - 1) / PRE_TCW_SC * 3 * PRE_TC_NT(a->n) * 8 * 128 * 2 : 0;
+    return (int64_t)sizeof(float) * (ks * g0.T * (M + 1) + g0.T * a->n) + wide + 64;
 }
 
 #if defined(PTX_MMA_DEVICE) || defined(PTX_MMA_EMULATE)
@@ -117,7 +132,7 @@ static int pre_tc_emu_block;
 #endif
 
 /* x of chunk q (zeros past the split or past D) for the lane's 2 * TM token rows */
-MHC_INLINE void pre_tc_loadx(const int TM, uint32_t xv[PRE_TC_TMMAX][2][4],
+MHC_INLINE void pre_tc_loadx(const int TM, const int L2F, uint32_t xv[PRE_TC_TMMAX][2][4],
                              const char *const xr[PRE_TC_TMMAX][2], const pre_tc_geom *g, int q,
                              int q1, int t4) {
     const int i = q / g->NDC;
@@ -129,7 +144,10 @@ MHC_INLINE void pre_tc_loadx(const int TM, uint32_t xv[PRE_TC_TMMAX][2][4],
     for (int h = 0; h < 2; h++) {
         if (mt >= TM) continue;
         ompk_u128 v = {{0u, 0u, 0u, 0u}};
-        if (ok) v = *(const ompk_u128 *)(xr[mt][h] + off);
+        if (ok && L2F)
+            ptx_ld16_l2fill(xr[mt][h] + off, v.w);
+        else if (ok)
+            v = *(const ompk_u128 *)(xr[mt][h] + off);
         MHC_UNROLL
         for (int w = 0; w < 4; w++) xv[mt][h][w] = v.w[w];
     }
@@ -219,15 +237,20 @@ MHC_INLINE void pre_tc_stage(const int N, const int SC, const int LDW, const int
     }
 }
 
+/* Compile-time options of pre_tc_team (each combination is a kernel of its own, so the others
+ * keep their registers): the rotated stage order, and x loads that ask L2 for 256-byte fills. */
+#define PRE_TC_OPT_ROT 1
+#define PRE_TC_OPT_L2F 2
+
 /* One team: partial GEMM rows and sums of squares of its tokens over its K split. ws is the
- * team-shared weight buffer (two stages). With ROTON (a constant: a separate kernel, so the
- * default one keeps its registers) and g->ROT, the team walks its stages starting at stage
- * block % nst and wrapping around: teams that run at the same time then read different column
- * offsets of their rows instead of all the same one (whether lockstep offsets crowd the requests
- * onto few DRAM channels is what this variant measures). Each team's order is still fixed
- * (deterministic). */
-MHC_INLINE void pre_tc_team(const int N, const int ROTON, const pre_tc_geom *g, const char *x,
+ * team-shared weight buffer (two stages). With OPT & PRE_TC_OPT_ROT and g->ROT, the team walks its
+ * stages starting at stage block % nst and wrapping around: teams that run at the same time then
+ * read different column offsets of their rows instead of all the same one (whether lockstep offsets
+ * crowd the requests onto few DRAM channels is what this variant measures). Each team's order is
+ * still fixed (deterministic). */
+MHC_INLINE void pre_tc_team(const int N, const int OPT, const pre_tc_geom *g, const char *x,
                             const float *phi, const float *gamma, float *part, uint16_t *ws) {
+    const int ROTON = OPT & PRE_TC_OPT_ROT, L2F = (OPT & PRE_TC_OPT_L2F) != 0;
     const int M = 2 * N + N * N, NT = PRE_TC_NT(N), SC = PRE_TC_SC(N), BUF = PRE_TC_BUF(N);
     const int TM = PRE_TC_TM(N), LDW = PRE_TC_LDW(N);
     const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
@@ -264,7 +287,7 @@ MHC_INLINE void pre_tc_team(const int N, const int ROTON, const pre_tc_geom *g, 
     float pw[16][2];
     MHC_UNROLL
     for (int cc = 0; cc < 2; cc++)
-        if (cc < SC) pre_tc_loadx(TM, xa[cc], xr, g, q0 + rot * qstep + cc, q1, t4);
+        if (cc < SC) pre_tc_loadx(TM, L2F, xa[cc], xr, g, q0 + rot * qstep + cc, q1, t4);
     pre_tc_fetchw(N, SC, pw, phi, gamma, g, q0 + rot * qstep, q1, tid);
     pre_tc_storew(N, SC, LDW, pw, ws, tid);
     PRE_TC_SYNC();
@@ -274,7 +297,7 @@ MHC_INLINE void pre_tc_team(const int N, const int ROTON, const pre_tc_geom *g, 
         const int qn = !ROTON ? q0 + (st + 1) * qstep : st + 1 < nst ? q0 + sn * qstep : q1;
         MHC_UNROLL
         for (int cc = 0; cc < 2; cc++)
-            if (cc < SC) pre_tc_loadx(TM, xb[cc], xr, g, qn + cc, q1, t4);
+            if (cc < SC) pre_tc_loadx(TM, L2F, xb[cc], xr, g, qn + cc, q1, t4);
         if (st + 1 < nst) pre_tc_fetchw(N, SC, pw, phi, gamma, g, qn, q1, tid);
         pre_tc_stage(N, SC, LDW, TM, acc, ss, xa, ws + (st & 1) * BUF, gq, t4);
         if (st + 1 < nst) pre_tc_storew(N, SC, LDW, pw, ws + ((st + 1) & 1) * BUF, tid);

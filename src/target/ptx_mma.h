@@ -259,4 +259,20 @@ PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
 #pragma omp end declare variant
 #endif
 
+/* 16 read-only global bytes, asking L2 to fill the whole 256-byte block around them from DRAM:
+ * loads of 64 bytes a row (the mma fragment layout) then reach DRAM as 256-byte requests
+ * (bench/results/2026-11-21-s4-mhc-pre-fwd/dram-probe.json). */
+PTX_INLINE void ptx_ld16_l2fill(const void *p, uint32_t w[4]) {
+    memcpy(w, p, 16);
+}
+#if defined(PTX_MMA_DEVICE) && !defined(PTX_MMA_EMULATE)
+#pragma omp begin declare variant match(device = {arch(nvptx64)})
+PTX_INLINE void ptx_ld16_l2fill(const void *p, uint32_t w[4]) {
+    __asm__("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+            : "l"(p));
+}
+#pragma omp end declare variant
+#endif
+
 #endif
