@@ -247,6 +247,14 @@ typedef struct pre_variant {
 } pre_variant;
 
 #ifdef PRE_TC
+/* teams the wide-load GEMM aims at: OMPK_MHC_PRE_TCW_TEAMS (64 .. PRE_TCW_TEAMS_MAX, a benchmark
+ * knob) or PRE_TCW_TEAMS */
+static int pre_tcw_teams(void) {
+    const char *s = getenv("OMPK_MHC_PRE_TCW_TEAMS");
+    const long v = s ? strtol(s, NULL, 10) : 0;
+    return v >= 64 && v <= PRE_TCW_TEAMS_MAX ? (int)v : PRE_TCW_TEAMS;
+}
+
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
  * lane's 8-element piece is either inside D or past it). The defaults are the configurations
  * measured fastest on the H200 (bench/results/2026-11-21-s4-*): for n <= 4 the wide-load GEMM
@@ -267,7 +275,7 @@ static pre_variant pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
         if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return simt;
     }
     if ((a->B * a->S + PRE_EPI_TOK(a->n) - 1) / PRE_EPI_TOK(a->n) > 0x7fffffff) return simt;
-    const pre_tc_geom gw = pre_tcw_geometry(a, PRE_TCW_TEAMS);
+    const pre_tc_geom gw = pre_tcw_geometry(a, pre_tcw_teams());
     const int wide = PRE_TCW_FITS(a->n) && gw.KS >= 1 && (int64_t)gw.NG * gw.KS <= 0x7fffffff;
     const char *s = getenv("OMPK_MHC_PRE_VARIANT");
     if (!s || strcmp(s, "tc-wide") == 0) {
@@ -327,8 +335,12 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     const pre_variant var = {0, 0, 0, 0};
 #endif
     const int tc = var.tc;
+#ifdef PRE_TC
     pre_tc_geom tg =
-        tc == 4 ? pre_tcw_geometry(a, PRE_TCW_TEAMS) : pre_tc_geometry(a, tc == 2, tc == 3);
+        tc == 4 ? pre_tcw_geometry(a, pre_tcw_teams()) : pre_tc_geometry(a, tc == 2, tc == 3);
+#else
+    pre_tc_geom tg = pre_tc_geometry(a, tc == 2, tc == 3);
+#endif
     tg.ROT = var.rot;
     float *wt = (float *)ws;
     /* the tensor-core path needs no transposed weights: its partials start the workspace */
