@@ -241,6 +241,20 @@ MHC_INLINE void pre_tc_stage(const int N, const int SC, const int LDW, const int
     }
 }
 
+/* One row of a warp's C fragments (token gq + 8 h of an m16 tile) into a partial row p: the NT
+ * n8 tiles' sums to p[0..M), the row's sum of squares to p[M] (lane t4 0 holds it). */
+MHC_INLINE void pre_tc_put_row(const int NT, const int M, float acc[][4], int h, int t4, float ss,
+                               float *p) {
+    MHC_UNROLL
+    for (int nt = 0; nt < 10; nt++) {
+        if (nt >= NT) continue;
+        const int m = nt * 8 + 2 * t4;
+        if (m < M) p[m] = acc[nt][2 * h];
+        if (m + 1 < M) p[m + 1] = acc[nt][2 * h + 1];
+    }
+    if (t4 == 0) p[M] = ss;
+}
+
 /* Compile-time options of pre_tc_team (each combination is a kernel of its own, so the others
  * keep their registers): the rotated stage order, and x loads that ask L2 for 256-byte fills. */
 #define PRE_TC_OPT_ROT 1
@@ -325,15 +339,7 @@ MHC_INLINE void pre_tc_team(const int N, const int OPT, const pre_tc_geom *g, co
         ss[mt][h] += ptx_shfl_xor(ss[mt][h], 2);
         const int64_t t = tb + mt * 16 + h * 8;
         if (t >= T) continue;
-        float *p = part + ((int64_t)c * T + t) * (M + 1);
-        MHC_UNROLL
-        for (int nt = 0; nt < 10; nt++) {
-            if (nt >= NT) continue;
-            const int m = nt * 8 + 2 * t4;
-            if (m < M) p[m] = acc[mt][nt][2 * h];
-            if (m + 1 < M) p[m + 1] = acc[mt][nt][2 * h + 1];
-        }
-        if (t4 == 0) p[M] = ss[mt][h];
+        pre_tc_put_row(NT, M, acc[mt], h, t4, ss[mt][h], part + ((int64_t)c * T + t) * (M + 1));
     }
 }
 
@@ -436,15 +442,7 @@ MHC_INLINE void pre_tca_team(const int N, const int ROTON, const pre_tc_geom *g,
         ss[mt][h] += ptx_shfl_xor(ss[mt][h], 2);
         const int64_t t = tb + mt * 16 + h * 8;
         if (t >= T) continue;
-        float *p = part + ((int64_t)c * T + t) * (M + 1);
-        MHC_UNROLL
-        for (int nt = 0; nt < 10; nt++) {
-            if (nt >= NT) continue;
-            const int m = nt * 8 + 2 * t4;
-            if (m < M) p[m] = acc[mt][nt][2 * h];
-            if (m + 1 < M) p[m + 1] = acc[mt][nt][2 * h + 1];
-        }
-        if (t4 == 0) p[M] = ss[mt][h];
+        pre_tc_put_row(NT, M, acc[mt], h, t4, ss[mt][h], part + ((int64_t)c * T + t) * (M + 1));
     }
 }
 

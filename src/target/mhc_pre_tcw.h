@@ -250,16 +250,8 @@ MHC_INLINE void pre_tcw_team(const int N, const pre_tc_geom *g, const char *x, c
         /* the 4 lanes of a row hold disjoint k: their sum is the row's */
         ss[mt][h] += ptx_shfl_xor(ss[mt][h], 1);
         ss[mt][h] += ptx_shfl_xor(ss[mt][h], 2);
-        float *rr =
-            sm->red + ((int64_t)quarter * PRE_TCW_TOK + (2 * half + mt) * 16 + h * 8 + gq) * MP;
-        MHC_UNROLL
-        for (int nt = 0; nt < 3; nt++) {
-            if (nt >= NT) continue;
-            const int m = nt * 8 + 2 * t4;
-            if (m < M) rr[m] = acc[mt][nt][2 * h];
-            if (m + 1 < M) rr[m + 1] = acc[mt][nt][2 * h + 1];
-        }
-        if (t4 == 0) rr[M] = ss[mt][h];
+        pre_tc_put_row(NT, M, acc[mt], h, t4, ss[mt][h],
+                       sm->red + (quarter * PRE_TCW_TOK + (2 * half + mt) * 16 + h * 8 + gq) * MP);
     }
     PRE_TC_SYNC();
     for (int e = tid; e < PRE_TCW_TOK * MP; e += PRE_TCW_THREADS) {
