@@ -1,7 +1,7 @@
 /* Launch 1 of the mHC pre forward as the wide-load tensor-core GEMM (mhc_pre_tcw.h), n <= 4: the
- * weight precompute, then one bare kernel a stream count, in a
- * file of its own so that its register cap (CMakeLists.txt: 128, two teams of 256 threads an SM)
- * leaves the other pre-forward kernels alone. */
+ * weight precompute, then one bare kernel a stream count. A file of its own so that its register
+ * cap (CMakeLists.txt: 128, two teams of 256 threads an SM) leaves the other pre-forward kernels
+ * alone. */
 #include "mhc_pre_tcw.h"
 
 /* clang-format off */

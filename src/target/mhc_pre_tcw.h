@@ -124,8 +124,9 @@ static inline void pre_tcw_wpair(int n, const pre_tc_geom *g, const float *phi, 
 
 #ifdef PRE_TC_HAVE
 /* The warp's products of one stage: its k quarter of its two token tiles. (The sums of squares
- * as the diagonal of each tile times itself on the tensor cores measured slower: 0.487 against
- * 0.445 ms; the tensor pipe is busy enough with the three weight parts.) */
+ * as the diagonal of each tile times itself on the tensor cores measured slower: 0.487 ms, and
+ * the GEMM 302 us under ncu against 285; the tensor pipe is busy enough with the three weight
+ * parts.) */
 MHC_INLINE void pre_tcw_stage(const int N, float acc[2][3][4], float ss[2][2], const uint16_t *xs,
                               const uint16_t *ws, int half, int quarter, int gq, int t4) {
     const int NT = PRE_TC_NT(N), ROWS = NT * 8, p = 4 * quarter + t4;
