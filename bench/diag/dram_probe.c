@@ -79,7 +79,8 @@ static double run(const pat *pp, const char *buf, uint32_t *sink, int reps) {
                 if (p.mode == 3 && st + 2 < nst) {
                     const int s2 = st + 2 + rot < nst ? st + 2 + rot : st + 2 + rot - nst;
                     const char *pb = buf + (long)grp * p.R * ROWB + split * span + (long)s2 * p.W;
-                    for (int r = tid; r < p.R; r += THREADS) bulk_prefetch(pb + (long)r * ROWB, p.W);
+                    for (int r = tid; r < p.R; r += THREADS)
+                        bulk_prefetch(pb + (long)r * ROWB, p.W);
                 }
                 u128 v[U];
 #pragma unroll
