@@ -81,27 +81,12 @@ int ompk_attn_bwd_host(const ompk_attn_geom *g, const void *dout, const void *q,
     }
 
 /* One instance per supported head dim (dh is a compile-time constant inside each), shared by
- * the portable and host kernels; callers check dh first, so 256 is the remaining case. */
+ * the portable and host kernels: the tensor-core head dims plus 256; callers check dh first. */
 #define ATT_SWITCH_DH(dh, CALL)                                                                    \
-    switch (dh) {                                                                                  \
-    case 32:                                                                                       \
-        CALL(32);                                                                                  \
-        break;                                                                                     \
-    case 64:                                                                                       \
-        CALL(64);                                                                                  \
-        break;                                                                                     \
-    case 80:                                                                                       \
-        CALL(80);                                                                                  \
-        break;                                                                                     \
-    case 96:                                                                                       \
-        CALL(96);                                                                                  \
-        break;                                                                                     \
-    case 128:                                                                                      \
-        CALL(128);                                                                                 \
-        break;                                                                                     \
-    default:                                                                                       \
+    if ((dh) == 256) {                                                                             \
         CALL(256);                                                                                 \
-        break;                                                                                     \
+    } else {                                                                                       \
+        ATT_SWITCH_DH_TC(dh, CALL)                                                                 \
     }
 
 #endif
