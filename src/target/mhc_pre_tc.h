@@ -57,6 +57,8 @@
 #define PRE_TCW_SC 4
 #define PRE_TCW_TEAMS 512
 #define PRE_TCW_TEAMS_MAX 2048
+/* bf16 of one stage's precomputed weights: 3 parts x the padded rows x 128 k */
+#define PRE_TCW_WBLK(N) (3 * PRE_TC_NT(N) * 8 * 128)
 
 typedef struct pre_tc_geom {
     int64_t T, S, D, sx0, sx1, sx2, sphi, shin0, shin1;
@@ -115,8 +117,17 @@ static inline int64_t pre_tc_workspace(const mhc_pre_fwd_args *a) {
     const int M = 2 * a->n + a->n * a->n;
     /* the wide-load GEMM's weights: 3 bf16 parts of its padded rows, a block every 4 chunks */
     const int64_t wide =
-        a->n <= 4 ? (g2.NCH + PRE_TCW_SC - 1) / PRE_TCW_SC * 3 * PRE_TC_NT(a->n) * 8 * 128 * 2 : 0;
+        a->n <= 4 ? (g2.NCH + PRE_TCW_SC - 1) / PRE_TCW_SC * PRE_TCW_WBLK(a->n) * 2 : 0;
     return (int64_t)sizeof(float) * (ks * g0.T * (M + 1) + g0.T * a->n) + wide + 64;
+}
+
+/* Element e of 32-wide chunk q (chunk q is d in [32 (q % NDC), +32) of stream q / NDC): its byte
+ * offset in a token row; returns 0 past the split (q >= q1) or past D, where loads give zeros. */
+MHC_INLINE int pre_tc_chunk_off(const pre_tc_geom *g, int q, int q1, int e, int64_t *off) {
+    const int i = q / g->NDC;
+    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + e;
+    *off = ((int64_t)i * g->sx2 + d) * 2;
+    return q < q1 && d < g->D;
 }
 
 #if defined(PTX_MMA_DEVICE) || defined(PTX_MMA_EMULATE)
@@ -139,10 +150,8 @@ static int pre_tc_emu_block;
 MHC_INLINE void pre_tc_loadx(const int TM, const int L2F, uint32_t xv[PRE_TC_TMMAX][2][4],
                              const char *const xr[PRE_TC_TMMAX][2], const pre_tc_geom *g, int q,
                              int q1, int t4) {
-    const int i = q / g->NDC;
-    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + 8 * t4;
-    const int ok = q < q1 && d < g->D;
-    const int64_t off = ((int64_t)i * g->sx2 + d) * 2;
+    int64_t off;
+    const int ok = pre_tc_chunk_off(g, q, q1, 8 * t4, &off);
     MHC_UNROLL
     for (int mt = 0; mt < PRE_TC_TMMAX; mt++) MHC_UNROLL
     for (int h = 0; h < 2; h++) {
@@ -347,10 +356,8 @@ MHC_INLINE void pre_tc_team(const int N, const int OPT, const pre_tc_geom *g, co
  * (zeros stored directly past the split or past D): 4 pieces of 16 bytes a thread. */
 MHC_INLINE void pre_tca_issue(const char *const xrow[4], const pre_tc_geom *g, int q, int q1,
                               uint16_t *tile, int tid) {
-    const int i = q / g->NDC;
-    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + 8 * (tid & 3);
-    const int ok = q < q1 && d < g->D;
-    const int64_t off = ((int64_t)i * g->sx2 + d) * 2;
+    int64_t off;
+    const int ok = pre_tc_chunk_off(g, q, q1, 8 * (tid & 3), &off);
     MHC_UNROLL
     for (int j = 0; j < 4; j++) {
         uint16_t *dst = tile + ((tid >> 2) + 32 * j) * 32 + (tid & 3) * 8;

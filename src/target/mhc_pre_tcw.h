@@ -63,11 +63,9 @@ MHC_INLINE int pre_tcw_slot(int p, int r) {
  * lane / 16, piece lane % 16 (zeros past the split or past D). */
 MHC_INLINE void pre_tcw_loadx(uint32_t v[4][4], const char *x, const int64_t ro[4],
                               const pre_tc_geom *g, int qs, int q1, int lane) {
-    const int p = lane & 15, q = qs + (p >> 2);
-    const int i = q / g->NDC;
-    const int64_t d = (int64_t)(q - i * g->NDC) * 32 + 8 * (p & 3);
-    const int ok = q < q1 && d < g->D;
-    const int64_t off = ((int64_t)i * g->sx2 + d) * 2;
+    const int p = lane & 15;
+    int64_t off;
+    const int ok = pre_tc_chunk_off(g, qs + (p >> 2), q1, 8 * (p & 3), &off);
     MHC_UNROLL
     for (int j = 0; j < 4; j++) {
         ompk_u128 t = {{0u, 0u, 0u, 0u}};
@@ -89,8 +87,6 @@ MHC_INLINE void pre_tcw_storex(uint32_t v[4][4], uint16_t *xs, int warp, int lan
     }
 }
 
-/* bf16 of one stage's weights in the precomputed buffer: 3 parts x ROWS rows x 128 k */
-#define PRE_TCW_WBLK(N) (3 * PRE_TC_NT(N) * 8 * 128)
 #define PRE_TCW_WPT 5 /* 16-byte weight pieces a thread a stage: 3 * 24 * 16 / 256, rounded up */
 
 /* Work item e of the weight precompute (before the GEMM, once a call): block e / (ROWS * 64),
@@ -116,7 +112,7 @@ static inline void pre_tcw_wpair(int n, const pre_tc_geom *g, const float *phi, 
     const uint32_t mid = ptx_pack_bf16x2(e0, e1);
     const uint32_t lo = ptx_pack_bf16x2(e0 - ptx_bf16_half(mid, 0), e1 - ptx_bf16_half(mid, 1));
     const int p = pp >> 2, at = r * 128 + (p ^ ((r & 1) << 2)) * 8 + (pp & 3) * 2;
-    uint16_t *b = wp + blk * 3 * ROWS * 128;
+    uint16_t *b = wp + blk * PRE_TCW_WBLK(n);
     memcpy(b + 0 * ROWS * 128 + at, &hi, 4);
     memcpy(b + 1 * ROWS * 128 + at, &mid, 4);
     memcpy(b + 2 * ROWS * 128 + at, &lo, 4);
