@@ -11,20 +11,22 @@
  *
  * A team is PRE_TCW_THREADS threads on PRE_TCW_TOK tokens and one contiguous K split; a stage is
  * PRE_TCW_SC 32-wide chunks (256 bytes of a row inside one stream). Warp w takes chunk w % 4 of
- * every stage (its k quarter) for token tiles 2 (w / 4) and 2 (w / 4) + 1, so a warp needs one
- * 16-byte piece of a row and of a weight row a k16 pair (the k permutation of ptx_mma.h: the
- * lane's 8 consecutive k are its k-slots of two k16 steps, in A and B alike). Weights are
- * (phi*gamma) split into bf16 hi + mid + lo as in mhc_pre_tc.h, but split once a call into a
- * global buffer laid out as the shared tile (pre_tcw_wpair): with 64 tokens a team, forming them
- * in every team made the kernel issue-bound (ncu: 65% SM throughput, 21% DRAM). The next
- * stage's x and weights are loaded into registers while the current one multiplies from shared
- * memory, then stored between two barriers. At the end the four k-quarter sums of each token are
- * added in quarter order through shared memory (deterministic) and written in the partial layout of
- * the other GEMMs, part[(split * T + t) * (M + 1) + m] with the sum of squares at m = M.
+ * every stage (its k quarter) for token tiles 2 (w / 4) and 2 (w / 4) + 1. Its A fragments come
+ * straight out of the shared x tile by ldmatrix, so they land in the four consecutive registers
+ * mma wants: built from 16-byte row loads, as before, each took four register moves, and those
+ * moves were 140 of the 385 instructions of a warp's stage (SASS, sm_90; 255 now). Weights are
+ * (phi*gamma) split into bf16 hi + mid + lo as in mhc_pre_tc.h, split once a call into a global
+ * buffer already in B-fragment order (pre_tcw_wpair): a lane reads its two k16 steps' b0, b1 of
+ * one n8 tile as one 16-byte word, and a warp 512 contiguous bytes. (Forming them in every team
+ * made the kernel issue-bound: ncu 65% SM throughput, 21% DRAM.) The next stage's x and weights
+ * are loaded into registers while the current one multiplies from shared memory, then stored
+ * between two barriers. At the end the four k-quarter sums of each token are added in quarter
+ * order through shared memory (deterministic) and written in the partial layout of the other
+ * GEMMs, part[(split * T + t) * (M + 1) + m] with the sum of squares at m = M.
  *
- * Shared tiles are rows of 16 pieces of 16 bytes; piece p of row r sits in slot p ^ 4 (r & 1),
- * so the 8 lanes of a quarter-warp (rows r, r + 1 x 4 pieces on reads, 8 pieces of one row on
- * writes) touch all 32 banks once. */
+ * The x tile is rows of 16 pieces of 16 bytes; piece p of row r sits in slot p ^ (r & 7), so the 8
+ * row addresses of one ldmatrix matrix (same piece, rows r..r+7) and the 8 pieces of one row a
+ * quarter-warp stores touch all 32 banks once. */
 #ifndef OMPK_MHC_PRE_TCW_H
 #define OMPK_MHC_PRE_TCW_H
 
@@ -56,16 +58,36 @@ static inline pre_tc_geom pre_tcw_geometry(const mhc_pre_fwd_args *a, int64_t te
 }
 
 MHC_INLINE int pre_tcw_slot(int p, int r) {
-    return p ^ ((r & 1) << 2);
+    return p ^ (r & 7);
 }
 
-/* This thread's 4 pieces of the x tile of the stage starting at chunk qs: rows 2 (4 w + j) +
- * lane / 16, piece lane % 16 (zeros past the split or past D). */
-MHC_INLINE void pre_tcw_loadx(uint32_t v[4][4], const char *x, const int64_t ro[4],
-                              const pre_tc_geom *g, int qs, int q1, int lane) {
-    const int p = lane & 15;
-    int64_t off;
-    const int ok = pre_tc_chunk_off(g, qs + (p >> 2), q1, 8 * (p & 3), &off);
+/* Where this thread's x piece of a stage is: chunk q = stream i, d chunk dc. Stages advance by
+ * stepping (q, i, dc) instead of dividing by NDC every stage (the division was about 30 of a
+ * warp's stage instructions). */
+typedef struct pre_tcw_pos {
+    int q, i, dc;
+} pre_tcw_pos;
+
+MHC_INLINE pre_tcw_pos pre_tcw_pos_at(int q, int ndc) {
+    pre_tcw_pos ps;
+    ps.q = q, ps.i = q / ndc, ps.dc = q - ps.i * ndc;
+    return ps;
+}
+
+MHC_INLINE void pre_tcw_pos_step(pre_tcw_pos *ps, int ndc) {
+    ps->q += PRE_TCW_SC, ps->dc += PRE_TCW_SC;
+    while (ps->dc >= ndc) ps->dc -= ndc, ps->i++;
+}
+
+/* This thread's 4 pieces of the x tile of a stage: rows 2 w + lane / 16 + 16 j, piece lane % 16
+ * at ps (zeros past the split or past D). Rows 16 apart keep r & 7, and so the swizzle, the
+ * same for the four: their shared addresses differ by constants (rows 2 apart took four address
+ * registers; ptxas spilled 32 bytes a thread then, 20 now, at the 128-register cap). */
+MHC_INLINE void pre_tcw_loadx(uint32_t v[4][4], const char *x, const int64_t ro[4], pre_tcw_pos ps,
+                              int64_t D, int64_t sx2, int q1, int lane) {
+    const int64_t d = (int64_t)ps.dc * 32 + 8 * (lane & 3);
+    const int64_t off = (ps.i * sx2 + d) * 2;
+    const int ok = ps.q < q1 && d < D;
     MHC_UNROLL
     for (int j = 0; j < 4; j++) {
         ompk_u128 t = {{0u, 0u, 0u, 0u}};
@@ -79,7 +101,7 @@ MHC_INLINE void pre_tcw_storex(uint32_t v[4][4], uint16_t *xs, int warp, int lan
     const int p = lane & 15;
     MHC_UNROLL
     for (int j = 0; j < 4; j++) {
-        const int r = 2 * (4 * warp + j) + (lane >> 4);
+        const int r = 2 * warp + (lane >> 4) + 16 * j;
         ompk_u128 t;
         MHC_UNROLL
         for (int w = 0; w < 4; w++) t.w[w] = v[j][w];
@@ -90,16 +112,20 @@ MHC_INLINE void pre_tcw_storex(uint32_t v[4][4], uint16_t *xs, int warp, int lan
 #define PRE_TCW_WPT 5 /* 16-byte weight pieces a thread a stage: 3 * 24 * 16 / 256, rounded up */
 
 /* Work item e of the weight precompute (before the GEMM, once a call): block e / (ROWS * 64),
- * row, k pair -> (phi*gamma) split into bf16 hi + mid + lo at the row's swizzled slots. Rows past
- * M and k past K are zeros (x past the split is zero in the tile, so block edges need no more). */
+ * row, k pair -> (phi*gamma) split into bf16 hi + mid + lo. Rows past M and k past K are zeros (x
+ * past the split is zero in the tile, so block edges need no more). A block is [part][n8 tile]
+ * [k quarter][lane][4 words]: the B fragment (ptx_mma.h) of n8 tile nt and a quarter's two k16
+ * steps, word j of lane 4 g + t holding row 8 nt + g at k 8 j + 2 t, + 1 of the quarter (b0, b1
+ * of the first step, then of the second: the k order ldmatrix gives the A side). */
 static inline void pre_tcw_wpair(int n, const pre_tc_geom *g, const float *phi, const float *gamma,
                                  uint16_t *wp, int64_t e) {
-    const int M = 2 * n + n * n, ROWS = PRE_TC_NT(n) * 8;
+    const int M = 2 * n + n * n, NT = PRE_TC_NT(n), ROWS = NT * 8;
     const int64_t blk = e / (ROWS * 64);
     const int r = (int)(e / 64 % ROWS), pp = (int)(e % 64);
-    const int64_t q = blk * PRE_TCW_SC + (pp >> 4);
+    const int quarter = pp >> 4, kq = (pp & 15) * 2; /* k within the quarter */
+    const int64_t q = blk * PRE_TCW_SC + quarter;
     const int64_t i = q / g->NDC;
-    const int64_t d = (q - i * g->NDC) * 32 + (pp & 15) * 2;
+    const int64_t d = (q - i * g->NDC) * 32 + kq;
     const int live = q < g->NCH && d < g->D && r < M;
     const int64_t k = i * g->D + d;
     float w0 = 0.f, w1 = 0.f;
@@ -111,58 +137,60 @@ static inline void pre_tcw_wpair(int n, const pre_tc_geom *g, const float *phi, 
     const float e0 = w0 - ptx_bf16_half(hi, 0), e1 = w1 - ptx_bf16_half(hi, 1);
     const uint32_t mid = ptx_pack_bf16x2(e0, e1);
     const uint32_t lo = ptx_pack_bf16x2(e0 - ptx_bf16_half(mid, 0), e1 - ptx_bf16_half(mid, 1));
-    const int p = pp >> 2, at = r * 128 + (p ^ ((r & 1) << 2)) * 8 + (pp & 3) * 2;
+    const int lane = (r & 7) * 4 + ((kq & 7) >> 1), j = kq >> 3;
+    const int at = ((r >> 3) * 4 + quarter) * 256 + lane * 8 + j * 2;
     uint16_t *b = wp + blk * PRE_TCW_WBLK(n);
-    memcpy(b + 0 * ROWS * 128 + at, &hi, 4);
-    memcpy(b + 1 * ROWS * 128 + at, &mid, 4);
-    memcpy(b + 2 * ROWS * 128 + at, &lo, 4);
+    memcpy(b + 0 * NT * 1024 + at, &hi, 4);
+    memcpy(b + 1 * NT * 1024 + at, &mid, 4);
+    memcpy(b + 2 * NT * 1024 + at, &lo, 4);
 }
 
 #ifdef PRE_TC_HAVE
-/* The warp's products of one stage: its k quarter of its two token tiles. (The sums of squares
- * as the diagonal of each tile times itself on the tensor cores measured slower: 0.487 ms, and
- * the GEMM 302 us under ncu against 285; the tensor pipe is busy enough with the three weight
- * parts.) */
+/* f32 sum of squares of the two bf16 in a packed pair, added to s */
+MHC_INLINE float pre_tcw_sq2(uint32_t w, float s) {
+    const float lo = ptx_bf16_half(w, 0), hi = ptx_bf16_half(w, 1);
+    return fmaf(hi, hi, fmaf(lo, lo, s));
+}
+
+/* The warp's products of one stage: its k quarter of its two token tiles. xa[mt][kh] is the A
+ * fragment of token tile mt, k16 step kh (ldmatrix: matrix l / 8 = rows + 8 (l / 8 % 2), piece
+ * 2 kh + l / 16 of the quarter; registers 0 and 2 are row g, 1 and 3 row g + 8). (The sums of
+ * squares as the diagonal of each tile times itself on the tensor cores measured slower: 0.487
+ * ms, and the GEMM 302 us under ncu against 285; the tensor pipe is busy enough with the three
+ * weight parts.) */
 MHC_INLINE void pre_tcw_stage(const int N, float acc[2][3][4], float ss[2][2], const uint16_t *xs,
-                              const uint16_t *ws, int half, int quarter, int gq, int t4) {
-    const int NT = PRE_TC_NT(N), ROWS = NT * 8, p = 4 * quarter + t4;
+                              const uint16_t *ws, int half, int quarter, int lane) {
+    const int NT = PRE_TC_NT(N), mi = lane >> 3;
     uint32_t xa[2][2][4];
     MHC_UNROLL
     for (int mt = 0; mt < 2; mt++) MHC_UNROLL
-    for (int h = 0; h < 2; h++) {
-        const int r = (2 * half + mt) * 16 + h * 8 + gq;
-        const ompk_u128 v = *(const ompk_u128 *)(xs + r * 128 + pre_tcw_slot(p, r) * 8);
-        MHC_UNROLL
-        for (int w = 0; w < 4; w++) {
-            xa[mt][h][w] = v.w[w];
-            const float lo = ptx_bf16_half(v.w[w], 0), hi = ptx_bf16_half(v.w[w], 1);
-            ss[mt][h] = fmaf(hi, hi, fmaf(lo, lo, ss[mt][h]));
-        }
+    for (int kh = 0; kh < 2; kh++) {
+        const int r = (2 * half + mt) * 16 + (mi & 1) * 8 + (lane & 7);
+        const int p = 4 * quarter + 2 * kh + (mi >> 1);
+        ptx_ldsm_x4(xa[mt][kh], xs + r * 128 + pre_tcw_slot(p, r) * 8);
+        ss[mt][0] = pre_tcw_sq2(xa[mt][kh][2], pre_tcw_sq2(xa[mt][kh][0], ss[mt][0]));
+        ss[mt][1] = pre_tcw_sq2(xa[mt][kh][3], pre_tcw_sq2(xa[mt][kh][1], ss[mt][1]));
     }
     /* the small parts first, as in pre_tc_stage */
     MHC_UNROLL
     for (int s = 2; s >= 0; s--) MHC_UNROLL
     for (int nt = 0; nt < 3; nt++) {
         if (nt >= NT) continue;
-        const int r = nt * 8 + gq;
         const ompk_u128 wv =
-            *(const ompk_u128 *)(ws + (s * ROWS + r) * 128 + pre_tcw_slot(p, r) * 8);
+            *(const ompk_u128 *)(ws + ((s * NT + nt) * 4 + quarter) * 256 + lane * 8);
         MHC_UNROLL
         for (int kh = 0; kh < 2; kh++) MHC_UNROLL
-        for (int mt = 0; mt < 2; mt++) {
-            const uint32_t *r0 = xa[mt][0], *r1 = xa[mt][1];
-            const uint32_t af[4] = {r0[2 * kh], r1[2 * kh], r0[2 * kh + 1], r1[2 * kh + 1]};
-            ptx_mma_bf16_16816(acc[mt][nt], af, wv.w[2 * kh], wv.w[2 * kh + 1]);
-        }
+        for (int mt = 0; mt < 2; mt++)
+            ptx_mma_bf16_16816(acc[mt][nt], xa[mt][kh], wv.w[2 * kh], wv.w[2 * kh + 1]);
     }
 }
 
-/* This thread's pieces of the precomputed weights of the stage at chunk qs: pieces tid + 256 j
- * of the block (a team load covers 4 KB contiguous). */
-MHC_INLINE void pre_tcw_loadw(const int N, uint32_t v[PRE_TCW_WPT][4], const uint16_t *wp, int qs,
+/* This thread's pieces of the precomputed weights of stage block blk: pieces tid + 256 j of the
+ * block (a team load covers 4 KB contiguous). */
+MHC_INLINE void pre_tcw_loadw(const int N, uint32_t v[PRE_TCW_WPT][4], const uint16_t *wp, int blk,
                               int tid) {
     const int NPC = PRE_TCW_WBLK(N) / 8; /* pieces a block */
-    const uint16_t *b = wp + (int64_t)(qs / PRE_TCW_SC) * PRE_TCW_WBLK(N);
+    const uint16_t *b = wp + (int64_t)blk * PRE_TCW_WBLK(N);
     MHC_UNROLL
     for (int j = 0; j < PRE_TCW_WPT; j++) {
         const int pc = tid + PRE_TCW_THREADS * j;
@@ -190,23 +218,28 @@ MHC_INLINE void pre_tcw_storew(const int N, uint32_t v[PRE_TCW_WPT][4], uint16_t
  * stages from stage block % nst, wrapping (a fixed order either way). */
 MHC_INLINE void pre_tcw_team(const int N, const pre_tc_geom *g, const char *x, const uint16_t *wp,
                              float *part, pre_tcw_smem *sm) {
+    /* a private copy: read through the kernel-argument pointer, the fields were reloaded from
+     * global memory every stage (the barriers and stores may alias it) */
+    const pre_tc_geom G = *g;
     const int M = 2 * N + N * N, MP = M + 1, NT = PRE_TC_NT(N), SC = PRE_TCW_SC;
     const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3, quarter = warp & 3, half = warp >> 2;
     const int blk = PRE_TC_BID();
-    const int c = blk / g->NG, grp = blk - c * g->NG;
-    const int64_t T = g->T, t0 = (int64_t)grp * PRE_TCW_TOK;
-    const int q0 = c * g->CPS, q1 = q0 + g->CPS > g->NCH ? g->NCH : q0 + g->CPS;
+    const int c = blk / G.NG, grp = blk - c * G.NG;
+    const int64_t T = G.T, t0 = (int64_t)grp * PRE_TCW_TOK;
+    const int q0 = c * G.CPS, q1 = q0 + G.CPS > G.NCH ? G.NCH : q0 + G.CPS;
     const int nst = (q1 - q0 + SC - 1) / SC;
-    const int rot = g->ROT && nst > 0 ? blk % nst : 0;
-#define PRE_TCW_Q(s) (q0 + ((s) + rot < nst ? (s) + rot : (s) + rot - nst) * SC)
+    const int rot = G.ROT && nst > 0 ? blk % nst : 0;
+    /* this thread's x piece sits in chunk + (lane / 4) % 4 of a stage; tid masked so that the
+     * compiler sees the weight pieces of the first four passes are all in range */
+    const int pq = (lane >> 2) & 3, wtid = tid & (PRE_TCW_THREADS - 1), b0 = q0 / SC;
     /* byte offsets of this thread's 4 tile rows (past T: the last token, never written) */
     int64_t ro[4];
     MHC_UNROLL
     for (int j = 0; j < 4; j++) {
-        int64_t t = t0 + 2 * (4 * warp + j) + (lane >> 4);
+        int64_t t = t0 + 2 * warp + (lane >> 4) + 16 * j;
         t = t < T ? t : T - 1;
-        ro[j] = ((t / g->S) * g->sx0 + (t % g->S) * g->sx1) * 2;
+        ro[j] = ((t / G.S) * G.sx0 + (t % G.S) * G.sx1) * 2;
     }
     float acc[2][3][4], ss[2][2];
     MHC_UNROLL
@@ -217,28 +250,33 @@ MHC_INLINE void pre_tcw_team(const int N, const pre_tc_geom *g, const char *x, c
         for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
     }
     uint32_t xv[4][4], wv[PRE_TCW_WPT][4];
+    int sr = rot; /* the stage being loaded, in the rotated order */
+    pre_tcw_pos ps = pre_tcw_pos_at(q0 + sr * SC + pq, G.NDC);
     if (nst > 0) {
-        pre_tcw_loadx(xv, x, ro, g, PRE_TCW_Q(0), q1, lane);
-        pre_tcw_loadw(N, wv, wp, PRE_TCW_Q(0), tid);
+        pre_tcw_loadx(xv, x, ro, ps, G.D, G.sx2, q1, lane);
+        pre_tcw_loadw(N, wv, wp, b0 + sr, wtid);
         pre_tcw_storex(xv, sm->t.x, warp, lane);
-        pre_tcw_storew(N, wv, sm->t.w, tid);
+        pre_tcw_storew(N, wv, sm->t.w, wtid);
     }
     PRE_TC_SYNC();
     for (int st = 0; st < nst; st++) {
         const int more = st + 1 < nst;
         if (more) {
-            pre_tcw_loadx(xv, x, ro, g, PRE_TCW_Q(st + 1), q1, lane);
-            pre_tcw_loadw(N, wv, wp, PRE_TCW_Q(st + 1), tid);
+            if (++sr == nst)
+                sr = 0, ps = pre_tcw_pos_at(q0 + pq, G.NDC);
+            else
+                pre_tcw_pos_step(&ps, G.NDC);
+            pre_tcw_loadx(xv, x, ro, ps, G.D, G.sx2, q1, lane);
+            pre_tcw_loadw(N, wv, wp, b0 + sr, wtid);
         }
-        pre_tcw_stage(N, acc, ss, sm->t.x, sm->t.w, half, quarter, gq, t4);
+        pre_tcw_stage(N, acc, ss, sm->t.x, sm->t.w, half, quarter, lane);
         PRE_TC_SYNC();
         if (more) {
             pre_tcw_storex(xv, sm->t.x, warp, lane);
-            pre_tcw_storew(N, wv, sm->t.w, tid);
+            pre_tcw_storew(N, wv, sm->t.w, wtid);
         }
         PRE_TC_SYNC();
     }
-#undef PRE_TCW_Q
     /* quarter sums: red[(quarter * TOK + token) * MP + m] (the tiles are dead after the last
      * barrier) */
     MHC_UNROLL
