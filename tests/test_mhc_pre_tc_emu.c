@@ -54,23 +54,29 @@ static void team_async(int n, const pre_tc_geom *g, const char *x, const float *
     }
 }
 
-static pre_tcw_smem emu_tcw;
+static uint16_t emu_ring[PRE_TCW_RING(3)] __attribute__((aligned(16)));
 
-static void team_wide(int n, const pre_tc_geom *g, const char *x, const uint16_t *wp, float *part) {
+/* the wide-load GEMM with a ring of nb x tiles (the device runs 3, or 2 for n = 4 on request) */
+static void team_wide(int n, int nb, const pre_tc_geom *g, const char *x, const uint16_t *wp,
+                      float *part) {
+#define EMU_TCW(N)                                                                                 \
+    nb == 3 ? pre_tcw_team(N, 3, g, x, wp, part, emu_ring)                                         \
+            : pre_tcw_team(N, 2, g, x, wp, part, emu_ring)
     switch (n) {
     case 1:
-        pre_tcw_team(1, g, x, wp, part, &emu_tcw);
+        EMU_TCW(1);
         break;
     case 2:
-        pre_tcw_team(2, g, x, wp, part, &emu_tcw);
+        EMU_TCW(2);
         break;
     case 3:
-        pre_tcw_team(3, g, x, wp, part, &emu_tcw);
+        EMU_TCW(3);
         break;
     default:
-        pre_tcw_team(4, g, x, wp, part, &emu_tcw);
+        EMU_TCW(4);
         break;
     }
+#undef EMU_TCW
 }
 
 static void hin(int n, const pre_tc_geom *g, const char *x, const float *hp, char *h_in, int64_t t,
@@ -87,7 +93,8 @@ static double rnd(void) { /* uniform in [-1, 1) */
 }
 
 /* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8); async: 0 the
- * register GEMM, 1 the cp.async one, 2 the wide-load one */
+ * register GEMM, 1 the cp.async one, 2 the wide-load one (ring of 2 x tiles), 3 the same with a
+ * ring of 3 */
 static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma,
                   int interleave, int64_t teams, int async, int rot) {
     const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
@@ -104,10 +111,10 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     a.sx[0] = sx0, a.sx[1] = sx1, a.sx[2] = sx2, a.sx[3] = 1;
     a.phi = phi, a.sphi = K, a.gamma = with_gamma ? gamma : NULL;
     a.shin[0] = S * D, a.shin[1] = D, a.shin[2] = 1;
-    pre_tc_geom g = async == 2 ? pre_tcw_geometry(&a, teams)
+    pre_tc_geom g = async >= 2 ? pre_tcw_geometry(&a, teams)
                                : pre_tc_geometry_for(&a, interleave, teams, async);
     g.ROT = rot;
-    const int nthr = async == 2 ? PRE_TCW_THREADS : PRE_TC_THREADS;
+    const int nthr = async >= 2 ? PRE_TCW_THREADS : PRE_TC_THREADS;
     cr_assert(g.KS >= 1);
     float *part = malloc(sizeof(float) * (size_t)(g.KS * T * (M + 1)));
     for (int64_t i = 0; i < g.KS * T * (M + 1); i++) part[i] = NAN;
@@ -115,7 +122,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     /* the wide-load GEMM's weights, precomputed as its launch does (NaN-filled first, so a
      * piece the precompute misses shows) */
     uint16_t *wp = NULL;
-    if (async == 2) {
+    if (async >= 2) {
         const int64_t items = (g.NCH + PRE_TCW_SC - 1) / PRE_TCW_SC * (PRE_TC_NT(n) * 8) * 64;
         wp = malloc(sizeof(uint16_t) * (size_t)(items * 6));
         for (int64_t i = 0; i < items * 6; i++) wp[i] = 0x7fc0;
@@ -129,8 +136,8 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
             if (omp_get_num_threads() != nthr) {
 #pragma omp single
                 ok = 0;
-            } else if (async == 2) {
-                team_wide(n, &g, (const char *)x, wp, part);
+            } else if (async >= 2) {
+                team_wide(n, async, &g, (const char *)x, wp, part);
             } else if (async) {
                 team_async(n, &g, (const char *)x, phi, a.gamma, part);
             } else {
@@ -251,6 +258,11 @@ Test(mhc_pre_tc_emu, wide_loads) {
     check(1, 40, 4, 200, 8, 0, 0, 3, 2, 1);
     check(1, 70, 4, 64, 0, 1, 0, 2, 2, 1);
     for (int n = 1; n <= 3; n++) check(1, 20, n, 24 + 8 * (n & 2), 8 * (n & 1), n & 1, 0, 3, 2, 1);
+    /* a ring of 3 x tiles: one to many stages a split (1, 2 and more than 3) */
+    check(2, 150, 4, 40, 8, 1, 0, 64, 3, 1);
+    check(1, 40, 4, 200, 0, 1, 0, 1, 3, 0);
+    check(1, 70, 4, 64, 0, 1, 0, 2, 3, 1);
+    check(1, 20, 2, 40, 8, 0, 0, 3, 3, 1);
 }
 
 static float emu_es[PRE_EPI_SMEM];

@@ -2,17 +2,26 @@
  * weight precompute, then one bare kernel a stream count. A file of its own so that its register
  * cap (CMakeLists.txt: 128, two teams of 256 threads an SM) leaves the other pre-forward kernels
  * alone. */
+#include <stdlib.h>
+
 #include "mhc_pre_tcw.h"
 
 /* clang-format off */
-#define TCW_KERNEL(N)                                                                              \
+#define TCW_KERNEL(N, NB)                                                                          \
     _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(PRE_TCW_THREADS) device(ex.device) is_device_ptr(x, wp, part) firstprivate(gg)") \
     {                                                                                              \
-        static pre_tcw_smem sm;                                                                    \
-        _Pragma("omp allocate(sm) allocator(omp_pteam_mem_alloc)")                                 \
-        pre_tcw_team(N, &gg, x, wp, part, &sm);                                                    \
+        static uint16_t ring[PRE_TCW_RING(NB)] __attribute__((aligned(16)));                       \
+        _Pragma("omp allocate(ring) allocator(omp_pteam_mem_alloc)")                              \
+        pre_tcw_team(N, NB, &gg, x, wp, part, ring);                                               \
     }
 /* clang-format on */
+
+/* x tiles in the ring: 3, or OMPK_MHC_PRE_TCW_RING = 2 (n = 4 only, a benchmark knob; 2 measured
+ * 0.418-0.445 ms against 0.416-0.429 for 3 in one H200 lease) */
+static int tcw_ring(void) {
+    const char *s = getenv("OMPK_MHC_PRE_TCW_RING");
+    return s && strtol(s, NULL, 10) == 2 ? 2 : 3;
+}
 
 void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, const char *x, const float *phi,
                       const float *gamma, uint16_t *wp, float *part) {
@@ -25,19 +34,24 @@ void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, const char *x, 
     for (int64_t e = 0; e < items; e++) pre_tcw_wpair(n, &gg, phi, gamma, wp, e);
     switch (n) {
     case 1:
-        TCW_KERNEL(1)
+        TCW_KERNEL(1, 3)
         break;
     case 2:
-        TCW_KERNEL(2)
+        TCW_KERNEL(2, 3)
         break;
     case 3:
-        TCW_KERNEL(3)
+        TCW_KERNEL(3, 3)
         break;
     default:
-        TCW_KERNEL(4)
+        if (tcw_ring() == 2) {
+            TCW_KERNEL(4, 2)
+        } else {
+            TCW_KERNEL(4, 3)
+        }
         break;
     }
 #else
     (void)ex, (void)g, (void)n, (void)x, (void)phi, (void)gamma, (void)wp, (void)part;
+    (void)tcw_ring;
 #endif
 }

@@ -11,22 +11,31 @@
  *
  * A team is PRE_TCW_THREADS threads on PRE_TCW_TOK tokens and one contiguous K split; a stage is
  * PRE_TCW_SC 32-wide chunks (256 bytes of a row inside one stream). Warp w takes chunk w % 4 of
- * every stage (its k quarter) for token tiles 2 (w / 4) and 2 (w / 4) + 1. Its A fragments come
- * straight out of the shared x tile by ldmatrix, so they land in the four consecutive registers
- * mma wants: built from 16-byte row loads, as before, each took four register moves, and those
- * moves were 140 of the 385 instructions of a warp's stage (SASS, sm_90; 255 now). Weights are
- * (phi*gamma) split into bf16 hi + mid + lo as in mhc_pre_tc.h, split once a call into a global
- * buffer already in B-fragment order (pre_tcw_wpair): a lane reads its two k16 steps' b0, b1 of
- * one n8 tile as one 16-byte word, and a warp 512 contiguous bytes. (Forming them in every team
- * made the kernel issue-bound: ncu 65% SM throughput, 21% DRAM.) The next stage's x and weights
- * are loaded into registers while the current one multiplies from shared memory, then stored
- * between two barriers. At the end the four k-quarter sums of each token are added in quarter
- * order through shared memory (deterministic) and written in the partial layout of the other
- * GEMMs, part[(split * T + t) * (M + 1) + m] with the sum of squares at m = M.
+ * every stage (its k quarter) for token tiles 2 (w / 4) and 2 (w / 4) + 1. x goes global ->
+ * shared by cp.async into a ring of 3 tiles (48 KB, the LLVM 19 cap), two stages ahead of the
+ * multiply, so no register holds it in flight; the A fragments come out of the tile by ldmatrix,
+ * straight into the four consecutive registers mma wants. Weights are (phi*gamma) split into
+ * bf16 hi + mid + lo as in mhc_pre_tc.h, split once a call into a global buffer already in
+ * B-fragment order (pre_tcw_wpair): a lane reads its two k16 steps' b0, b1 of one n8 tile as one
+ * 16-byte word, a warp 512 contiguous bytes, straight from L2 (18 KB a stage; there is no room
+ * for them in shared memory next to the ring). At the end the four k-quarter sums of each token
+ * are added in quarter order through shared memory (deterministic) and written in the partial
+ * layout of the other GEMMs, part[(split * T + t) * (M + 1) + m] with the sum of squares at
+ * m = M.
  *
- * The x tile is rows of 16 pieces of 16 bytes; piece p of row r sits in slot p ^ (r & 7), so the 8
+ * How it got here (H200, B4 S4096 n4 D4096; ncu at its locked clocks): staging x and the
+ * weights through registers into one shared tile, with fragments built from 16-byte row loads,
+ * took 385 instructions a warp-stage, 140 of them register moves that assemble A fragments, and
+ * 285 us (54% SM throughput, issue-bound; forming the weights in every team instead of once a
+ * call had been worse: 65% SM, 21% DRAM). ldmatrix and stepped stage positions: 255
+ * instructions, 257 us, now waiting on shared memory with 128 registers and 2 teams an SM
+ * (33% of stalls short scoreboard). The cp.async ring frees the 36 staging registers: 234 us,
+ * pre forward 0.416 ms against 0.441-0.463 in the same lease (bench/results/
+ * 2026-11-21-s5-mhc-pre-fwd).
+ *
+ * An x tile is rows of 16 pieces of 16 bytes; piece p of row r sits in slot p ^ (r & 7), so the 8
  * row addresses of one ldmatrix matrix (same piece, rows r..r+7) and the 8 pieces of one row a
- * quarter-warp stores touch all 32 banks once. */
+ * quarter-warp writes touch all 32 banks once. */
 #ifndef OMPK_MHC_PRE_TCW_H
 #define OMPK_MHC_PRE_TCW_H
 
@@ -35,18 +44,11 @@
 #define PRE_TCW_WARPS 8
 #define PRE_TCW_THREADS (PRE_TCW_WARPS * 32)
 #define PRE_TCW_FITS(N) (PRE_TC_NT(N) <= 3) /* M <= 24: three n8 tiles, 24 weight rows */
-#define PRE_TCW_XS (PRE_TCW_TOK * 128)      /* bf16 of the x tile */
-#define PRE_TCW_WS (3 * 24 * 128)           /* bf16 of the weights: 3 parts x 24 rows */
+#define PRE_TCW_XS (PRE_TCW_TOK * 128)      /* bf16 of one x tile */
 #define PRE_TCW_RED (4 * PRE_TCW_TOK * 25)  /* floats of the k-quarter sums (M + 1 <= 25) */
-
-/* Team-shared memory: the tiles while multiplying, the quarter sums after. */
-typedef union pre_tcw_smem {
-    struct {
-        uint16_t x[PRE_TCW_XS];
-        uint16_t w[PRE_TCW_WS];
-    } t;
-    float red[PRE_TCW_RED];
-} __attribute__((aligned(16))) pre_tcw_smem;
+/* Team-shared memory is a ring of NB x tiles (3, the default: 48 KB, the cap; or 2), the quarter
+ * sums in its first bytes after the last stage (2 tiles hold them). */
+#define PRE_TCW_RING(NB) ((NB) * PRE_TCW_XS)
 
 /* launches of mhc_pre_tcw.c: the weight precompute into wp (sized by pre_tc_workspace), then
  * the GEMM */
@@ -79,37 +81,28 @@ MHC_INLINE void pre_tcw_pos_step(pre_tcw_pos *ps, int ndc) {
     while (ps->dc >= ndc) ps->dc -= ndc, ps->i++;
 }
 
-/* This thread's 4 pieces of the x tile of a stage: rows 2 w + lane / 16 + 16 j, piece lane % 16
- * at ps (zeros past the split or past D). Rows 16 apart keep r & 7, and so the swizzle, the
- * same for the four: their shared addresses differ by constants (rows 2 apart took four address
- * registers; ptxas spilled 32 bytes a thread then, 20 now, at the 128-register cap). */
-MHC_INLINE void pre_tcw_loadx(uint32_t v[4][4], const char *x, const int64_t ro[4], pre_tcw_pos ps,
-                              int64_t D, int64_t sx2, int q1, int lane) {
+/* This thread's 4 pieces of the x tile of a stage into ring tile xs by cp.async: rows 2 w +
+ * lane / 16 + 16 j, piece lane % 16 at ps; past the split or past D zeros are stored directly.
+ * Rows 16 apart keep r & 7, and so the swizzle, the same for the four: their shared addresses
+ * differ by constants. */
+MHC_INLINE void pre_tcw_issue(uint16_t *xs, const char *x, const int64_t ro[4], pre_tcw_pos ps,
+                              int64_t D, int64_t sx2, int q1, int warp, int lane) {
+    const int p = lane & 15;
     const int64_t d = (int64_t)ps.dc * 32 + 8 * (lane & 3);
     const int64_t off = (ps.i * sx2 + d) * 2;
     const int ok = ps.q < q1 && d < D;
     MHC_UNROLL
     for (int j = 0; j < 4; j++) {
-        ompk_u128 t = {{0u, 0u, 0u, 0u}};
-        if (ok) t = *(const ompk_u128 *)(x + ro[j] + off);
-        MHC_UNROLL
-        for (int w = 0; w < 4; w++) v[j][w] = t.w[w];
-    }
-}
-
-MHC_INLINE void pre_tcw_storex(uint32_t v[4][4], uint16_t *xs, int warp, int lane) {
-    const int p = lane & 15;
-    MHC_UNROLL
-    for (int j = 0; j < 4; j++) {
         const int r = 2 * warp + (lane >> 4) + 16 * j;
-        ompk_u128 t;
-        MHC_UNROLL
-        for (int w = 0; w < 4; w++) t.w[w] = v[j][w];
-        *(ompk_u128 *)(xs + r * 128 + pre_tcw_slot(p, r) * 8) = t;
+        uint16_t *dst = xs + r * 128 + pre_tcw_slot(p, r) * 8;
+        if (ok) {
+            ptx_cp_async16(dst, x + ro[j] + off);
+        } else {
+            const ompk_u128 z = {{0u, 0u, 0u, 0u}};
+            *(ompk_u128 *)dst = z;
+        }
     }
 }
-
-#define PRE_TCW_WPT 5 /* 16-byte weight pieces a thread a stage: 3 * 24 * 16 / 256, rounded up */
 
 /* Work item e of the weight precompute (before the GEMM, once a call): block e / (ROWS * 64),
  * row, k pair -> (phi*gamma) split into bf16 hi + mid + lo. Rows past M and k past K are zeros (x
@@ -152,14 +145,18 @@ MHC_INLINE float pre_tcw_sq2(uint32_t w, float s) {
     return fmaf(hi, hi, fmaf(lo, lo, s));
 }
 
-/* The warp's products of one stage: its k quarter of its two token tiles. xa[mt][kh] is the A
+/* The warp's products of one stage: its k quarter of its two token tiles, x from ring tile xs,
+ * weights straight from their global block wb (L2-resident; the two warps of a quarter read the
+ * same lines, so L1 serves about one read in two: with prefetch.global.L1 one or two stages
+ * ahead, ncu still counted 37% L1 sector hits over weights and x, what that alone gives, so
+ * there is no prefetch). xa[mt][kh] is the A
  * fragment of token tile mt, k16 step kh (ldmatrix: matrix l / 8 = rows + 8 (l / 8 % 2), piece
  * 2 kh + l / 16 of the quarter; registers 0 and 2 are row g, 1 and 3 row g + 8). (The sums of
  * squares as the diagonal of each tile times itself on the tensor cores measured slower: 0.487
  * ms, and the GEMM 302 us under ncu against 285; the tensor pipe is busy enough with the three
  * weight parts.) */
 MHC_INLINE void pre_tcw_stage(const int N, float acc[2][3][4], float ss[2][2], const uint16_t *xs,
-                              const uint16_t *ws, int half, int quarter, int lane) {
+                              const uint16_t *wb, int half, int quarter, int lane) {
     const int NT = PRE_TC_NT(N), mi = lane >> 3;
     uint32_t xa[2][2][4];
     MHC_UNROLL
@@ -177,7 +174,7 @@ MHC_INLINE void pre_tcw_stage(const int N, float acc[2][3][4], float ss[2][2], c
     for (int nt = 0; nt < 3; nt++) {
         if (nt >= NT) continue;
         const ompk_u128 wv =
-            *(const ompk_u128 *)(ws + ((s * NT + nt) * 4 + quarter) * 256 + lane * 8);
+            *(const ompk_u128 *)(wb + ((s * NT + nt) * 4 + quarter) * 256 + lane * 8);
         MHC_UNROLL
         for (int kh = 0; kh < 2; kh++) MHC_UNROLL
         for (int mt = 0; mt < 2; mt++)
@@ -185,39 +182,20 @@ MHC_INLINE void pre_tcw_stage(const int N, float acc[2][3][4], float ss[2][2], c
     }
 }
 
-/* This thread's pieces of the precomputed weights of stage block blk: pieces tid + 256 j of the
- * block (a team load covers 4 KB contiguous). */
-MHC_INLINE void pre_tcw_loadw(const int N, uint32_t v[PRE_TCW_WPT][4], const uint16_t *wp, int blk,
-                              int tid) {
-    const int NPC = PRE_TCW_WBLK(N) / 8; /* pieces a block */
-    const uint16_t *b = wp + (int64_t)blk * PRE_TCW_WBLK(N);
-    MHC_UNROLL
-    for (int j = 0; j < PRE_TCW_WPT; j++) {
-        const int pc = tid + PRE_TCW_THREADS * j;
-        ompk_u128 t = {{0u, 0u, 0u, 0u}};
-        if (pc < NPC) t = *(const ompk_u128 *)(b + pc * 8);
-        MHC_UNROLL
-        for (int w = 0; w < 4; w++) v[j][w] = t.w[w];
-    }
+/* Next stage in the rotated order, and this thread's x position in it. */
+MHC_INLINE void pre_tcw_advance(int *sr, pre_tcw_pos *ps, int nst, int q0, int pq, int ndc) {
+    if (++*sr == nst)
+        *sr = 0, *ps = pre_tcw_pos_at(q0 + pq, ndc);
+    else
+        pre_tcw_pos_step(ps, ndc);
 }
 
-MHC_INLINE void pre_tcw_storew(const int N, uint32_t v[PRE_TCW_WPT][4], uint16_t *ws, int tid) {
-    const int NPC = PRE_TCW_WBLK(N) / 8;
-    MHC_UNROLL
-    for (int j = 0; j < PRE_TCW_WPT; j++) {
-        const int pc = tid + PRE_TCW_THREADS * j;
-        if (pc >= NPC) continue;
-        ompk_u128 t;
-        MHC_UNROLL
-        for (int w = 0; w < 4; w++) t.w[w] = v[j][w];
-        *(ompk_u128 *)(ws + pc * 8) = t;
-    }
-}
-
-/* One team (N <= 4); wp: the precomputed weights (pre_tcw_wpair). With g->ROT the team walks its
- * stages from stage block % nst, wrapping (a fixed order either way). */
-MHC_INLINE void pre_tcw_team(const int N, const pre_tc_geom *g, const char *x, const uint16_t *wp,
-                             float *part, pre_tcw_smem *sm) {
+/* One team (N <= 4); wp: the precomputed weights (pre_tcw_wpair); ring: NB x tiles (2 or 3).
+ * Stage st + NB - 1 is copied into the ring (cp.async) while stage st multiplies, so x waits in
+ * no register; one barrier a stage. With g->ROT the team walks its stages from stage
+ * block % nst, wrapping (a fixed order either way). */
+MHC_INLINE void pre_tcw_team(const int N, const int NB, const pre_tc_geom *g, const char *x,
+                             const uint16_t *wp, float *part, uint16_t *ring) {
     /* a private copy: read through the kernel-argument pointer, the fields were reloaded from
      * global memory every stage (the barriers and stores may alias it) */
     const pre_tc_geom G = *g;
@@ -230,9 +208,8 @@ MHC_INLINE void pre_tcw_team(const int N, const pre_tc_geom *g, const char *x, c
     const int q0 = c * G.CPS, q1 = q0 + G.CPS > G.NCH ? G.NCH : q0 + G.CPS;
     const int nst = (q1 - q0 + SC - 1) / SC;
     const int rot = G.ROT && nst > 0 ? blk % nst : 0;
-    /* this thread's x piece sits in chunk + (lane / 4) % 4 of a stage; tid masked so that the
-     * compiler sees the weight pieces of the first four passes are all in range */
-    const int pq = (lane >> 2) & 3, wtid = tid & (PRE_TCW_THREADS - 1), b0 = q0 / SC;
+    /* this thread's x piece sits in chunk + (lane / 4) % 4 of a stage */
+    const int pq = (lane >> 2) & 3, b0 = q0 / SC;
     /* byte offsets of this thread's 4 tile rows (past T: the last token, never written) */
     int64_t ro[4];
     MHC_UNROLL
@@ -249,36 +226,41 @@ MHC_INLINE void pre_tcw_team(const int N, const pre_tc_geom *g, const char *x, c
         for (int nt = 0; nt < 3; nt++) MHC_UNROLL
         for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.f;
     }
-    uint32_t xv[4][4], wv[PRE_TCW_WPT][4];
-    int sr = rot; /* the stage being loaded, in the rotated order */
-    pre_tcw_pos ps = pre_tcw_pos_at(q0 + sr * SC + pq, G.NDC);
-    if (nst > 0) {
-        pre_tcw_loadx(xv, x, ro, ps, G.D, G.sx2, q1, lane);
-        pre_tcw_loadw(N, wv, wp, b0 + sr, wtid);
-        pre_tcw_storex(xv, sm->t.x, warp, lane);
-        pre_tcw_storew(N, wv, sm->t.w, wtid);
+    /* issue cursor: stages issued, the next one's rotated index and x position, its ring tile */
+    int nis = 0, sl = rot, tl = 0;
+    pre_tcw_pos ps = pre_tcw_pos_at(q0 + sl * SC + pq, G.NDC);
+    MHC_UNROLL
+    for (int k = 0; k + 1 < NB; k++) {
+        if (nis < nst) {
+            pre_tcw_issue(ring + tl * PRE_TCW_XS, x, ro, ps, G.D, G.sx2, q1, warp, lane);
+            tl = tl + 1 == NB ? 0 : tl + 1;
+            if (++nis < nst) pre_tcw_advance(&sl, &ps, nst, q0, pq, G.NDC);
+        }
+        ptx_cp_async_commit();
     }
-    PRE_TC_SYNC();
+    int sc = rot, tc = 0; /* the stage being multiplied and its ring tile */
     for (int st = 0; st < nst; st++) {
-        const int more = st + 1 < nst;
-        if (more) {
-            if (++sr == nst)
-                sr = 0, ps = pre_tcw_pos_at(q0 + pq, G.NDC);
-            else
-                pre_tcw_pos_step(&ps, G.NDC);
-            pre_tcw_loadx(xv, x, ro, ps, G.D, G.sx2, q1, lane);
-            pre_tcw_loadw(N, wv, wp, b0 + sr, wtid);
-        }
-        pre_tcw_stage(N, acc, ss, sm->t.x, sm->t.w, half, quarter, lane);
+        /* stage st's group done (NB - 2 younger ones may be pending), and every warp past stage
+         * st - 1, whose tile the next copy reuses */
+        if (NB == 2)
+            ptx_cp_async_wait0();
+        else
+            ptx_cp_async_wait1();
         PRE_TC_SYNC();
-        if (more) {
-            pre_tcw_storex(xv, sm->t.x, warp, lane);
-            pre_tcw_storew(N, wv, sm->t.w, wtid);
+        if (nis < nst) {
+            pre_tcw_issue(ring + tl * PRE_TCW_XS, x, ro, ps, G.D, G.sx2, q1, warp, lane);
+            tl = tl + 1 == NB ? 0 : tl + 1;
+            if (++nis < nst) pre_tcw_advance(&sl, &ps, nst, q0, pq, G.NDC);
         }
-        PRE_TC_SYNC();
+        ptx_cp_async_commit();
+        pre_tcw_stage(N, acc, ss, ring + tc * PRE_TCW_XS, wp + (int64_t)(b0 + sc) * PRE_TCW_WBLK(N),
+                      half, quarter, lane);
+        sc = sc + 1 == nst ? 0 : sc + 1;
+        tc = tc + 1 == NB ? 0 : tc + 1;
     }
-    /* quarter sums: red[(quarter * TOK + token) * MP + m] (the tiles are dead after the last
-     * barrier) */
+    PRE_TC_SYNC(); /* the ring is dead: the quarter sums reuse it */
+    float *red = (float *)ring;
+    /* quarter sums: red[(quarter * TOK + token) * MP + m] */
     MHC_UNROLL
     for (int mt = 0; mt < 2; mt++) MHC_UNROLL
     for (int h = 0; h < 2; h++) {
@@ -286,13 +268,13 @@ MHC_INLINE void pre_tcw_team(const int N, const pre_tc_geom *g, const char *x, c
         ss[mt][h] += ptx_shfl_xor(ss[mt][h], 1);
         ss[mt][h] += ptx_shfl_xor(ss[mt][h], 2);
         pre_tc_put_row(NT, M, acc[mt], h, t4, ss[mt][h],
-                       sm->red + (quarter * PRE_TCW_TOK + (2 * half + mt) * 16 + h * 8 + gq) * MP);
+                       red + (quarter * PRE_TCW_TOK + (2 * half + mt) * 16 + h * 8 + gq) * MP);
     }
     PRE_TC_SYNC();
     for (int e = tid; e < PRE_TCW_TOK * MP; e += PRE_TCW_THREADS) {
         const int tok = e / MP;
         if (t0 + tok >= T) continue;
-        const float *rr = sm->red + e;
+        const float *rr = red + e;
         const int qs = PRE_TCW_TOK * MP;
         part[((int64_t)c * T + t0) * MP + e] = ((rr[0] + rr[qs]) + rr[2 * qs]) + rr[3 * qs];
     }
