@@ -1,14 +1,17 @@
 /* mHC pre, backward (KERNELS.md 1.4), dW route; one OpenMP source for GPU and host.
- *  1. dh_pre partials: work item = (d chunk, token), all n streams of the chunk.
+ *  1. dh_pre partials: work item = (d chunk, token), all n streams of the chunk (the host: whole
+ *     token rows, one partial a token, bwd_dhpre_host).
  *  2. Per token: partials summed in fixed order; dz, dh_mix (padded rows), the dinv
  *     coefficient, and the token's dbias / dalpha terms.
  *  3. dbias, dalpha: fixed blocks of tokens, then a fixed-order sum of the blocks.
  *  4. One pass over x for dx and dW: work item = (token block, run of KC elements of one
  *     stream); on the GPU adjacent lanes take adjacent runs (coalesced x, dh_in, dx), the
  *     token's dh_mix row is a broadcast, and the item keeps the KC*M weights and dW sums in
- *     registers over its tokens; the host form works on 8-float vectors. Each item writes its
- *     dW sums as its token block's partial.
- *  5. dW = fixed-order sum of the block partials; dphi = dW*gamma, dgamma = colsum(dW*phi).
+ *     registers over its tokens; the host form works on 8-float vectors, as register tiles over
+ *     runs of 16 where rows are contiguous (bwd_dxdw_host16). Each item writes its dW sums as
+ *     its token block's partial.
+ *  5. dW = fixed-order sum of the block partials; dphi = dW*gamma, dgamma = colsum(dW*phi) (the
+ *     host: the same order with k innermost, bwd_dw_host).
  * On a GPU with bf16 tensors of 16-byte rows and n <= BWD_TC_NMAX the tensor-core path of
  * mhc_pre_bwd_tc.h runs instead: stages 1 + 2 fused (writing the operands in mma fragment
  * order), stage 4 on tensor cores with stage 3's block sums, stage 5 with the blocks' sum.
@@ -407,6 +410,70 @@ static inline void f8_store(char *p, int64_t st, int bf16, int vec, int ne, bwd_
     }
 }
 
+/* Host form of stage 1 for one token: dh_pre over the whole row (x has unit element stride) on
+ * 8-float vectors, two accumulators a stream for independent FMA chains, then a fixed-order sum
+ * of the 16 lanes. The GPU's items of CD = 16 elements cost the host a dependent chain of 16
+ * scalar FMAs a stream and the item bookkeeping: a third of the host backward (perf) for 8M
+ * multiply-adds. */
+static inline void bwd_dhpre_host(const int N, const char *xrow, int64_t sx2, const char *grow,
+                                  int64_t D, int bf16, int gbf16, int vec, float *out) {
+    const int esz = bf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
+    bwd_f8 a0[NMAX], a1[NMAX];
+    for (int i = 0; i < N; i++) a0[i] = a1[i] = (bwd_f8){0};
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) {
+        const bwd_f8 g0 = f8_load(grow + d * gsz, 1, gbf16, vec, 8);
+        const bwd_f8 g1 = f8_load(grow + (d + 8) * gsz, 1, gbf16, vec, 8);
+        for (int i = 0; i < N; i++) {
+            const char *xp = xrow + (i * sx2 + d) * esz;
+            a0[i] += g0 * f8_load(xp, 1, bf16, vec, 8);
+            a1[i] += g1 * f8_load(xp + 8 * esz, 1, bf16, vec, 8);
+        }
+    }
+    /* the last D % 16 elements element by element (a vector load would pass the row end) */
+    for (; d < D; d += 8) {
+        const int ne = D - d < 8 ? (int)(D - d) : 8;
+        const bwd_f8 g0 = f8_load(grow + d * gsz, 1, gbf16, 0, ne);
+        for (int i = 0; i < N; i++)
+            a0[i] += g0 * f8_load(xrow + (i * sx2 + d) * esz, 1, bf16, 0, ne);
+    }
+    for (int i = 0; i < N; i++) {
+        const bwd_f8 v = a0[i] + a1[i];
+        float acc = 0.f;
+        for (int e = 0; e < 8; e++) acc += v[e];
+        out[i] = acc;
+    }
+}
+
+/* Host form of stage 5 for elements [k0, k1): the same sums in the same order as the GPU loop
+ * (blocks q in order, then m in order for dgamma), but with k innermost so that they run on
+ * vectors instead of one element's 24 x NB strided reads at a time. */
+static inline void bwd_dw_host(int M, int64_t K, int64_t nbw, int64_t k0, int64_t k1,
+                               const float *pw, const float *phi, int64_t sphi, const float *gamma,
+                               float *dphi, int64_t sdphi, float *dgamma) {
+    enum { KB = 256 };
+    float w[KB], dg[KB];
+    for (int64_t kb = k0; kb < k1; kb += KB) {
+        const int nk = k1 - kb < KB ? (int)(k1 - kb) : KB;
+        for (int e = 0; e < nk; e++) dg[e] = 0.f;
+        for (int m = 0; m < M; m++) {
+            for (int e = 0; e < nk; e++) w[e] = 0.f;
+            for (int64_t q = 0; q < nbw; q++) {
+                const float *pq = pw + (q * M + m) * K + kb;
+                for (int e = 0; e < nk; e++) w[e] += pq[e];
+            }
+            float *dp = dphi + m * sdphi + kb;
+            const float *ph = phi + m * sphi + kb;
+            for (int e = 0; e < nk; e++) {
+                dp[e] = w[e] * (gamma ? gamma[kb + e] : 1.f);
+                dg[e] += w[e] * ph[e];
+            }
+        }
+        if (dgamma)
+            for (int e = 0; e < nk; e++) dgamma[kb + e] = dg[e];
+    }
+}
+
 MHC_INLINE void bwd_dxdw_host(const int N, const bwd_io *io, int64_t i, int64_t d0, int64_t t0,
                               int64_t t1, int vec, const char *x, const char *dh, const char *gxp,
                               char *dx, const float *phi, const float *gamma, const float *h_pre,
@@ -476,6 +543,116 @@ MHC_INLINE void bwd_dxdw_host(const int N, const bwd_io *io, int64_t i, int64_t 
     }
     for (int m = 0; m < M; m++)
         for (int e = 0; e < ne; e++) pw[m * K + k0 + e] = acc[m][e];
+}
+
+/* Host stage 4 on runs of 16 elements (two 8-float vectors), for calls whose every run is
+ * contiguous (bwd_host16_ok; no alignment needed, the vectors move by memcpy). bwd_dxdw_host
+ * keeps 2 x M weight and sum vectors across the token loop: 48 for n = 4 on AVX2's 16
+ * registers, so they live in memory and every 4 FMAs cost 4 loads and a store. Here the sums are
+ * register tiles: dW 6 rows x 16 elements (per token 2 loads and 6 broadcasts for 12 FMAs), dx 4
+ * tokens x 16 elements (per m 2 weight loads and 4 broadcasts for 8 FMAs), over tokens converted
+ * to f32 BWD_HTB at a time. The same sums in the same order as bwd_dxdw_host: tokens in order for
+ * dW, m in order for dx. */
+#define BWD_HTB 64
+#define BWD_HMB 6
+static inline void bwd_dxdw_host16(const int N, const bwd_io *io, int64_t i, int64_t d0, int64_t t0,
+                                   int64_t t1, const char *x, const char *dh, const char *gxp,
+                                   char *dx, const float *phi, const float *gamma,
+                                   const float *h_pre, const float *dhm_ws, const float *coef,
+                                   float *pw) {
+    const int M = 2 * N + N * N, MW = io->MW;
+    const int64_t S = io->S, K = io->K, k0 = i * io->D + d0;
+    const int bf16 = io->bf16, dbf16 = io->dbf16, gbf16 = io->gbf16;
+    const int esz = bf16 ? 2 : 4, dsz = dbf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
+    bwd_f8 w[MMAX][2], acc[MMAX][2];
+    for (int m = 0; m < M; m++)
+        for (int h = 0; h < 2; h++) {
+            for (int e = 0; e < 8; e++) {
+                const int64_t k = k0 + 8 * h + e;
+                w[m][h][e] = phi[m * io->sphi + k] * (gamma ? gamma[k] : 1.f);
+            }
+            acc[m][h] = (bwd_f8){0};
+        }
+    const char *xb = x + (i * io->sx[2] + d0) * esz, *db = dh + d0 * dsz;
+    const char *gb = gxp ? gxp + (i * io->sg[2] + d0) * gsz : gxp;
+    char *ob = dx + (i * io->sdx[2] + d0) * esz;
+    const int64_t b0 = t1 > t0 ? t0 / S : 0, s0 = t1 > t0 ? t0 - b0 * S : 0;
+    bwd_cur cx = cur_make(b0, s0, S, io->sx[0], io->sx[1]);
+    bwd_cur cd = cur_make(b0, s0, S, io->sdh[0], io->sdh[1]);
+    bwd_cur co = cur_make(b0, s0, S, io->sdx[0], io->sdx[1]);
+    bwd_cur cg = cur_make(b0, s0, S, io->sg[0], io->sg[1]);
+    int64_t sl = s0, so = s0;
+    bwd_f8 vb[BWD_HTB][2], gv[BWD_HTB][2];
+    for (int64_t tb = t0; tb < t1; tb += BWD_HTB) {
+        const int nt = t1 - tb < BWD_HTB ? (int)(t1 - tb) : BWD_HTB;
+        for (int j = 0; j < nt; j++) {
+            for (int h = 0; h < 2; h++) {
+                vb[j][h] = f8_load(xb + (cx.off + 8 * h) * esz, 1, bf16, 1, 8);
+                gv[j][h] = f8_load(db + (cd.off + 8 * h) * dsz, 1, dbf16, 1, 8);
+            }
+            const int wr = ++sl == S;
+            if (wr) sl = 0;
+            cur_next(&cx, wr);
+            cur_next(&cd, wr);
+        }
+        const float *rb = dhm_ws + tb * MW;
+        for (int mb = 0; mb < M; mb += BWD_HMB) {
+            bwd_f8 a[BWD_HMB][2];
+            for (int u = 0; u < BWD_HMB; u++)
+                for (int h = 0; h < 2; h++) a[u][h] = mb + u < M ? acc[mb + u][h] : (bwd_f8){0};
+            for (int j = 0; j < nt; j++)
+                for (int u = 0; u < BWD_HMB; u++) {
+                    if (mb + u >= M) continue;
+                    const float r = rb[j * MW + mb + u];
+                    a[u][0] += r * vb[j][0];
+                    a[u][1] += r * vb[j][1];
+                }
+            for (int u = 0; u < BWD_HMB; u++)
+                if (mb + u < M) acc[mb + u][0] = a[u][0], acc[mb + u][1] = a[u][1];
+        }
+        for (int j = 0; j < nt; j += 4) {
+            const int nu = nt - j < 4 ? nt - j : 4;
+            bwd_f8 sum[4][2];
+            for (int u = 0; u < 4; u++) sum[u][0] = sum[u][1] = (bwd_f8){0};
+            if (nu == 4) {
+                for (int m = 0; m < M; m++)
+                    for (int u = 0; u < 4; u++) {
+                        const float r = rb[(j + u) * MW + m];
+                        sum[u][0] += r * w[m][0];
+                        sum[u][1] += r * w[m][1];
+                    }
+            } else {
+                for (int u = 0; u < nu; u++)
+                    for (int m = 0; m < M; m++) {
+                        const float r = rb[(j + u) * MW + m];
+                        sum[u][0] += r * w[m][0];
+                        sum[u][1] += r * w[m][1];
+                    }
+            }
+            for (int u = 0; u < nu; u++) {
+                const int64_t t = tb + j + u;
+                const float c = coef[t], hp = h_pre[t * io->shpre[0] + i * io->shpre[1]];
+                for (int h = 0; h < 2; h++) {
+                    bwd_f8 out = sum[u][h] - c * vb[j + u][h] + hp * gv[j + u][h];
+                    if (gb) out += f8_load(gb + (cg.off + 8 * h) * gsz, 1, gbf16, 1, 8);
+                    f8_store(ob + (co.off + 8 * h) * esz, 1, bf16, 1, 8, out);
+                }
+                const int wr = ++so == S;
+                if (wr) so = 0;
+                cur_next(&co, wr);
+                cur_next(&cg, wr);
+            }
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int h = 0; h < 2; h++)
+            for (int e = 0; e < 8; e++) pw[m * K + k0 + 8 * h + e] = acc[m][h][e];
+}
+
+/* Whether bwd_dxdw_host16 can take the call: unit element strides and D a multiple of 16. */
+static int bwd_host16_ok(const mhc_pre_bwd_args *a) {
+    if (a->D % 16 || a->sx[3] != 1 || a->sdh[2] != 1 || a->sdx[3] != 1) return 0;
+    return !a->gxp || a->sgxp[3] == 1;
 }
 
 /* Whether every run of KC elements that stage 4 moves is contiguous and aligned to its size. */
