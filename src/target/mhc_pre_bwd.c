@@ -254,6 +254,18 @@ MHC_INLINE void cur_next(bwd_cur *c, int wrapped) {
     c->off += c->s1 + (wrapped ? c->wrap : 0);
 }
 
+/* Stage 4's four token cursors (x, dh_in, dx, grad_x_post) at token t0; returns t0's s (all at
+ * token 0 when the run is empty). */
+MHC_INLINE int64_t cur_make4(const bwd_io *io, int64_t t0, int64_t t1, bwd_cur *cx, bwd_cur *cd,
+                             bwd_cur *co, bwd_cur *cg) {
+    const int64_t S = io->S, b0 = t1 > t0 ? t0 / S : 0, s0 = t1 > t0 ? t0 - b0 * S : 0;
+    *cx = cur_make(b0, s0, S, io->sx[0], io->sx[1]);
+    *cd = cur_make(b0, s0, S, io->sdh[0], io->sdh[1]);
+    *co = cur_make(b0, s0, S, io->sdx[0], io->sdx[1]);
+    *cg = cur_make(b0, s0, S, io->sg[0], io->sg[1]);
+    return s0;
+}
+
 /* Stage 4 body: tokens [t0,t1) at the KC elements d0.. of stream i (k = i*D + d0 + e). The KC x M
  * weights phi*gamma and dW sums stay in registers over the tokens; x and dh_in are loaded TG
  * tokens ahead of their use, so TG tokens' loads are in flight while one token's arithmetic runs
@@ -290,12 +302,9 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
     char *ob = dx + (i * io->sdx[2] + d0 * so3) * esz;
     const float *hb = h_pre + i * io->shpre[1];
     const int64_t sh0 = io->shpre[0];
-    const int64_t b0 = t1 > t0 ? t0 / S : 0, s0 = t1 > t0 ? t0 - b0 * S : 0;
     /* load cursors (x, dh_in) run TG tokens ahead of the store cursors (dx, grad_x_post) */
-    bwd_cur cx = cur_make(b0, s0, S, io->sx[0], io->sx[1]);
-    bwd_cur cd = cur_make(b0, s0, S, io->sdh[0], io->sdh[1]);
-    bwd_cur co = cur_make(b0, s0, S, io->sdx[0], io->sdx[1]);
-    bwd_cur cg = cur_make(b0, s0, S, io->sg[0], io->sg[1]);
+    bwd_cur cx, cd, co, cg;
+    const int64_t s0 = cur_make4(io, t0, t1, &cx, &cd, &co, &cg);
     int64_t sl = s0, sc = s0;
     /* slot j holds token tg+j; once that token is done the slot is refilled with token tg+j+TG */
     float vs[BWD_TGMAX][BWD_KCMAX], gs[BWD_TGMAX][BWD_KCMAX], cs[BWD_TGMAX], hs[BWD_TGMAX];
@@ -494,11 +503,8 @@ MHC_INLINE void bwd_dxdw_host(const int N, const bwd_io *io, int64_t i, int64_t 
     const char *xb = x + (i * io->sx[2] + d0 * sx3) * esz, *db = dh + d0 * sd2 * dsz;
     const char *gb = gxp ? gxp + (i * io->sg[2] + d0 * sg3) * gsz : gxp;
     char *ob = dx + (i * io->sdx[2] + d0 * so3) * esz;
-    const int64_t b0 = t1 > t0 ? t0 / S : 0, s0 = t1 > t0 ? t0 - b0 * S : 0;
-    bwd_cur cx = cur_make(b0, s0, S, io->sx[0], io->sx[1]);
-    bwd_cur cd = cur_make(b0, s0, S, io->sdh[0], io->sdh[1]);
-    bwd_cur co = cur_make(b0, s0, S, io->sdx[0], io->sdx[1]);
-    bwd_cur cg = cur_make(b0, s0, S, io->sg[0], io->sg[1]);
+    bwd_cur cx, cd, co, cg;
+    const int64_t s0 = cur_make4(io, t0, t1, &cx, &cd, &co, &cg);
     int64_t sc = s0;
     for (int64_t t = t0; t < t1; t += 2) {
         const int two = t + 1 < t1;
@@ -576,11 +582,8 @@ static inline void bwd_dxdw_host16(const int N, const bwd_io *io, int64_t i, int
     const char *xb = x + (i * io->sx[2] + d0) * esz, *db = dh + d0 * dsz;
     const char *gb = gxp ? gxp + (i * io->sg[2] + d0) * gsz : gxp;
     char *ob = dx + (i * io->sdx[2] + d0) * esz;
-    const int64_t b0 = t1 > t0 ? t0 / S : 0, s0 = t1 > t0 ? t0 - b0 * S : 0;
-    bwd_cur cx = cur_make(b0, s0, S, io->sx[0], io->sx[1]);
-    bwd_cur cd = cur_make(b0, s0, S, io->sdh[0], io->sdh[1]);
-    bwd_cur co = cur_make(b0, s0, S, io->sdx[0], io->sdx[1]);
-    bwd_cur cg = cur_make(b0, s0, S, io->sg[0], io->sg[1]);
+    bwd_cur cx, cd, co, cg;
+    const int64_t s0 = cur_make4(io, t0, t1, &cx, &cd, &co, &cg);
     int64_t sl = s0, so = s0;
     bwd_f8 vb[BWD_HTB][2], gv[BWD_HTB][2];
     for (int64_t tb = t0; tb < t1; tb += BWD_HTB) {
