@@ -2,7 +2,7 @@
 # Installs every build and test dependency on Debian 12 (idempotent; apt only).
 set -euo pipefail
 pkgs=(cmake ninja-build pkg-config clang-19 libomp-19-dev llvm-19 gcc-12 libhwloc-dev hwloc
-      libcriterion-dev libdlpack-dev clang-format-19 xz-utils python3)
+      libclang-rt-19-dev libcriterion-dev libdlpack-dev clang-format-19 xz-utils python3)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
