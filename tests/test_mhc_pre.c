@@ -3,6 +3,7 @@
  * runs on the host and on every GPU that tu_devices lists. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
+#include <omp.h>
 
 #include "mhc_test_common.h"
 
@@ -408,6 +409,51 @@ Test(mhc_pre, backward_bit_identical_20x) {
         for (int i = 0; i < 7; i++) free(first[i]);
         pre_free(&q);
     }
+}
+
+/* The host form of the forward (mhc_pre_fwd_host.h) tiles tokens by the thread count; its sums
+ * must not depend on it: 1, 2 and 7 threads give the same bits for token counts that give each
+ * a different tile size (6, 185), stream counts with and without a remainder block of weight
+ * rows (3, 4, 8), D with a vector tail and a K-block tail (7, 133), bf16 and f32 x. */
+Test(mhc_pre, host_forward_bits_independent_of_thread_count) {
+    const ompk_device host = {OMPK_HOST, 0};
+    const int64_t shapes[][4] = {{2, 3, 3, 133}, {5, 37, 4, 7}, {1, 6, 8, 133}, {5, 37, 8, 133}};
+    const int threads[] = {1, 2, 7};
+    const int max_threads = omp_get_max_threads();
+    for (int k = 0; k < 4; k++)
+        for (int bf = 0; bf < 2; bf++) {
+            const int64_t *sh = shapes[k];
+            pre_prob q;
+            pre_new(&q, host, bf ? OMPK_BF16 : OMPK_F32, sh[0], sh[1], sh[2], sh[3], k & 1, 300 + k,
+                    1.0);
+            q.p.fuse_sinkhorn = 1;
+            tt *outs[] = {&q.h_in, &q.h_post, &q.logits, &q.comb, &q.h_mix, &q.inv_rms, &q.h_pre};
+            void *first[7];
+            for (int th = 0; th < 3; th++) {
+                omp_set_num_threads(threads[th]);
+                for (int i = 0; i < 7; i++) tu_buf_fill_bytes(&outs[i]->b, th & 1 ? 0x11 : 0x77);
+                const ompk_status st = pre_run_fwd(&q);
+                omp_set_num_threads(max_threads);
+                cr_assert_eq(st, OMPK_OK, "pre_fwd: %s (%s)", ompk_status_str(st),
+                             ompk_last_error());
+                for (int i = 0; i < 7; i++) {
+                    if (th == 0) {
+                        first[i] = malloc(outs[i]->b.bytes);
+                        memcpy(first[i], outs[i]->b.host, outs[i]->b.bytes);
+                    } else {
+                        cr_expect(memcmp(first[i], outs[i]->b.host, outs[i]->b.bytes) == 0,
+                                  "output %d differs with %d threads (T=%lld n=%lld D=%lld %s)", i,
+                                  threads[th], (long long)q.T, (long long)q.n, (long long)q.D,
+                                  ompk_dtype_name(q.dt));
+                    }
+                }
+            }
+            omp_set_num_threads(7);
+            check_fwd(&q);
+            omp_set_num_threads(max_threads);
+            for (int i = 0; i < 7; i++) free(first[i]);
+            pre_free(&q);
+        }
 }
 
 /* x as a padded, permuted view: the non-vector path must agree with the contiguous one */

@@ -3,9 +3,9 @@
  * above; tc-rot (the register GEMM without fills), tc-epi-thread (launch 2 one thread a token),
  * tc-fused (launches 2 and 3 as one), tc-norot, tc-interleaved, tc-async and tc-async-rot (n <= 6;
  * else the register GEMM), tc-l2fill, tc-wide (n <= 4; else the default), portable = SIMT), each
- * against the double reference, on every device tu_devices lists (the host ignores the variable:
- * there the check repeats the portable kernels). Shapes that take the tensor-core path: bf16, D a
- * multiple of 8, with token and D tails and n up to 8. */
+ * against the double reference, on every device tu_devices lists (on the host, portable runs the
+ * GPU's SIMT kernels there and every other value the host form). Shapes that take the tensor-core
+ * path: bf16, D a multiple of 8, with token and D tails and n up to 8. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>

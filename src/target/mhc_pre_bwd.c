@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mhc_host_vec.h"
 #include "mhc_kern.h"
 #include "mhc_pre_bwd_tc.h"
 
@@ -378,46 +379,7 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
     }
 }
 
-/* ---- host form of stage 4 ----------------------------------------------------------------
- * Runs of 8 elements held as one 8-float vector (GCC/Clang vector extensions, so both host
- * compilers emit whole-vector FMAs); tokens in pairs, so each weight and dW-sum vector is
- * loaded and stored once per two tokens. */
-typedef float bwd_f8 __attribute__((vector_size(32)));
-typedef uint32_t bwd_u8 __attribute__((vector_size(32)));
-typedef int32_t bwd_i8 __attribute__((vector_size(32)));
-typedef uint16_t bwd_h8 __attribute__((vector_size(16)));
-
-static inline bwd_f8 f8_load(const char *p, int64_t st, int bf16, int vec, int ne) {
-    bwd_f8 f;
-    if (vec && bf16) {
-        bwd_h8 h;
-        __builtin_memcpy(&h, p, sizeof h);
-        const bwd_u8 u = __builtin_convertvector(h, bwd_u8) << 16;
-        __builtin_memcpy(&f, &u, sizeof f);
-    } else if (vec) {
-        __builtin_memcpy(&f, p, sizeof f);
-    } else {
-        for (int e = 0; e < 8; e++) f[e] = e < ne ? ompk_load_f(p, e * st, bf16) : 0.f;
-    }
-    return f;
-}
-
-static inline void f8_store(char *p, int64_t st, int bf16, int vec, int ne, bwd_f8 f) {
-    if (vec && bf16) {
-        /* ompk_f32_to_bf16 on 8 lanes */
-        bwd_u8 u;
-        __builtin_memcpy(&u, &f, sizeof u);
-        const bwd_u8 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        const bwd_u8 nan = (u >> 16) | 0x40u;
-        const bwd_u8 isnan = (bwd_u8)((bwd_i8)(u & 0x7fffffffu) > 0x7f800000);
-        const bwd_h8 h = __builtin_convertvector((isnan & nan) | (~isnan & rounded), bwd_h8);
-        __builtin_memcpy(p, &h, sizeof h);
-    } else if (vec) {
-        __builtin_memcpy(p, &f, sizeof f);
-    } else {
-        for (int e = 0; e < ne; e++) ompk_store_f(p, e * st, f[e], bf16);
-    }
-}
+/* ---- host forms of stages 1, 4 and 5, on the 8-float vectors of mhc_host_vec.h ------------ */
 
 /* Host form of stage 1 for one token: dh_pre over the whole row (x has unit element stride) on
  * 8-float vectors, two accumulators a stream for independent FMA chains, then a fixed-order sum
@@ -427,27 +389,27 @@ static inline void f8_store(char *p, int64_t st, int bf16, int vec, int ne, bwd_
 static inline void bwd_dhpre_host(const int N, const char *xrow, int64_t sx2, const char *grow,
                                   int64_t D, int bf16, int gbf16, int vec, float *out) {
     const int esz = bf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
-    bwd_f8 a0[NMAX], a1[NMAX];
-    for (int i = 0; i < N; i++) a0[i] = a1[i] = (bwd_f8){0};
+    mhc_f8 a0[NMAX], a1[NMAX];
+    for (int i = 0; i < N; i++) a0[i] = a1[i] = (mhc_f8){0};
     int64_t d = 0;
     for (; d + 16 <= D; d += 16) {
-        const bwd_f8 g0 = f8_load(grow + d * gsz, 1, gbf16, vec, 8);
-        const bwd_f8 g1 = f8_load(grow + (d + 8) * gsz, 1, gbf16, vec, 8);
+        const mhc_f8 g0 = mhc_f8_load(grow + d * gsz, 1, gbf16, vec, 8);
+        const mhc_f8 g1 = mhc_f8_load(grow + (d + 8) * gsz, 1, gbf16, vec, 8);
         for (int i = 0; i < N; i++) {
             const char *xp = xrow + (i * sx2 + d) * esz;
-            a0[i] += g0 * f8_load(xp, 1, bf16, vec, 8);
-            a1[i] += g1 * f8_load(xp + 8 * esz, 1, bf16, vec, 8);
+            a0[i] += g0 * mhc_f8_load(xp, 1, bf16, vec, 8);
+            a1[i] += g1 * mhc_f8_load(xp + 8 * esz, 1, bf16, vec, 8);
         }
     }
     /* the last D % 16 elements element by element (a vector load would pass the row end) */
     for (; d < D; d += 8) {
         const int ne = D - d < 8 ? (int)(D - d) : 8;
-        const bwd_f8 g0 = f8_load(grow + d * gsz, 1, gbf16, 0, ne);
+        const mhc_f8 g0 = mhc_f8_load(grow + d * gsz, 1, gbf16, 0, ne);
         for (int i = 0; i < N; i++)
-            a0[i] += g0 * f8_load(xrow + (i * sx2 + d) * esz, 1, bf16, 0, ne);
+            a0[i] += g0 * mhc_f8_load(xrow + (i * sx2 + d) * esz, 1, bf16, 0, ne);
     }
     for (int i = 0; i < N; i++) {
-        const bwd_f8 v = a0[i] + a1[i];
+        const mhc_f8 v = a0[i] + a1[i];
         float acc = 0.f;
         for (int e = 0; e < 8; e++) acc += v[e];
         out[i] = acc;
@@ -483,6 +445,8 @@ static inline void bwd_dw_host(int M, int64_t K, int64_t nbw, int64_t k0, int64_
     }
 }
 
+/* Host stage 4 on runs of 8 elements, one vector; tokens in pairs, so each weight and dW-sum
+ * vector is loaded and stored once per two tokens. */
 MHC_INLINE void bwd_dxdw_host(const int N, const bwd_io *io, int64_t i, int64_t d0, int64_t t0,
                               int64_t t1, int vec, const char *x, const char *dh, const char *gxp,
                               char *dx, const float *phi, const float *gamma, const float *h_pre,
@@ -494,11 +458,11 @@ MHC_INLINE void bwd_dxdw_host(const int N, const bwd_io *io, int64_t i, int64_t 
     const int64_t sx3 = io->sx[3], sd2 = io->sdh[2], sg3 = io->sg[3], so3 = io->sdx[3];
     const int ne = D - d0 < 8 ? (int)(D - d0) : 8;
     const int64_t k0 = i * D + d0;
-    bwd_f8 w[MMAX], acc[MMAX];
+    mhc_f8 w[MMAX], acc[MMAX];
     for (int m = 0; m < M; m++) {
         for (int e = 0; e < 8; e++)
             w[m][e] = e < ne ? phi[m * io->sphi + k0 + e] * (gamma ? gamma[k0 + e] : 1.f) : 0.f;
-        acc[m] = (bwd_f8){0};
+        acc[m] = (mhc_f8){0};
     }
     const char *xb = x + (i * io->sx[2] + d0 * sx3) * esz, *db = dh + d0 * sd2 * dsz;
     const char *gb = gxp ? gxp + (i * io->sg[2] + d0 * sg3) * gsz : gxp;
@@ -508,21 +472,21 @@ MHC_INLINE void bwd_dxdw_host(const int N, const bwd_io *io, int64_t i, int64_t 
     int64_t sc = s0;
     for (int64_t t = t0; t < t1; t += 2) {
         const int two = t + 1 < t1;
-        bwd_f8 v[2], g[2], sum[2];
+        mhc_f8 v[2], g[2], sum[2];
         bwd_cur px = cx, pd = cd;
         int64_t ps = sc;
         for (int j = 0; j < 2; j++) {
             if (j == 0 || two) {
-                v[j] = f8_load(xb + px.off * esz, sx3, bf16, vec, ne);
-                g[j] = f8_load(db + pd.off * dsz, sd2, dbf16, vec, ne);
+                v[j] = mhc_f8_load(xb + px.off * esz, sx3, bf16, vec, ne);
+                g[j] = mhc_f8_load(db + pd.off * dsz, sd2, dbf16, vec, ne);
             } else {
-                v[j] = g[j] = (bwd_f8){0};
+                v[j] = g[j] = (mhc_f8){0};
             }
             const int wr = ++ps == S;
             if (wr) ps = 0;
             cur_next(&px, wr);
             cur_next(&pd, wr);
-            sum[j] = (bwd_f8){0};
+            sum[j] = (mhc_f8){0};
         }
         const float *r0 = dhm_ws + t * MW, *r1 = two ? r0 + MW : r0;
         for (int m = 0; m < M; m++) {
@@ -535,10 +499,10 @@ MHC_INLINE void bwd_dxdw_host(const int N, const bwd_io *io, int64_t i, int64_t 
         for (int j = 0; j < 2; j++) {
             if (j == 1 && !two) break;
             const int64_t tj = t + j;
-            bwd_f8 out =
+            mhc_f8 out =
                 sum[j] - coef[tj] * v[j] + h_pre[tj * io->shpre[0] + i * io->shpre[1]] * g[j];
-            if (gb) out += f8_load(gb + cg.off * gsz, sg3, gbf16, vec, ne);
-            f8_store(ob + co.off * esz, so3, bf16, vec, ne, out);
+            if (gb) out += mhc_f8_load(gb + cg.off * gsz, sg3, gbf16, vec, ne);
+            mhc_f8_store(ob + co.off * esz, so3, bf16, vec, ne, out);
             const int wr = ++sc == S;
             if (wr) sc = 0;
             cur_next(&cx, wr);
@@ -570,14 +534,14 @@ static inline void bwd_dxdw_host16(const int N, const bwd_io *io, int64_t i, int
     const int64_t S = io->S, K = io->K, k0 = i * io->D + d0;
     const int bf16 = io->bf16, dbf16 = io->dbf16, gbf16 = io->gbf16;
     const int esz = bf16 ? 2 : 4, dsz = dbf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
-    bwd_f8 w[MMAX][2], acc[MMAX][2];
+    mhc_f8 w[MMAX][2], acc[MMAX][2];
     for (int m = 0; m < M; m++)
         for (int h = 0; h < 2; h++) {
             for (int e = 0; e < 8; e++) {
                 const int64_t k = k0 + 8 * h + e;
                 w[m][h][e] = phi[m * io->sphi + k] * (gamma ? gamma[k] : 1.f);
             }
-            acc[m][h] = (bwd_f8){0};
+            acc[m][h] = (mhc_f8){0};
         }
     const char *xb = x + (i * io->sx[2] + d0) * esz, *db = dh + d0 * dsz;
     const char *gb = gxp ? gxp + (i * io->sg[2] + d0) * gsz : gxp;
@@ -585,13 +549,13 @@ static inline void bwd_dxdw_host16(const int N, const bwd_io *io, int64_t i, int
     bwd_cur cx, cd, co, cg;
     const int64_t s0 = cur_make4(io, t0, t1, &cx, &cd, &co, &cg);
     int64_t sl = s0, so = s0;
-    bwd_f8 vb[BWD_HTB][2], gv[BWD_HTB][2];
+    mhc_f8 vb[BWD_HTB][2], gv[BWD_HTB][2];
     for (int64_t tb = t0; tb < t1; tb += BWD_HTB) {
         const int nt = t1 - tb < BWD_HTB ? (int)(t1 - tb) : BWD_HTB;
         for (int j = 0; j < nt; j++) {
             for (int h = 0; h < 2; h++) {
-                vb[j][h] = f8_load(xb + (cx.off + 8 * h) * esz, 1, bf16, 1, 8);
-                gv[j][h] = f8_load(db + (cd.off + 8 * h) * dsz, 1, dbf16, 1, 8);
+                vb[j][h] = mhc_f8_load(xb + (cx.off + 8 * h) * esz, 1, bf16, 1, 8);
+                gv[j][h] = mhc_f8_load(db + (cd.off + 8 * h) * dsz, 1, dbf16, 1, 8);
             }
             const int wr = ++sl == S;
             if (wr) sl = 0;
@@ -600,9 +564,9 @@ static inline void bwd_dxdw_host16(const int N, const bwd_io *io, int64_t i, int
         }
         const float *rb = dhm_ws + tb * MW;
         for (int mb = 0; mb < M; mb += BWD_HMB) {
-            bwd_f8 a[BWD_HMB][2];
+            mhc_f8 a[BWD_HMB][2];
             for (int u = 0; u < BWD_HMB; u++)
-                for (int h = 0; h < 2; h++) a[u][h] = mb + u < M ? acc[mb + u][h] : (bwd_f8){0};
+                for (int h = 0; h < 2; h++) a[u][h] = mb + u < M ? acc[mb + u][h] : (mhc_f8){0};
             for (int j = 0; j < nt; j++)
                 for (int u = 0; u < BWD_HMB; u++) {
                     if (mb + u >= M) continue;
@@ -615,8 +579,8 @@ static inline void bwd_dxdw_host16(const int N, const bwd_io *io, int64_t i, int
         }
         for (int j = 0; j < nt; j += 4) {
             const int nu = nt - j < 4 ? nt - j : 4;
-            bwd_f8 sum[4][2];
-            for (int u = 0; u < 4; u++) sum[u][0] = sum[u][1] = (bwd_f8){0};
+            mhc_f8 sum[4][2];
+            for (int u = 0; u < 4; u++) sum[u][0] = sum[u][1] = (mhc_f8){0};
             if (nu == 4) {
                 for (int m = 0; m < M; m++)
                     for (int u = 0; u < 4; u++) {
@@ -636,9 +600,9 @@ static inline void bwd_dxdw_host16(const int N, const bwd_io *io, int64_t i, int
                 const int64_t t = tb + j + u;
                 const float c = coef[t], hp = h_pre[t * io->shpre[0] + i * io->shpre[1]];
                 for (int h = 0; h < 2; h++) {
-                    bwd_f8 out = sum[u][h] - c * vb[j + u][h] + hp * gv[j + u][h];
-                    if (gb) out += f8_load(gb + (cg.off + 8 * h) * gsz, 1, gbf16, 1, 8);
-                    f8_store(ob + (co.off + 8 * h) * esz, 1, bf16, 1, 8, out);
+                    mhc_f8 out = sum[u][h] - c * vb[j + u][h] + hp * gv[j + u][h];
+                    if (gb) out += mhc_f8_load(gb + (cg.off + 8 * h) * gsz, 1, gbf16, 1, 8);
+                    mhc_f8_store(ob + (co.off + 8 * h) * esz, 1, bf16, 1, 8, out);
                 }
                 const int wr = ++so == S;
                 if (wr) so = 0;

@@ -9,7 +9,10 @@
  *     logits and the Sinkhorn iterations in registers.
  *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x.
  * Splitting K over items keeps every SM busy for any T; the partials cost (M+1) floats per
- * token and chunk, which is small next to x. */
+ * token and chunk, which is small next to x. On the host the three launches become one pass over
+ * token tiles (mhc_pre_fwd_host.h, pre_host_<n>): one partial row a token, and x still in cache
+ * for h_in. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +26,8 @@
 
 #define NMAX 8
 #define MMAX (2 * NMAX + NMAX * NMAX)
+
+#include "mhc_pre_fwd_host.h"
 
 /* tokens per work item: amortises the phi broadcast loads over more FMAs where the register
  * budget allows it */
@@ -65,7 +70,18 @@ int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
     const int64_t simt =
         (int64_t)sizeof(float) * (g.K * g.MW + g.NC * g.T * g.MP + g.T * a->n) + 64;
     const int64_t tc = pre_tc_workspace(a);
-    return simt > tc ? simt : tc;
+    const int M = 2 * a->n + a->n * a->n;
+    const int64_t host =
+        (int64_t)sizeof(float) * (M * a->n * pre_host_dp(a->D) + g.T * g.MP + g.T * a->n) + 64;
+    const int64_t most = simt > tc ? simt : tc;
+    return most > host ? most : host;
+}
+
+/* Whether a call runs the host form: on the host, unless OMPK_MHC_PRE_VARIANT = portable asks
+ * for the GPU's kernels there (tests, benchmarks). */
+static int pre_host_form(ompk_exec ex) {
+    const char *s = getenv("OMPK_MHC_PRE_VARIANT");
+    return !ex.on_target && !(s && strcmp(s, "portable") == 0);
 }
 
 static int pre_vec_ok(const mhc_pre_fwd_args *a) {
@@ -351,6 +367,29 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     float *inv_rms = a->inv_rms, *h_pre = a->h_pre;
     const mhc_pre_fwd_args args = *a;
     if (T == 0) return;
+
+    if (pre_host_form(ex)) {
+        /* gamma folded into phi as [M][n * DP] (mhc_pre_fwd_host.h) */
+        const int64_t DP = pre_host_dp(D);
+        float *wh = (float *)ws;
+#pragma omp parallel for collapse(2) schedule(static)
+        for (int m = 0; m < M; m++)
+            for (int64_t k = 0; k < n * DP; k++) {
+                const int64_t i = k / DP, d = k - i * DP;
+                wh[m * n * DP + k] =
+                    d < D ? phi[m * sphi + i * D + d] * (gamma ? gamma[i * D + d] : 1.f) : 0.f;
+            }
+        pre_launch L;
+        L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D, L.K = K;
+        L.bf16 = bf16, L.wt = wh, L.part = wh + M * n * DP, L.hp_ws = L.part + T * g.MP;
+        L.alpha = alpha, L.bias = bias, L.h_in = h_in, L.shin0 = a->shin[0], L.shin1 = a->shin[1];
+        L.h_post = h_post, L.logits = logits, L.comb = comb, L.h_mix = h_mix;
+        L.inv_rms = inv_rms, L.h_pre = h_pre, L.args = args;
+#define PRE_HOST(N) pre_host_##N(&L)
+        MHC_SWITCH_N(n, PRE_HOST)
+#undef PRE_HOST
+        return;
+    }
 
     /* gamma folded into phi, transposed to [K][MW] (zero padded) */
     if (!tc) {
