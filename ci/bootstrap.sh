@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs every build and test dependency on Debian 12 (idempotent; apt only).
 set -euo pipefail
-pkgs=(cmake ninja-build pkg-config clang-19 libomp-19-dev llvm-19 gcc-12 libhwloc-dev hwloc
-      libclang-rt-19-dev libcriterion-dev libdlpack-dev clang-format-19 xz-utils python3)
+# clang-tools-19 carries the offload packager and linker wrappers of the GPU build, and
+# libclang-rt-19-dev the sanitizer runtimes of the asan preset: clang-19 pulls in neither.
+pkgs=(cmake ninja-build pkg-config clang-19 clang-tools-19 libomp-19-dev llvm-19 gcc-12
+      libhwloc-dev hwloc libclang-rt-19-dev libcriterion-dev libdlpack-dev clang-format-19 xz-utils
+      python3)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
