@@ -102,6 +102,8 @@ static int bench_post(ompk_bench_ctx *ctx) {
                            (int)(sizeof bf16_sweep / sizeof bf16_sweep[0]));
     rc |= bench_post_shape(ctx, OMPK_F32, 4, 4096, 4, 4096, f32_sweep,
                            (int)(sizeof f32_sweep / sizeof f32_sweep[0]));
+    /* n8 with the same bytes of x (the shape bench_mhc_pre.c and the peer time for n > 4) */
+    if (!ctx->quick) rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, 8, 2048, dflt, 1);
     return rc;
 }
 

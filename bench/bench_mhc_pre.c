@@ -144,7 +144,8 @@ static void emit(ompk_bench_ctx *ctx, mhc_bufs *m, const char *kernel, double ms
     emit_v(ctx, m, kernel, NULL, ms, mn, bytes, flops, extra);
 }
 
-static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int64_t D) {
+static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int64_t D,
+                       const char *const *variants, int nvar) {
     mhc_bufs m;
     memset(&m, 0, sizeof m);
     m.B = B, m.S = S, m.n = n, m.D = D, m.dt = OMPK_BF16;
@@ -165,16 +166,8 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
         rc = 1;
     else
         emit(ctx, &m, "mhc_pre_fwd", ms, mn, fwd_bytes, gemm + 2 * T * K + 2 * T * K, -1);
-    /* on a GPU also the alternatives to the default kernels (OMPK_MHC_PRE_VARIANT): the
-     * register tensor-core GEMM with rotated stages (tc-rot, the session-3 default), plus 256-byte
-     * L2 fills (tc-l2fill), unrotated (tc-norot), with interleaved K splits, with x staged by
-     * cp.async (async: unrotated and rotated), the wide-load GEMM by name (tc-wide), launch 2 one
-     * thread a token or fused with launch 3, and the SIMT kernels */
-    const char *variants[] = {"tc-epi-thread", "tc-fused",     "tc-norot",  "tc-interleaved",
-                              "tc-async",      "tc-async-rot", "tc-l2fill", "tc-wide",
-                              "tc-rot",        "portable"};
-    const int nvar = (int)(sizeof variants / sizeof variants[0]);
-    for (int v = 0; v < nvar && ctx->dev.type != OMPK_HOST; v++) {
+    /* the alternatives to the default kernels (OMPK_MHC_PRE_VARIANT) */
+    for (int v = 0; v < nvar; v++) {
         setenv("OMPK_MHC_PRE_VARIANT", variants[v], 1);
         ms = ompk_bench_time(ctx, call_pre_fwd, &m, &mn);
         unsetenv("OMPK_MHC_PRE_VARIANT");
@@ -219,8 +212,20 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
 }
 
 static int bench_mhc_pre(ompk_bench_ctx *ctx) {
-    if (ctx->dev.type == OMPK_HOST) return bench_shape(ctx, 1, 1024, 4, 2048);
-    return bench_shape(ctx, 4, 4096, 4, 4096);
+    if (ctx->dev.type == OMPK_HOST) return bench_shape(ctx, 1, 1024, 4, 2048, NULL, 0);
+    /* n4: the register tensor-core GEMM with rotated stages (tc-rot, the session-3 default), plus
+     * 256-byte L2 fills (tc-l2fill), unrotated (tc-norot), with interleaved K splits, with x
+     * staged by cp.async (async: unrotated and rotated), the wide-load GEMM by name (tc-wide),
+     * launch 2 one thread a token or fused with launch 3, and the SIMT kernels */
+    static const char *const n4[] = {"tc-epi-thread", "tc-fused",     "tc-norot",  "tc-interleaved",
+                                     "tc-async",      "tc-async-rot", "tc-l2fill", "tc-wide",
+                                     "tc-rot",        "portable"};
+    /* n8 (M = 80, beyond the wide GEMM's n <= 4): the same bytes of x as n4 D4096, the default
+     * (tc-l2fill) against the rotated register GEMM and the SIMT kernels */
+    static const char *const n8[] = {"tc-rot", "portable"};
+    int rc = bench_shape(ctx, 4, 4096, 4, 4096, n4, (int)(sizeof n4 / sizeof n4[0]));
+    if (!ctx->quick) rc |= bench_shape(ctx, 4, 4096, 8, 2048, n8, (int)(sizeof n8 / sizeof n8[0]));
+    return rc;
 }
 
 OMPK_BENCH_REGISTER(bench_mhc_pre, "mhc_pre", 1, 1)
