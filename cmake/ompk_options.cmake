@@ -6,6 +6,11 @@ set(OMPK_CUBIN_ABI_PATCH "AUTO" CACHE STRING
     "rewrite linked cubins from ELF ABI v8 to v7 for LLVM < 21.1.2 runtimes: AUTO, ON or OFF")
 set_property(CACHE OMPK_CUBIN_ABI_PATCH PROPERTY STRINGS AUTO ON OFF)
 set(OMPK_SANITIZE "" CACHE STRING "sanitizers for the host build, e.g. address,undefined")
+# STATIC links the GPU images into each executable. compute-sanitizer needs it: a shared
+# library registers its images (and the offload runtime calls cuInit) in its constructor, before
+# the sanitizer's injected libraries initialise, and the sanitizer then disables itself.
+set(OMPK_LIBRARY_TYPE "SHARED" CACHE STRING "libompk: SHARED or STATIC")
+set_property(CACHE OMPK_LIBRARY_TYPE PROPERTY STRINGS SHARED STATIC)
 
 if(OMPK_SANITIZE)
   add_compile_options(-fsanitize=${OMPK_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)

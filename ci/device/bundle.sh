@@ -24,7 +24,8 @@ for t in "$build"/tests/test_*; do [ -x "$t" ] && [ -f "$t" ] && cp "$t" "$out/b
 if [ -d "$build/examples" ]; then
     find "$build/examples" -maxdepth 1 -type f -executable -exec cp {} "$out/bin/" \;
 fi
-cp -L "$build/libompk.so" "$out/lib/"
+# a gpu-static build (the compute-sanitizer bundle) has no libompk.so: its images are in each binary
+[ -f "$build/libompk.so" ] && cp -L "$build/libompk.so" "$out/lib/"
 cp "$here/run.sh" "$out/run.sh"
 rm -rf "$out/fixtures" && cp -r "$repo/tests/fixtures" "$out/fixtures"
 echo "$repo/tests/fixtures" >"$out/fixture_dir"
@@ -35,7 +36,7 @@ system_re='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.s
 llvmlib=/usr/lib/llvm-19/lib
 needed=$(mktemp)
 {
-    for f in "$out"/bin/* "$out"/bin/tests/* "$out"/lib/libompk.so "$llvmlib/libomptarget.so.19.1" "$llvmlib/libomp.so.5"; do
+    for f in "$out"/bin/* "$out"/bin/tests/* "$out"/lib/*.so "$llvmlib/libomptarget.so.19.1" "$llvmlib/libomp.so.5"; do
         [ -f "$f" ] || continue
         LD_LIBRARY_PATH="$out/lib:$llvmlib" ldd "$f" | awk '/=>/ {print $1" "$3}'
     done
@@ -64,4 +65,9 @@ else
 fi
 rm -f "$needed"
 tar -C "$out" -cf - lib | xz -T0 -6 >"$out/lib.tar.xz" && rm -rf "$out/lib"
+if [ ! -f "$build/libompk.so" ]; then
+    # static binaries each hold the same GPU images: one xz stream with a dictionary larger than
+    # a binary stores them about once
+    tar -C "$out" -cf - bin | xz -T1 -9 >"$out/bin.tar.xz" && rm -rf "$out/bin"
+fi
 du -sh "$rt/runtime.tar.xz" "$out" | sed 's/^/bundle: /'

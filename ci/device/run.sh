@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device-side driver, copied into each bundle by ci/device/bundle.sh. Run from the repo root on
 # the GPU machine:
-#   bash .carry/NAME/run.sh [info] [tests] [bench] [bench-quick] [peers] [--filter S]
+#   bash .carry/NAME/run.sh [info] [tests] [sanitize] [bench] [bench-quick] [peers] [--filter S]
 # Our binaries run with the carried LLVM 19 runtime and OMP_TARGET_OFFLOAD=MANDATORY, so a
 # silent host fallback cannot pass for a GPU run. Python peers run with the machine's own python3
 # and PyTorch (without our LD_LIBRARY_PATH). Everything lands in /tmp/ompk-out and comes back as
@@ -16,6 +16,9 @@ rt=/tmp/ompk-rt
 # unpacked lib/ older than the archive is stale
 if [ -f "$B/lib.tar.xz" ] && { [ ! -d "$B/lib" ] || [ "$B/lib.tar.xz" -nt "$B/lib" ]; }; then
     rm -rf "$B/lib" && tar -C "$B" -xJf "$B/lib.tar.xz" && touch "$B/lib"
+fi
+if [ -f "$B/bin.tar.xz" ] && { [ ! -d "$B/bin" ] || [ "$B/bin.tar.xz" -nt "$B/bin" ]; }; then
+    rm -rf "$B/bin" && tar -C "$B" -xJf "$B/bin.tar.xz" && touch "$B/bin"
 fi
 if [ ! -f "$rt/.ok" ]; then
     mkdir -p "$rt" && tar -C "$rt" -xJf "$repo/.carry/runtime/runtime.tar.xz" && touch "$rt/.ok"
@@ -80,6 +83,31 @@ for s in "${steps[@]}"; do
             echo "example $(basename "$e") rc=$?" | tee -a "$summary"
         done
         echo "device tests: $pass passed, $fail failed, $skip skipped" | tee -a "$summary"
+        ;;
+    sanitize)
+        # compute-sanitizer over the GPU suites of a gpu-static bundle (a shared libompk makes
+        # the sanitizer disable itself): every tool in OMPK_CS_TOOLS, the GPU device only.
+        cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        total=0 bad=0
+        for tool in ${OMPK_CS_TOOLS:-memcheck racecheck initcheck}; do
+            for t in "$B"/bin/tests/test_*; do
+                case $(basename "$t") in *_emu | *_bad | test_core | test_sizes) continue ;; esac
+                log=$res/cs-$tool-$(basename "$t").log
+                run_ompk env OMPK_TEST_DEVICES=target "$cs" --tool "$tool" --target-processes all \
+                    --require-cuda-init no "$t" --jobs 1 ${filter:+--filter "*$filter*"} >"$log" 2>&1
+                rc=$?
+                errs=$(grep -a 'ERROR SUMMARY' "$log" | awk '{s += $4} END {print s + 0}')
+                runs=$(grep -ac 'ERROR SUMMARY' "$log")
+                off=$(grep -ac 'Sanitizer will be disabled' "$log")
+                syn=$(grep -a 'Synthesis:' "$log" | tail -1)
+                echo "cs $tool $(basename "$t") rc=$rc processes=$runs errors=$errs disabled=$off $syn" | tee -a "$summary"
+                total=$((total + 1))
+                if [ "$errs" != 0 ] || [ "$off" != 0 ] || [ "$runs" = 0 ] || [ $rc -ne 0 ]; then
+                    bad=$((bad + 1)); grep -a -m 12 -E '=========  *(Invalid|Race|Uninit|Error|Program hit)' "$log" >>"$summary"
+                fi
+            done
+        done
+        echo "compute-sanitizer: $((total - bad)) passed, $bad failed" | tee -a "$summary"
         ;;
     bench | bench-quick)
         q=""; [ "$s" = bench-quick ] && q=--quick
