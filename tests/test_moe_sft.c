@@ -65,3 +65,225 @@ Test(moe_sft, formats_avx512bf16) {
 Test(moe_sft, formats_amx) {
     formats_on(OMPK_MOE_ISA_AMX);
 }
+
+Test(moe_sft, lora_ranks) {
+    const int ranks[4] = {1, 8, 16, 64};
+    for (int i = 0; i < 4; i++) {
+        full_check(shape(OMPK_MOE_BF16, OMPK_MOE_ISA_AMX_EMULATED, ranks[i]), 11 + i);
+        full_check(shape(OMPK_MOE_INT4_ZP, OMPK_MOE_ISA_PORTABLE, ranks[i]), 21 + i);
+    }
+}
+
+Test(moe_sft, top_k_1_to_8) {
+    for (int k = 1; k <= 8; k++) {
+        sft_shape s = {9, 40, 70, 19, k, 4, 2, 1, OMPK_MOE_BF16, OMPK_MOE_ISA_AMX_EMULATED, 2};
+        full_check(s, 100 + k);
+        s.fmt = OMPK_MOE_INT8;
+        full_check(s, 200 + k);
+    }
+}
+
+Test(moe_sft, one_token_and_none) {
+    sft_shape s = shape(OMPK_MOE_INT8, OMPK_MOE_ISA_AMX_EMULATED, 8);
+    s.T = 1;
+    full_check(s, 7);
+    /* T = 0: a valid step; LoRA and weight gradients of "=" are all 0 */
+    s.T = 0;
+    s.fmt = OMPK_MOE_BF16;
+    sft_layer L;
+    cr_assert(sft_new(&L, s));
+    sft_batch b = sft_batch_new(&L.sh, 0, 3);
+    sft_out o;
+    sft_out_alloc(&L.sh, &o);
+    for (int p = 0; p < 3; p++) {
+        o.da[p][0] = 5.0f;
+        o.dW[p][0] = 5.0f;
+    }
+    sft_step(&L, &b, &o);
+    for (int p = 0; p < 3; p++) {
+        cr_expect_eq(o.da[p][0], 0.0f);
+        cr_expect_eq(o.dW[p][0], 0.0f);
+    }
+    ompk_moe_info info;
+    ompk_moe_get_info(L.moe, &info);
+    cr_expect_eq(info.cache_entries, 0);
+    sft_out_free(&o);
+    sft_batch_free(&b);
+    sft_free(&L);
+}
+
+/* every slot padding but the hot expert's: one expert takes every token, the rest no token */
+Test(moe_sft, one_hot_expert) {
+    sft_shape s = shape(OMPK_MOE_BF16, OMPK_MOE_ISA_AMX_EMULATED, 8);
+    sft_layer L;
+    cr_assert(sft_new(&L, s));
+    sft_batch b = sft_batch_new(&L.sh, s.T, 8);
+    for (int64_t t = 0; t < s.T; t++)
+        for (int j = 0; j < s.k; j++) b.ids[t * s.k + j] = j == 1 ? 3 : -1;
+    sft_out o;
+    sft_out_alloc(&L.sh, &o);
+    for (int p = 0; p < 3; p++) memset(o.db[p], 0x7F, (size_t)(s.E * s.r * sft_outd(&s, p)) * 4);
+    sft_step(&L, &b, &o);
+    sft_ref R;
+    sft_ref_run(&L, &b, 0.0f, 0, &R);
+    sft_check("one hot expert", &L, s.T, &o, &R);
+    /* experts no token reached: exactly 0 under "=" */
+    for (int p = 0; p < 3; p++)
+        for (int64_t i = 0; i < s.E * s.r * sft_outd(&s, p); i++)
+            if (i / (s.r * sft_outd(&s, p)) != 3) cr_assert_eq(o.db[p][i], 0.0f);
+    sft_ref_free(&R);
+    sft_out_free(&o);
+    sft_batch_free(&b);
+    sft_free(&L);
+}
+
+Test(moe_sft, lora_dropout) {
+    sft_shape s = shape(OMPK_MOE_BF16, OMPK_MOE_ISA_PORTABLE, 8);
+    sft_layer L;
+    cr_assert(sft_new(&L, s));
+    sft_attach(&L, 8, 16.0f, 0.3f, 4242);
+    sft_batch b = sft_batch_new(&L.sh, s.T, 9);
+    sft_out o;
+    sft_out_alloc(&L.sh, &o);
+    sft_step(&L, &b, &o);
+    sft_ref R;
+    sft_ref_run(&L, &b, 0.3f, 4242, &R);
+    sft_check("dropout 0.3", &L, s.T, &o, &R);
+    sft_ref_free(&R);
+    sft_out_free(&o);
+    sft_batch_free(&b);
+    sft_free(&L);
+}
+
+/* bit-identical across repeats and thread counts on one path */
+Test(moe_sft, deterministic_threads) {
+    const ompk_moe_isa isas[2] = {OMPK_MOE_ISA_PORTABLE, OMPK_MOE_ISA_AMX_EMULATED};
+    for (int ii = 0; ii < 2; ii++) {
+        sft_out o[4];
+        for (int th = 1; th <= 4; th++) {
+            sft_shape s = shape(OMPK_MOE_BF16, isas[ii], 8);
+            s.threads = th == 4 ? 3 : th;
+            s.split = 3;
+            sft_layer L;
+            cr_assert(sft_new(&L, s));
+            sft_batch b = sft_batch_new(&L.sh, s.T, 31);
+            sft_out_alloc(&L.sh, &o[th - 1]);
+            sft_step(&L, &b, &o[th - 1]);
+            if (th > 1) {
+                const sft_out *a = &o[0], *c = &o[th - 1];
+                cr_assert(!memcmp(a->dx, c->dx, (size_t)(s.T * s.H) * 4), "dx, threads %d", th);
+                cr_assert(!memcmp(a->dw, c->dw, (size_t)(s.T * s.k) * 4), "dw");
+                cr_assert(!memcmp(a->y, c->y, (size_t)(s.T * s.H) * 4), "y");
+                for (int p = 0; p < 3; p++) {
+                    cr_assert(!memcmp(a->da[p], c->da[p], (size_t)(s.E * s.r * sft_in(&s, p)) * 4));
+                    cr_assert(
+                        !memcmp(a->db[p], c->db[p], (size_t)(s.E * s.r * sft_outd(&s, p)) * 4));
+                    cr_assert(!memcmp(a->dW[p], c->dW[p], (size_t)(s.E * s.H * s.I) * 4));
+                }
+            }
+            sft_batch_free(&b);
+            sft_free(&L);
+        }
+        for (int i = 0; i < 4; i++) sft_out_free(&o[i]);
+    }
+}
+
+/* The reference's own gradients against central differences of L = sum dy * y, in exact
+ * arithmetic (no operand rounding): dx, dw and the LoRA gradients of each projection. */
+Test(moe_sft, finite_differences_reference) {
+    const int64_t E = 3, H = 12, I = 10, T = 4;
+    const int k = 2, r = 3;
+    tu_rng g = tu_rng_make(5);
+    float *W[3], *la[3], *lb[3];
+    const int64_t in[3] = {H, H, I}, out[3] = {I, I, H};
+    for (int p = 0; p < 3; p++) {
+        W[p] = sft_rand(&g, E * H * I, 0.4);
+        la[p] = sft_rand(&g, E * r * in[p], 0.4);
+        lb[p] = sft_rand(&g, E * out[p] * r, 0.4);
+    }
+    float *x = sft_rand(&g, T * H, 1.0), *dy = sft_rand(&g, T * H, 1.0), w[8];
+    int64_t ids[8] = {0, 2, 1, 1, 2, -1, 0, 1};
+    for (int i = 0; i < 8; i++) w[i] = (float)(0.3 + 0.1 * i);
+    ompk_moe_ref_lora lr = {r, 1.5, {la[0], la[1], la[2]}, {lb[0], lb[1], lb[2]}, 0.0f, 0};
+    double dx[48], dw[8], *da[3], *db[3], y[48];
+    ompk_moe_ref_grads gr;
+    memset(&gr, 0, sizeof gr);
+    gr.dx = dx;
+    gr.dw = dw;
+    for (int p = 0; p < 3; p++) {
+        gr.da[p] = da[p] = calloc((size_t)(E * r * in[p]), 8);
+        gr.db[p] = db[p] = calloc((size_t)(E * r * out[p]), 8);
+    }
+    ompk_moe_ref_train(T, E, H, I, k, x, ids, w, W[0], W[1], W[2], OMPK_MOE_REF_ACT_EXACT, &lr,
+                       y, dy, &gr);
+    /* L(v) with one float perturbed: returns sum dy*y */
+#define LOSS(out)                                                                                  \
+    do {                                                                                           \
+        ompk_moe_ref_train(T, E, H, I, k, x, ids, w, W[0], W[1], W[2], OMPK_MOE_REF_ACT_EXACT,   \
+                           &lr, y, NULL, NULL);                                                    \
+        out = 0;                                                                                   \
+        for (int64_t i = 0; i < T * H; i++) out += (double)dy[i] * y[i];                          \
+    } while (0)
+#define FD_CHECK(ptr, idx, analytic, what)                                                         \
+    do {                                                                                           \
+        float keep = (ptr)[idx];                                                                   \
+        double lp, lm;                                                                             \
+        (ptr)[idx] = keep + 1e-3f;                                                                 \
+        double hp = (double)(ptr)[idx] - keep;                                                     \
+        LOSS(lp);                                                                                  \
+        (ptr)[idx] = keep - 1e-3f;                                                                 \
+        double hm = keep - (double)(ptr)[idx];                                                     \
+        LOSS(lm);                                                                                  \
+        (ptr)[idx] = keep;                                                                         \
+        double fd = (lp - lm) / (hp + hm);                                                         \
+        cr_expect(fabs(fd - (analytic)) <= 1e-4 + 1e-4 * fabs(fd), "%s[%d]: fd %.8g vs %.8g",    \
+                  what, (int)(idx), fd, (double)(analytic));                                       \
+    } while (0)
+    for (int i = 0; i < T * H; i += 5) FD_CHECK(x, i, dx[i], "dx");
+    for (int i = 0; i < T * k; i++)
+        if (ids[i] >= 0) FD_CHECK(w, i, dw[i], "dw");
+    for (int p = 0; p < 3; p++) {
+        for (int i = 0; i < E * r * in[p]; i += 7) FD_CHECK(la[p], i, da[p][i], "dA");
+        for (int i = 0; i < E * r * out[p]; i += 7) FD_CHECK(lb[p], i, db[p][i], "dB");
+    }
+#undef FD_CHECK
+#undef LOSS
+    for (int p = 0; p < 3; p++) {
+        free(W[p]);
+        free(la[p]);
+        free(lb[p]);
+        free(da[p]);
+        free(db[p]);
+    }
+    free(x);
+    free(dy);
+}
+
+/* NaN in dy row t0 reaches dx row t0 and dw row t0 only */
+Test(moe_sft, nan_in_dy) {
+    sft_shape s = shape(OMPK_MOE_INT8, OMPK_MOE_ISA_AMX_EMULATED, 8);
+    sft_layer L;
+    cr_assert(sft_new(&L, s));
+    sft_batch b = sft_batch_new(&L.sh, s.T, 12);
+    const int64_t t0 = 5;
+    b.dy[t0 * s.H + 7] = NAN;
+    sft_out o;
+    sft_out_alloc(&L.sh, &o);
+    sft_step(&L, &b, &o);
+    for (int64_t t = 0; t < s.T; t++) {
+        int nan_dx = 0, nan_dw = 0;
+        for (int64_t h = 0; h < s.H; h++) nan_dx += isnan(o.dx[t * s.H + h]) != 0;
+        for (int j = 0; j < s.k; j++) nan_dw += isnan(o.dw[t * s.k + j]) != 0;
+        int routed = 0;
+        for (int j = 0; j < s.k; j++) routed += b.ids[t * s.k + j] >= 0;
+        if (t == t0) {
+            cr_expect_eq(nan_dw, routed, "dw row %lld", (long long)t);
+            cr_expect_gt(nan_dx, 0);
+        } else {
+            cr_expect_eq(nan_dx + nan_dw, 0, "token %lld", (long long)t);
+        }
+    }
+    sft_out_free(&o);
+    sft_batch_free(&b);
+    sft_free(&L);
+}
