@@ -214,15 +214,15 @@ Test(moe_sft, finite_differences_reference) {
         gr.da[p] = da[p] = calloc((size_t)(E * r * in[p]), 8);
         gr.db[p] = db[p] = calloc((size_t)(E * r * out[p]), 8);
     }
-    ompk_moe_ref_train(T, E, H, I, k, x, ids, w, W[0], W[1], W[2], OMPK_MOE_REF_ACT_EXACT, &lr,
-                       y, dy, &gr);
+    ompk_moe_ref_train(T, E, H, I, k, x, ids, w, W[0], W[1], W[2], OMPK_MOE_REF_ACT_EXACT, &lr, y,
+                       dy, &gr);
     /* L(v) with one float perturbed: returns sum dy*y */
 #define LOSS(out)                                                                                  \
     do {                                                                                           \
-        ompk_moe_ref_train(T, E, H, I, k, x, ids, w, W[0], W[1], W[2], OMPK_MOE_REF_ACT_EXACT,   \
+        ompk_moe_ref_train(T, E, H, I, k, x, ids, w, W[0], W[1], W[2], OMPK_MOE_REF_ACT_EXACT,     \
                            &lr, y, NULL, NULL);                                                    \
         out = 0;                                                                                   \
-        for (int64_t i = 0; i < T * H; i++) out += (double)dy[i] * y[i];                          \
+        for (int64_t i = 0; i < T * H; i++) out += (double)dy[i] * y[i];                           \
     } while (0)
 #define FD_CHECK(ptr, idx, analytic, what)                                                         \
     do {                                                                                           \
@@ -236,7 +236,7 @@ Test(moe_sft, finite_differences_reference) {
         LOSS(lm);                                                                                  \
         (ptr)[idx] = keep;                                                                         \
         double fd = (lp - lm) / (hp + hm);                                                         \
-        cr_expect(fabs(fd - (analytic)) <= 1e-4 + 1e-4 * fabs(fd), "%s[%d]: fd %.8g vs %.8g",    \
+        cr_expect(fabs(fd - (analytic)) <= 1e-4 + 1e-4 * fabs(fd), "%s[%d]: fd %.8g vs %.8g",      \
                   what, (int)(idx), fd, (double)(analytic));                                       \
     } while (0)
     for (int i = 0; i < T * H; i += 5) FD_CHECK(x, i, dx[i], "dx");

@@ -75,8 +75,7 @@ Test(moe_sft_kt, token_order_rows) {
     cr_assert(sft_new(&L, s));
     sft_batch b = sft_batch_new(&L.sh, s.T, 4);
     for (int64_t t = 0; t < s.T; t++)
-        for (int j = 0; j < s.k; j++)
-            b.ids[t * s.k + j] = (s.E - 1 - (t * s.E / s.T) + j) % s.E;
+        for (int j = 0; j < s.k; j++) b.ids[t * s.k + j] = (s.E - 1 - (t * s.E / s.T) + j) % s.E;
     check_step("token order", &L, &b);
     sft_batch_free(&b);
     sft_free(&L);

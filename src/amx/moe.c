@@ -730,8 +730,8 @@ ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tenso
     return forward_common(m, "ompk_moe_forward", x, expert_ids, weights, y, OMPK_MOE_CACHE_NONE);
 }
 
-ompk_status ompk_moe_forward_train(ompk_moe *m, const ompk_tensor *x,
-                                   const ompk_tensor *expert_ids, const ompk_tensor *weights,
-                                   ompk_tensor *y, ompk_moe_cache_mode mode) {
+ompk_status ompk_moe_forward_train(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                                   const ompk_tensor *weights, ompk_tensor *y,
+                                   ompk_moe_cache_mode mode) {
     return forward_common(m, "ompk_moe_forward_train", x, expert_ids, weights, y, mode);
 }
