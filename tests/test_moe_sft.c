@@ -4,6 +4,7 @@
  * slots, repeated experts, one hot expert, T = 1 and T = 0; a finite-difference check of the
  * reference; and one named regression test per kt-kernel bug class (see each test's comment). */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 
 #include "moe_sft_common.h"
 
@@ -284,6 +285,103 @@ Test(moe_sft, nan_in_dy) {
         }
     }
     sft_out_free(&o);
+    sft_batch_free(&b);
+    sft_free(&L);
+}
+
+/* OMPK_VERIFY=1: one line per output of the backward (and the forward's y with LoRA), no
+ * mismatch */
+Test(moe_sft, verify_mode_reports, .init = cr_redirect_stderr) {
+    sft_shape s = shape(OMPK_MOE_BF16, OMPK_MOE_ISA_AMX_EMULATED, 8);
+    s.T = 11;
+    sft_layer L;
+    cr_assert(sft_new(&L, s));
+    sft_batch b = sft_batch_new(&L.sh, s.T, 41);
+    sft_out o;
+    sft_out_alloc(&L.sh, &o);
+    setenv("OMPK_VERIFY", "1", 1);
+    sft_step(&L, &b, &o);
+    unsetenv("OMPK_VERIFY");
+    fflush(stderr);
+    char buf[8192] = {0};
+    FILE *f = cr_get_redirected_stderr();
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    static const char *names[] = {
+        "moe_forward y",        "moe_backward dx",      "moe_backward dw",
+        "moe_backward gate_da", "moe_backward gate_db", "moe_backward up_da",
+        "moe_backward up_db",   "moe_backward down_da", "moe_backward down_db",
+        "moe_backward gate_dw", "moe_backward up_dw",   "moe_backward down_dw"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        cr_expect(strstr(buf, names[i]) != NULL, "no %s line in: %s", names[i], buf);
+    cr_expect(strstr(buf, "MISMATCH") == NULL, "verify reported a mismatch: %s", buf);
+    sft_out_free(&o);
+    sft_batch_free(&b);
+    sft_free(&L);
+}
+
+/* x, dy, y, dx, dw on every device the build has (GPU tensors staged through host buffers):
+ * the same numbers as the host step */
+Test(moe_sft, devices_staged) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    sft_shape s = shape(OMPK_MOE_INT8, OMPK_MOE_ISA_AMX_EMULATED, 8);
+    sft_layer L;
+    cr_assert(sft_new(&L, s));
+    sft_batch b = sft_batch_new(&L.sh, s.T, 43);
+    sft_out host;
+    sft_out_alloc(&L.sh, &host);
+    sft_step(&L, &b, &host);
+    for (int d = 0; d < nd; d++) {
+        const int64_t T = s.T, H = s.H, k = s.k;
+        tu_buf bx = tu_buf_new(devs[d], OMPK_BF16, T * H),
+               bi = tu_buf_new(devs[d], OMPK_I32, T * k);
+        tu_buf bw = tu_buf_new(devs[d], OMPK_F32, T * k), by = tu_buf_new(devs[d], OMPK_F32, T * H);
+        tu_buf bdy = tu_buf_new(devs[d], OMPK_F32, T * H),
+               bdx = tu_buf_new(devs[d], OMPK_BF16, T * H);
+        tu_buf bdw = tu_buf_new(devs[d], OMPK_F32, T * k);
+        for (int64_t i = 0; i < T * H; i++) {
+            tu_buf_set(&bx, i, b.x[i]);
+            tu_buf_set(&bdy, i, b.dy[i]);
+        }
+        for (int64_t i = 0; i < T * k; i++) {
+            tu_buf_set(&bi, i, (double)b.ids[i]);
+            tu_buf_set(&bw, i, b.w[i]);
+        }
+        tu_buf_upload(&bx);
+        tu_buf_upload(&bi);
+        tu_buf_upload(&bw);
+        tu_buf_upload(&bdy);
+        int64_t sx[2] = {T, H}, si[2] = {T, k};
+        ompk_tensor tx = tu_view(&bx, 2, sx), ti = tu_view(&bi, 2, si), tw = tu_view(&bw, 2, si);
+        ompk_tensor ty = tu_view(&by, 2, sx), tdy = tu_view(&bdy, 2, sx);
+        ompk_tensor tdx = tu_view(&bdx, 2, sx), tdw = tu_view(&bdw, 2, si);
+        cr_assert_eq(ompk_moe_forward_train(L.moe, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH),
+                     OMPK_OK, "%s", ompk_last_error());
+        ompk_moe_grads g;
+        memset(&g, 0, sizeof g);
+        g.dx = &tdx;
+        g.dw = &tdw;
+        cr_assert_eq(ompk_moe_backward(L.moe, &tdy, &g), OMPK_OK, "%s", ompk_last_error());
+        tu_buf_download(&by);
+        tu_buf_download(&bdx);
+        tu_buf_download(&bdw);
+        for (int64_t i = 0; i < T * H; i++) {
+            cr_assert_eq((float)tu_buf_get(&by, i), host.y[i], "%s y[%lld]",
+                         tu_device_name(devs[d]), (long long)i);
+            cr_assert_eq((float)tu_buf_get(&bdx, i), ompk_round_bf16(host.dx[i]), "dx[%lld]",
+                         (long long)i);
+        }
+        for (int64_t i = 0; i < T * k; i++) cr_assert_eq((float)tu_buf_get(&bdw, i), host.dw[i]);
+        tu_buf_free(&bx);
+        tu_buf_free(&bi);
+        tu_buf_free(&bw);
+        tu_buf_free(&by);
+        tu_buf_free(&bdy);
+        tu_buf_free(&bdx);
+        tu_buf_free(&bdw);
+    }
+    sft_out_free(&host);
     sft_batch_free(&b);
     sft_free(&L);
 }

@@ -263,7 +263,10 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
 void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                    float *scale);
 
-/* moe_verify_bwd.c: OMPK_VERIFY lines of a backward (dx, dw as written on the host) */
+/* moe_verify_train.c: the forward reference of the layer as attached now (LoRA included), y
+ * [T,H]; the OMPK_VERIFY lines of a backward (dx, dw as written on the host) */
+void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_t *ids,
+                      const float *w, float *const W[3], double *y);
 void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy,
                          const ompk_moe_grads *gr, const void *dx, const float *dw);
 

@@ -1,4 +1,5 @@
-/* OMPK_VERIFY=1 for the MoE backward: the double reference (ompk_moe_ref_train) on the saved
+/* OMPK_VERIFY=1 for the MoE training calls: the forward's reference with the attached LoRA, and
+ * for the backward: the double reference (ompk_moe_ref_train) on the saved
  * entry's x as consumed, its routing, the dequantized weights and the attached LoRA, one line
  * per output (dx, dw, dA and dB per projection, dW per projection). Tolerances are bf16-level:
  * the forward's operands were bf16/int8 rounded, and the reference rounds its own a. */
@@ -25,6 +26,49 @@ static void report(const ompk_moe *m, const char *name, const ompk_tensor *t, co
                        ompk_tol_for(OMPK_BF16, rms(ref, n)));
 }
 
+static int lora_f32(const ompk_moe *m, int64_t r, float *la[3], float *lb[3]) {
+    const int64_t E = m->E, in[3] = {m->H, m->H, m->I}, out[3] = {m->I, m->I, m->H};
+    int ok = 1;
+    for (int p = 0; p < 3; p++) {
+        la[p] = lb[p] = NULL;
+        if (!r) continue;
+        la[p] = malloc((size_t)(E * r * in[p]) * 4);
+        lb[p] = malloc((size_t)(E * out[p] * r) * 4);
+        if (!la[p] || !lb[p]) {
+            ok = 0;
+            continue;
+        }
+        for (int64_t e = 0; e < E; e++) {
+            for (int64_t q = 0; q < r; q++)
+                for (int64_t kk = 0; kk < in[p]; kk++)
+                    la[p][(e * r + q) * in[p] + kk] = moe_lora_get(&m->lora.a[p], e, q, kk);
+            for (int64_t n = 0; n < out[p]; n++)
+                for (int64_t q = 0; q < r; q++)
+                    lb[p][(e * out[p] + n) * r + q] = moe_lora_get(&m->lora.b[p], e, n, q);
+        }
+    }
+    return ok;
+}
+
+void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_t *ids,
+                      const float *w, float *const W[3], double *y) {
+    const int64_t r = m->lora.r;
+    float *la[3], *lb[3];
+    const ompk_moe_ref_act act =
+        m->fmt == OMPK_MOE_BF16 ? OMPK_MOE_REF_ACT_BF16 : OMPK_MOE_REF_ACT_INT8;
+    if (lora_f32(m, r, la, lb)) {
+        ompk_moe_ref_lora lr = {
+            (int)r,          m->lora.s,   {la[0], la[1], la[2]}, {lb[0], lb[1], lb[2]},
+            m->lora.dropout, m->lora.seed};
+        ompk_moe_ref_train(T, m->E, m->H, m->I, m->k, x, ids, w, W[0], W[1], W[2], act,
+                           r ? &lr : NULL, y, NULL, NULL);
+    }
+    for (int p = 0; p < 3; p++) {
+        free(la[p]);
+        free(lb[p]);
+    }
+}
+
 void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy,
                          const ompk_moe_grads *gr, const void *dx, const float *dw) {
     const int64_t T = en->T, E = m->E, H = m->H, I = m->I, k = m->k, r = en->r;
@@ -41,16 +85,12 @@ void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy
     for (int p = 0; p < 3; p++) {
         W[p] = malloc((size_t)(E * in[p] * out[p]) * 4);
         ok = ok && W[p];
-        if (r) {
-            la[p] = malloc((size_t)(E * r * in[p]) * 4);
-            lb[p] = malloc((size_t)(E * out[p] * r) * 4);
-            ok = ok && la[p] && lb[p];
-        }
         if (gda[p]) rg.da[p] = malloc((size_t)(E * r * in[p]) * 8);
         if (gdb[p]) rg.db[p] = malloc((size_t)(E * r * out[p]) * 8);
         if (gdw[p]) rg.dW[p] = malloc((size_t)(E * in[p] * out[p]) * 8);
         ok = ok && (!gda[p] || rg.da[p]) && (!gdb[p] || rg.db[p]) && (!gdw[p] || rg.dW[p]);
     }
+    ok = lora_f32(m, r, la, lb) && ok;
     if (!ok) {
         fprintf(stderr, "ompk verify moe_backward: out of memory, skipped\n");
     } else {
@@ -68,14 +108,6 @@ void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy
                 for (int64_t n = 0; n < out[p]; n++)
                     for (int64_t kk = 0; kk < in[p]; kk++)
                         W[p][(e * out[p] + n) * in[p] + kk] = moe_get_deq(m, p, e, n, kk);
-            for (int64_t e = 0; e < E && r; e++) {
-                for (int64_t q = 0; q < r; q++)
-                    for (int64_t kk = 0; kk < in[p]; kk++)
-                        la[p][(e * r + q) * in[p] + kk] = moe_lora_get(&m->lora.a[p], e, q, kk);
-                for (int64_t n = 0; n < out[p]; n++)
-                    for (int64_t q = 0; q < r; q++)
-                        lb[p][(e * out[p] + n) * r + q] = moe_lora_get(&m->lora.b[p], e, n, q);
-            }
         }
         ompk_moe_ref_lora lr = {
             (int)r,          m->lora.s,   {la[0], la[1], la[2]}, {lb[0], lb[1], lb[2]},
