@@ -29,6 +29,42 @@ static float x_at(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h) 
     return (float)((const int8_t *)en->xq)[t * m->H + h] * en->xs[t];
 }
 
+/* Dequantized blocks of one work item, tile by tile: wd[h][ii] = down[e][h][i0+ii],
+ * wg/wu[ii][h] = gate/up[e][i0+ii][h] for the 64-column chunk i0 of I */
+static void deq_chunk_i(const ompk_moe *m, int64_t e, int64_t i0, int cw, float *wd, float *wg,
+                        float *wu) {
+    const int64_t H = m->H, kte = m->kte;
+    for (int64_t n0 = 0; n0 < H; n0 += 16)
+        for (int64_t k0 = i0; k0 < i0 + cw; k0 += kte)
+            moe_get_deq_tile(m, 2, e, n0, k0, (int)(H - n0 < 16 ? H - n0 : 16),
+                             (int)(i0 + cw - k0 < kte ? i0 + cw - k0 : kte),
+                             wd + n0 * 64 + (k0 - i0), 64);
+    for (int64_t n0 = i0; n0 < i0 + cw; n0 += 16)
+        for (int64_t k0 = 0; k0 < H; k0 += kte) {
+            const int nr = (int)(i0 + cw - n0 < 16 ? i0 + cw - n0 : 16),
+                      kc = (int)(H - k0 < kte ? H - k0 : kte);
+            moe_get_deq_tile(m, 0, e, n0, k0, nr, kc, wg + (n0 - i0) * H + k0, H);
+            moe_get_deq_tile(m, 1, e, n0, k0, nr, kc, wu + (n0 - i0) * H + k0, H);
+        }
+}
+
+/* wg/wu[i][hh] = gate/up[e][i][h0+hh] for the 64-column chunk h0 of H, all of I */
+static void deq_chunk_h(const ompk_moe *m, int64_t e, int64_t h0, int hw, float *wg, float *wu) {
+    const int64_t I = m->I, kte = m->kte;
+    float tmp[16 * 64];
+    for (int64_t n0 = 0; n0 < I; n0 += 16)
+        for (int64_t k0 = h0 - h0 % kte; k0 < h0 + hw; k0 += kte) {
+            const int nr = (int)(I - n0 < 16 ? I - n0 : 16);
+            const int64_t lo = k0 > h0 ? k0 : h0, hi = k0 + kte < h0 + hw ? k0 + kte : h0 + hw;
+            for (int w = 0; w < 2; w++) {
+                moe_get_deq_tile(m, w, e, n0, k0, nr, (int)(hi - k0), tmp, 64);
+                for (int nn = 0; nn < nr; nn++)
+                    memcpy((w ? wu : wg) + (n0 + nn) * 64 + (lo - h0), tmp + nn * 64 + (lo - k0),
+                           (size_t)(hi - lo) * 4);
+            }
+        }
+}
+
 static float *gdata(const ompk_tensor *t) {
     return t ? (float *)t->data : NULL;
 }
@@ -69,6 +105,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
         lb[p] = moe_lw(m, 1, p);
     }
 
+    double tm[6];
+    tm[0] = omp_get_wtime();
 #pragma omp parallel num_threads(m->threads)
     {
         float *tb = tdeq + (size_t)omp_get_thread_num() * m->tdeq_floats;
@@ -99,6 +137,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             }
         }
         /* 2: per (expert, chunk of I) */
+#pragma omp master
+        tm[1] = omp_get_wtime();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < E * nch; task++) {
             const int64_t e = task / nch, c = task % nch, i0 = c * 64;
@@ -106,14 +146,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             if (offs[e + 1] == offs[e]) continue;
             float *wd = tb, *wg = tb + 64 * H, *wu = wg + 64 * H, *q = wu + 64 * H;
             float *tq = q + 64, *xr = tq + 64;
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t ii = 0; ii < cw; ii++)
-                    wd[h * 64 + ii] = moe_get_deq(m, 2, e, h, i0 + ii);
-            for (int64_t ii = 0; ii < cw; ii++)
-                for (int64_t h = 0; h < H; h++) {
-                    wg[ii * H + h] = moe_get_deq(m, 0, e, i0 + ii, h);
-                    wu[ii * H + h] = moe_get_deq(m, 1, e, i0 + ii, h);
-                }
+            deq_chunk_i(m, e, i0, (int)cw, wd, wg, wu);
             if (!acc) {
                 for (int p = 0; p < 3; p++) {
                     if (p < 2 && dB[p]) memset(dB[p] + (e * I + i0) * r, 0, (size_t)(cw * r) * 4);
@@ -183,6 +216,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             }
         }
         /* 3: B_g^T dg, B_u^T du per route over all of I */
+#pragma omp master
+        tm[2] = omp_get_wtime();
 #pragma omp for schedule(static)
         for (int64_t rr = 0; rr < R; rr++) {
             if (!r) continue;
@@ -196,17 +231,15 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             }
         }
         /* 4: per (expert, chunk of H) */
+#pragma omp master
+        tm[3] = omp_get_wtime();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < E * nhc; task++) {
             const int64_t e = task / nhc, h0 = (task % nhc) * 64;
             const int64_t hw = H - h0 < 64 ? H - h0 : 64;
             if (offs[e + 1] == offs[e]) continue;
             float *wg = tb, *wu = tb + 64 * I, *xv = wu + 64 * I;
-            for (int64_t i = 0; i < I; i++)
-                for (int64_t hh = 0; hh < hw; hh++) {
-                    wg[i * 64 + hh] = moe_get_deq(m, 0, e, i, h0 + hh);
-                    wu[i * 64 + hh] = moe_get_deq(m, 1, e, i, h0 + hh);
-                }
+            deq_chunk_h(m, e, h0, (int)hw, wg, wu);
             if (!acc) {
                 for (int p = 0; p < 2 && r; p++)
                     for (int qq = 0; qq < r && dA[p]; qq++)
@@ -246,6 +279,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             }
         }
         /* 5: per token */
+#pragma omp master
+        tm[4] = omp_get_wtime();
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             uint8_t *row = (uint8_t *)dxd + (size_t)(t * dxs) * (en->xdt == OMPK_BF16 ? 2 : 4);
@@ -273,5 +308,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             }
         }
     }
+    tm[5] = omp_get_wtime();
+    for (int i = 0; i < 5; i++) m->stats.phase_ms[i] = (tm[i + 1] - tm[i]) * 1e3;
+    m->stats.fork_ms = 0.0;
     return OMPK_OK;
 }

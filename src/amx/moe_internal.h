@@ -226,6 +226,10 @@ void moe_pack_expert(ompk_moe *m, int which, int64_t e, const uint16_t *codes, i
 /* Scale (and int4 zero point) of (which, e, n, global group g). */
 void moe_put_scale(ompk_moe *m, int which, int64_t e, int64_t n, int g, float scale, int zero);
 float moe_get_deq(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k);
+/* The same values for one tile's block: rows n0..n0+nr-1 (n0 a multiple of 16, nr <= 16) and
+ * columns k0..k0+kc-1 (k0 a multiple of the k-tile, kc <= it) into out[nn*ldo + kk]. */
+void moe_get_deq_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64_t k0, int nr,
+                      int kc, float *out, int64_t ldo);
 
 /* moe_forward.c */
 ompk_status moe_arena_create(ompk_moe *m);
