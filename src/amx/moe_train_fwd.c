@@ -307,7 +307,6 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             for (int64_t h = 0; h < H; h++) ompk_store_f(yrow, h, xf[h], ydt == OMPK_BF16);
         }
     }
-    (void)Hn;
     int bad = moe_arena_check(m);
     if (bad)
         return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_forward_train",
