@@ -108,7 +108,7 @@ static ompk_status check_config(const ompk_moe_config *c) {
                          "threads must be in 0..4096, amx_min_rows >= 0");
     if (c->kblock < -1 || c->kblock > 1 || c->prefetch < 0 || c->prefetch > 3)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f, "kblock must be -1..1, prefetch 0..3");
-    if (c->cache_depth < 0 || c->cache_depth > 64 || c->lora_max_rank < 0 ||
+    if (c->cache_depth < 0 || c->cache_depth > MOE_MAX_DEPTH || c->lora_max_rank < 0 ||
         c->lora_max_rank > 4096)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f,
                          "cache_depth must be in 0..64, lora_max_rank in 0..4096");

@@ -24,8 +24,9 @@
 #include "ompk/moe.h"
 
 #define MOE_MAX_PARTS 64
-#define MOE_ROW_PAD 32 /* readable rows after the last activation row (tile overrun) */
-#define MOE_NSTEPS 4   /* n-steps one K-blocked AMX call covers */
+#define MOE_MAX_DEPTH 64 /* cache_depth limit */
+#define MOE_ROW_PAD 32   /* readable rows after the last activation row (tile overrun) */
+#define MOE_NSTEPS 4     /* n-steps one K-blocked AMX call covers */
 /* per-thread kernel scratch: unpacked int4 tiles, then C tiles (MOE_NSTEPS blocks of 4 KB) */
 #define MOE_KSCRATCH (2048 + MOE_NSTEPS * 4096)
 #define MOE_ONE_GROUP (1 << 28) /* ktpg of a format with one group per row */
@@ -153,8 +154,8 @@ enum moe_tbuf_id {
     TB_RROUTE, /* expert-sorted row -> route t*k+j */
     TB_EOFFS,  /* [E+1] */
     TB_ZP,     /* forward: down partials [P][R][Hn] */
-    TB_LW,     /* LoRA in f32, contiguous: A_g, A_u [E][rmax][H], A_d [E][rmax][I], B_g, B_u
-                  [E][I][rmax], B_d [E][H][rmax] */
+    TB_LW,     /* LoRA in f32, contiguous at the attached rank r: A_g, A_u [E][r][H], A_d
+                  [E][r][I], B_g, B_u [E][I][r], B_d [E][H][r] (room for lora_max_rank) */
     TB_AT,     /* backward: a~ [R][I] */
     TB_DG,     /* [R][I] */
     TB_DU,     /* [R][I] */
@@ -209,8 +210,10 @@ struct ompk_moe {
     int rmax; /* config lora_max_rank */
     uint8_t *cache;
     size_t cache_bytes, cache_tok_bytes;
-    moe_entry ent[65]; /* cache_depth + 1 slots: the live entries and one working slot */
-    int perm[65];      /* perm[0..ncache) the stack bottom to top, perm[ncache] the working slot */
+    /* cache_depth + 1 slots: the live entries and one working slot; perm[0..ncache) is the
+     * stack bottom to top, perm[ncache] the working slot */
+    moe_entry ent[MOE_MAX_DEPTH + 1];
+    int perm[MOE_MAX_DEPTH + 1];
     int ncache;
     uint8_t *tr;
     size_t tr_off[TB_COUNT_], tr_len[TB_COUNT_], tr_bytes, tdeq_floats;
@@ -263,7 +266,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                           ompk_dtype xdt, const int64_t *ids, const float *w, void *yd, int64_t ys,
                           ompk_dtype ydt);
 /* a~ of one route from its g, u rows (the forward and the backward share it): f32 values of
- * what the down kernel consumed, and (codes != NULL) the codes and scale the kernel reads */
+ * what the down kernel consumed, and the codes it reads (bf16: may be NULL; int formats: I
+ * bytes, and the row scale in *scale) */
 void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                    float *scale);
 
