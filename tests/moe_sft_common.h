@@ -308,53 +308,75 @@ static inline void sft_ref_free(sft_ref *R) {
     }
 }
 
-/* worst |out - ref| / (atol*rms(ref) + rtol*|ref|): <= 1 passes. The tolerance admits the rare
- * operand-rounding flip (an element of a within fp32 noise of a bf16/int8 boundary). */
-static inline double sft_cmp(const char *what, const float *out, const double *ref, int64_t n,
-                             double atol, double rtol) {
+/* worst |out - ref| / (atol*rms(ref) + rtol*|ref|): <= 1 passes; *nbad (may be NULL) counts the
+ * elements above 1. rtol is one bf16 rounding of a: an element of a within fp32 noise of a
+ * rounding boundary rounds the other way in the reference (a flip), and dW_down, dA_down move
+ * by that rounding step. */
+static inline double sft_cmp_n(const char *what, const float *out, const double *ref, int64_t n,
+                               double atol, double rtol, int64_t *nbad) {
     double s2 = 0;
     for (int64_t i = 0; i < n; i++) s2 += ref[i] * ref[i];
     double sc = n > 0 ? sqrt(s2 / (double)n) : 1.0, worst = 0;
     if (!(sc > 0)) sc = 1.0;
-    int64_t wi = 0;
+    int64_t wi = 0, bad = 0;
     for (int64_t i = 0; i < n; i++) {
         double q = fabs((double)out[i] - ref[i]) / (atol * sc + rtol * fabs(ref[i]));
+        bad += !(q <= 1.0);
         if (!(q <= worst)) {
             worst = isnan(q) ? INFINITY : q;
             wi = i;
         }
     }
     if (worst > 1)
-        fprintf(stderr, "%s: worst at %lld: %.9g vs %.9g (ratio %.3g)\n", what, (long long)wi,
-                n ? out[wi] : 0.0f, n ? ref[wi] : 0.0, worst);
+        fprintf(stderr,
+                "%s: %lld of %lld above tolerance, worst at %lld: %.9g vs %.9g (ratio %.3g)\n",
+                what, (long long)bad, (long long)n, (long long)wi, n ? out[wi] : 0.0f,
+                n ? ref[wi] : 0.0, worst);
+    if (nbad) *nbad = bad;
     return worst;
+}
+
+static inline double sft_cmp(const char *what, const float *out, const double *ref, int64_t n,
+                             double atol, double rtol) {
+    return sft_cmp_n(what, out, ref, n, atol, rtol, NULL);
+}
+
+/* int formats: an int8 flip of a moves a whole code step (max|a|/127), far more than a bf16
+ * one; a few such elements (at most max(2, n/200)) may reach 8x the tolerance */
+static inline int sft_ok(const char *what, const float *out, const double *ref, int64_t n,
+                         double atol, double rtol, int isint) {
+    int64_t bad = 0;
+    double w = sft_cmp_n(what, out, ref, n, atol, rtol, &bad);
+    if (w <= 1.0) return 1;
+    return isint && w <= 8.0 && bad <= (n / 200 > 2 ? n / 200 : 2);
 }
 
 /* every output of o against R */
 static inline void sft_check(const char *tag, const sft_layer *L, int64_t T, const sft_out *o,
                              const sft_ref *R) {
     const sft_shape *s = &L->sh;
-    const double at = s->fmt == OMPK_MOE_BF16 ? 2e-3 : 4e-3, rt = 8e-3;
+    const int isint = s->fmt != OMPK_MOE_BF16;
+    const double at = isint ? 4e-3 : 2e-3, rt = 8e-3;
     char w[160];
     static const char *pn[3] = {"gate", "up", "down"};
     snprintf(w, sizeof w, "%s y", tag);
-    cr_expect(sft_cmp(w, o->y, R->y, T * s->H, at, rt) <= 1, "%s", w);
+    cr_expect(sft_ok(w, o->y, R->y, T * s->H, at, rt, isint), "%s", w);
     snprintf(w, sizeof w, "%s dx", tag);
-    cr_expect(sft_cmp(w, o->dx, R->dx, T * s->H, at, rt) <= 1, "%s", w);
+    cr_expect(sft_ok(w, o->dx, R->dx, T * s->H, at, rt, isint), "%s", w);
     snprintf(w, sizeof w, "%s dw", tag);
-    cr_expect(sft_cmp(w, o->dw, R->dw, T * s->k, at, rt) <= 1, "%s", w);
+    cr_expect(sft_ok(w, o->dw, R->dw, T * s->k, at, rt, isint), "%s", w);
     for (int p = 0; p < 3; p++) {
         if (s->r) {
             snprintf(w, sizeof w, "%s %s dA", tag, pn[p]);
-            cr_expect(sft_cmp(w, o->da[p], R->da[p], s->E * s->r * sft_in(s, p), at, rt) <= 1, "%s",
-                      w);
+            cr_expect(sft_ok(w, o->da[p], R->da[p], s->E * s->r * sft_in(s, p), at, rt, isint),
+                      "%s", w);
             snprintf(w, sizeof w, "%s %s dB", tag, pn[p]);
-            cr_expect(sft_cmp(w, o->db[p], R->db[p], s->E * s->r * sft_outd(s, p), at, rt) <= 1,
+            cr_expect(sft_ok(w, o->db[p], R->db[p], s->E * s->r * sft_outd(s, p), at, rt, isint),
                       "%s", w);
         }
         if (o->dW[p]) {
             snprintf(w, sizeof w, "%s %s dW", tag, pn[p]);
-            cr_expect(sft_cmp(w, o->dW[p], R->dW[p], s->E * s->H * s->I, at, rt) <= 1, "%s", w);
+            cr_expect(sft_ok(w, o->dW[p], R->dW[p], s->E * s->H * s->I, at, rt, isint), "%s", w);
         }
     }
 }
