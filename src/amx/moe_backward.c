@@ -24,6 +24,8 @@
 #include "moe_internal.h"
 #include "ref/moe_ref.h"
 
+#define DW_BLK 512 /* floats of a full-weight gradient row kept in L1 over the routes */
+
 static float x_at(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h) {
     if (m->fmt == OMPK_MOE_BF16) return ompk_bf16_to_f32(((const uint16_t *)en->xq)[t * m->H + h]);
     return (float)((const int8_t *)en->xq)[t * m->H + h] * en->xs[t];
@@ -135,6 +137,10 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t h = 0; h < H; h++) a += B[h * r + q] * dy[t * H + h];
                 bv[(route * 3 + 2) * rm + q] = a;
             }
+            /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
+             * phase 4 reuse the buffer) */
+            if (dW[0] || dW[1])
+                for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
         }
         /* 2: per (expert, chunk of I) */
 #pragma omp master
@@ -145,7 +151,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             const int64_t cw = I - i0 < 64 ? I - i0 : 64;
             if (offs[e + 1] == offs[e]) continue;
             float *wd = tb, *wg = tb + 64 * H, *wu = wg + 64 * H, *q = wu + 64 * H;
-            float *tq = q + 64, *xr = tq + 64;
+            float *tq = q + 64;
             deq_chunk_i(m, e, i0, (int)cw, wd, wg, wu);
             if (!acc) {
                 for (int p = 0; p < 3; p++) {
@@ -197,23 +203,33 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         for (int64_t ii = 0; ii < cw; ii++)
                             o[ii] += b * (ar[ii] * ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop));
                     }
-                if (dW[0] || dW[1])
-                    for (int64_t h = 0; h < H; h++) xr[h] = x_at(m, en, t, h);
-                for (int p = 0; p < 2; p++) {
-                    if (!dW[p]) continue;
-                    const float *dv = p ? dur : dgr;
-                    for (int64_t ii = 0; ii < cw; ii++) {
-                        float *o = dW[p] + (e * I + i0 + ii) * H;
-                        for (int64_t h = 0; h < H; h++) o[h] += dv[ii] * xr[h];
-                    }
-                }
-                if (dW[2])
-                    for (int64_t h = 0; h < H; h++) {
-                        float *o = dW[2] + (e * H + h) * I + i0;
-                        const float gy = wt * dyt[h];
-                        for (int64_t ii = 0; ii < cw; ii++) o[ii] += gy * ar[ii];
+            }
+            /* full-weight gradients as GEMMs with the routes as K: an output block stays in
+             * cache over all routes (each element still sums its routes in token order) */
+            for (int p = 0; p < 2; p++) {
+                if (!dW[p]) continue;
+                const float *dsrc = p ? dU : dG;
+                for (int64_t ii = 0; ii < cw; ii++)
+                    for (int64_t h0 = 0; h0 < H; h0 += DW_BLK) {
+                        const int64_t hw = H - h0 < DW_BLK ? H - h0 : DW_BLK;
+                        float *o = dW[p] + (e * I + i0 + ii) * H + h0;
+                        for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
+                            const int64_t route = rroute[rr];
+                            const float d = dsrc[route * I + i0 + ii], *xr = dxr + route * H + h0;
+                            for (int64_t hh = 0; hh < hw; hh++) o[hh] += d * xr[hh];
+                        }
                     }
             }
+            if (dW[2])
+                for (int64_t h = 0; h < H; h++) {
+                    float *o = dW[2] + (e * H + h) * I + i0;
+                    for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
+                        const int64_t route = rroute[rr];
+                        const float gy = en->w[route] * dy[(route / k) * H + h];
+                        const float *ar = at + route * I + i0;
+                        for (int64_t ii = 0; ii < cw; ii++) o[ii] += gy * ar[ii];
+                    }
+                }
         }
         /* 3: B_g^T dg, B_u^T du per route over all of I */
 #pragma omp master
