@@ -1,6 +1,8 @@
 /* The MoE backward engine (KERNELS.md section 3) on one saved entry, fp32 on the dequantized
- * weights the forward's kernels used (read back from the packed layout per work item, so the
- * transposed products need no second packed copy: see moe_bwd_deq.c).
+ * weights the forward's kernels used. Each work item dequantizes its weight block from the
+ * packed tiles (moe_get_deq_tile) into a thread-local fp32 block, which serves W and W^T
+ * products alike: no transposed packed copy is kept (no memory at load; the dequantization is
+ * a small share of the backward's time on the vector paths).
  *
  * Phases (one parallel region, barriers between):
  *  1. per route: a~ recomputed from the saved g, u (the forward's function), B_d^T dy_t.
@@ -14,7 +16,8 @@
  *  5. per token: dx = sum over its slots in slot order, rounded once; dw = chunk partials in
  *     chunk order + s <B_d^T dy, A_d a~>.
  * Every output element is produced by one thread in a fixed order: results are bit-identical
- * across runs and thread counts. Routes of an expert are walked in token order. */
+ * across runs, thread counts and NUMA splits. Routes of an expert are walked in token order.
+ * Threads are not pinned per partition here (the forward pins them). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
