@@ -108,6 +108,10 @@ static ompk_status check_config(const ompk_moe_config *c) {
                          "threads must be in 0..4096, amx_min_rows >= 0");
     if (c->kblock < -1 || c->kblock > 1 || c->prefetch < 0 || c->prefetch > 3)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f, "kblock must be -1..1, prefetch 0..3");
+    if (c->cache_depth < 0 || c->cache_depth > MOE_MAX_DEPTH || c->lora_max_rank < 0 ||
+        c->lora_max_rank > 4096)
+        return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f,
+                         "cache_depth must be in 0..64, lora_max_rank in 0..4096");
     return OMPK_OK;
 }
 
@@ -192,7 +196,8 @@ ompk_status ompk_moe_create(const ompk_moe_config *config, ompk_moe **out) {
             pp->gd = (int)((hi - 1) / m->ktpg) - pp->gd0 + 1;
         }
     }
-    if ((st = moe_parts_alloc(m)) != OMPK_OK || (st = moe_arena_create(m)) != OMPK_OK) {
+    if ((st = moe_parts_alloc(m)) != OMPK_OK || (st = moe_arena_create(m)) != OMPK_OK ||
+        (st = moe_train_create(m)) != OMPK_OK) {
         ompk_moe_destroy(m);
         return st;
     }
@@ -204,6 +209,7 @@ void ompk_moe_destroy(ompk_moe *m) {
     if (!m) return;
     if (m->topo) moe_parts_free(m);
     free(m->arena);
+    moe_train_free(m);
     for (int c = 0; c < m->ncores; c++) hwloc_bitmap_free(m->core_set[c]);
     free(m->core_set);
     free(m->core_node);
@@ -220,7 +226,10 @@ ompk_status ompk_moe_get_info(const ompk_moe *m, ompk_moe_info *info) {
     info->threads = m->threads;
     info->weight_bytes = 0;
     for (int p = 0; p < m->P; p++) info->weight_bytes += m->part[p].mem_bytes;
-    info->arena_bytes = m->arena_bytes;
+    info->arena_bytes = m->arena_bytes + m->tr_bytes;
+    info->cache_bytes = m->cache_bytes;
+    info->cache_bytes_per_token = m->cache_tok_bytes;
+    info->cache_entries = m->ncache;
     return OMPK_OK;
 }
 
@@ -232,6 +241,15 @@ ompk_status ompk_moe_get_stats(const ompk_moe *m, ompk_moe_stats *stats) {
 }
 
 /* ---- weight loading ------------------------------------------------------------------- */
+
+/* The saved entries' backward must use the weights their forward used: no replacement while
+ * any is on the stack. */
+static ompk_status check_no_entries(const ompk_moe *m, const char *fn) {
+    if (m->ncache == 0) return OMPK_OK;
+    return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn,
+                     "%d saved forward(s) on the cache stack: load weights after their backward",
+                     m->ncache);
+}
 
 static void clear_weights(ompk_moe *m) {
     for (int p = 0; p < m->P; p++) memset(m->part[p].mem, 0, m->part[p].mem_bytes);
@@ -345,6 +363,8 @@ ompk_status ompk_moe_load_weights(ompk_moe *m, const ompk_tensor *gate, const om
                                   const ompk_tensor *down) {
     const char *fn = "ompk_moe_load_weights";
     if (!m) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "moe is NULL");
+    ompk_status st0 = check_no_entries(m, fn);
+    if (st0 != OMPK_OK) return st0;
     ompk_call c;
     ompk_call_begin(&c, fn);
     check_mat(&c, "gate", gate, OMPK_DT_FLOAT, m->E, m->I, m->H);
@@ -389,6 +409,8 @@ ompk_status ompk_moe_load_quantized(ompk_moe *m, const ompk_moe_quantized *gate,
     if (m->fmt == OMPK_MOE_BF16)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn,
                          "the layer's format is bf16: use ompk_moe_load_weights");
+    ompk_status st0 = check_no_entries(m, fn);
+    if (st0 != OMPK_OK) return st0;
     const ompk_moe_quantized *w[3] = {gate, up, down};
     static const char *qn[3] = {"gate.q", "up.q", "down.q"},
                       *sn[3] = {"gate.scale", "up.scale", "down.scale"},
@@ -511,6 +533,18 @@ ompk_status ompk_moe_get_weights(const ompk_moe *m, int which, ompk_tensor *out)
 
 /* ---- forward ------------------------------------------------------------------------- */
 
+/* The working slot becomes the new top (PUSH) or replaces it (RECOMPUTE); NONE keeps nothing. */
+static void moe_commit_entry(ompk_moe *m, ompk_moe_cache_mode mode) {
+    const int n = m->ncache;
+    if (mode == OMPK_MOE_CACHE_PUSH) {
+        m->ncache = n + 1;
+    } else if (mode == OMPK_MOE_CACHE_RECOMPUTE) {
+        int tmp = m->perm[n - 1];
+        m->perm[n - 1] = m->perm[n];
+        m->perm[n] = tmp;
+    }
+}
+
 /* OMPK_TRACE: norms of x and y. OMPK_VERIFY: the double reference on the weights the kernels
  * use (read back from the packed layout) with the path's operand rounding (bf16 or int8 rows),
  * so the report measures the kernels, not the quantization; y is compared at bf16 tolerance
@@ -555,9 +589,7 @@ static void moe_verify(const ompk_moe *m, const ompk_tensor *x, const ompk_tenso
                     for (int64_t kk = 0; kk < K; kk++)
                         o[(e * N + n) * K + kk] = moe_get_deq(m, i, e, n, kk);
         }
-        ompk_moe_ref_forward(
-            T, E, H, I, (int)k, xf, idv, wf, wt[0], wt[1], wt[2],
-            m->fmt == OMPK_MOE_BF16 ? OMPK_MOE_REF_ACT_BF16 : OMPK_MOE_REF_ACT_INT8, ref);
+        moe_verify_ref_y(m, T, xf, idv, wf, wt, ref);
         double s2 = 0;
         for (int64_t i = 0; i < T * H; i++) s2 += ref[i] * ref[i];
         double scale = T * H > 0 ? sqrt(s2 / (double)(T * H)) : 1.0;
@@ -572,10 +604,12 @@ static void moe_verify(const ompk_moe *m, const ompk_tensor *x, const ompk_tenso
     for (int i = 0; i < 4; i++) ompk_host_view_free(own[i]);
 }
 
-ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
-                             const ompk_tensor *weights, ompk_tensor *y) {
-    const char *fn = "ompk_moe_forward";
+static ompk_status forward_common(ompk_moe *m, const char *fn, const ompk_tensor *x,
+                                  const ompk_tensor *expert_ids, const ompk_tensor *weights,
+                                  ompk_tensor *y, ompk_moe_cache_mode mode) {
     if (!m) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "moe is NULL");
+    if ((unsigned)mode > (unsigned)OMPK_MOE_CACHE_RECOMPUTE)
+        return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "unknown cache mode %d", (int)mode);
     if (!m->loaded) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "weights not loaded");
     ompk_call c;
     ompk_call_begin(&c, fn);
@@ -607,7 +641,21 @@ ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tenso
     if (on_dev && !(ompk_tensor_is_contiguous(x) && ompk_tensor_is_contiguous(expert_ids) &&
                     ompk_tensor_is_contiguous(weights) && ompk_tensor_is_contiguous(y)))
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "device tensors must be contiguous");
+    if (mode == OMPK_MOE_CACHE_PUSH && m->ncache >= m->cfg.cache_depth)
+        return ompk_fail(OMPK_ERR_CACHE_FULL, fn, "the cache stack holds cache_depth = %d entries",
+                         m->cfg.cache_depth);
+    if (mode == OMPK_MOE_CACHE_RECOMPUTE && m->ncache == 0)
+        return ompk_fail(OMPK_ERR_CACHE_EMPTY, fn, "RECOMPUTE with no saved entry to overwrite");
+    const int train = mode != OMPK_MOE_CACHE_NONE || m->lora.r > 0;
+    moe_entry *en = train ? &m->ent[m->perm[m->ncache]] : NULL;
     if (T == 0) {
+        if (train) {
+            en->T = 0;
+            en->r = m->lora.r;
+            en->xdt = x->dtype;
+            en->dev = x->device;
+            moe_commit_entry(m, mode);
+        }
         m->stats.stage_in_ms = m->stats.compute_ms = m->stats.stage_out_ms = 0.0;
         return OMPK_OK;
     }
@@ -655,7 +703,8 @@ ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tenso
             for (int j = 0; j < k; j++) wc[t * k + j] = ((const float *)wd)[t * ws0 + j * ws1];
     void *yd = on_dev ? (void *)(m->arena + m->off[MB_STY]) : y->data;
     int64_t ys = on_dev ? m->H : y->strides[0];
-    st = moe_run(m, T, xd, xs, x->dtype, ids, wc, yd, ys, y->dtype);
+    st = train ? moe_run_train(m, en, T, xd, xs, x->dtype, ids, wc, yd, ys, y->dtype)
+               : moe_run(m, T, xd, xs, x->dtype, ids, wc, yd, ys, y->dtype);
     if (st != OMPK_OK) return st;
     double t2 = omp_get_wtime();
     if (on_dev && ompk_memcpy(y->data, y->device, yd, ompk_device_host(),
@@ -665,6 +714,22 @@ ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tenso
     m->stats.stage_in_ms = (t1 - t0) * 1e3;
     m->stats.compute_ms = (t2 - t1) * 1e3;
     m->stats.stage_out_ms = (t3 - t2) * 1e3;
+    if (train) {
+        en->xdt = x->dtype;
+        en->dev = x->device;
+        moe_commit_entry(m, mode);
+    }
     if (ompk_verify_enabled() || ompk_trace_enabled()) moe_verify(m, x, expert_ids, weights, y);
     return OMPK_OK;
+}
+
+ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                             const ompk_tensor *weights, ompk_tensor *y) {
+    return forward_common(m, "ompk_moe_forward", x, expert_ids, weights, y, OMPK_MOE_CACHE_NONE);
+}
+
+ompk_status ompk_moe_forward_train(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                                   const ompk_tensor *weights, ompk_tensor *y,
+                                   ompk_moe_cache_mode mode) {
+    return forward_common(m, "ompk_moe_forward_train", x, expert_ids, weights, y, mode);
 }

@@ -115,9 +115,7 @@ static void pin_thread(const ompk_moe *m, int tid, int nth) {
         }
 }
 
-enum { K_PORTABLE, K_AVX512, K_AMX, K_AMX_EMU };
-
-static int pick_kernel(const ompk_moe *m, int64_t rows) {
+int moe_pick_kernel(const ompk_moe *m, int64_t rows) {
     int vec = moe_cpu_has_avx512() ? K_AVX512 : K_PORTABLE;
     switch (m->isa) {
     case OMPK_MOE_ISA_AMX:
@@ -138,7 +136,7 @@ static int blocked(const ompk_moe *m, int kind) {
            (m->fmt == OMPK_MOE_BF16 || m->fmt == OMPK_MOE_INT8);
 }
 
-static void run_kernel(int kind, const moe_kargs *k) {
+void moe_run_kernel(int kind, const moe_kargs *k) {
     switch (kind) {
     case K_AMX:
         if (k->nsteps > 1)
@@ -180,11 +178,11 @@ static void axpy_row(float *restrict y, const float *restrict out, int r, float 
 }
 
 /* Packed gate/up weights of n-block nb of expert e; down weights of column pair pr. */
-static const uint8_t *gu_b(const ompk_moe *m, const moe_part *pp, int64_t e, int nb) {
+const uint8_t *moe_gu_b(const ompk_moe *m, const moe_part *pp, int64_t e, int nb) {
     return pp->gu + (((size_t)e * pp->nbg + (size_t)nb) * m->ktg) * 2 * m->tb;
 }
 
-static const uint8_t *dn_b(const ompk_moe *m, const moe_part *pp, int64_t e, int pr) {
+const uint8_t *moe_dn_b(const ompk_moe *m, const moe_part *pp, int64_t e, int pr) {
     return pp->dn + ((size_t)e * m->nbd + 2 * (size_t)pr) * pp->ktd * m->tb;
 }
 
@@ -236,7 +234,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
     for (int64_t e = 0; e < E; e++) {
         if (offs[e + 1] > 0) {
             active[nact++] = (int32_t)e;
-            int kind = pick_kernel(m, offs[e + 1]);
+            int kind = moe_pick_kernel(m, offs[e + 1]);
             n_amx += kind == K_AMX || kind == K_AMX_EMU;
         }
         offs[e + 1] += offs[e];
@@ -337,7 +335,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 const int64_t e = active[task / nch];
                 const int c = task % nch;
                 const int64_t cnt = offs[e + 1] - offs[e];
-                const int kind = pick_kernel(m, cnt), ns = blocked(m, kind) ? 4 : 1;
+                const int kind = moe_pick_kernel(m, cnt), ns = blocked(m, kind) ? 4 : 1;
                 const int isamx = kind == K_AMX || kind == K_AMX_EMU;
                 used_amx |= kind == K_AMX;
                 /* claimed before this task's work only where it is prefetched: the vector
@@ -353,8 +351,8 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 if (next >= 0 && next < ntask) {
                     const int64_t e2 = active[next / nch], c2 = next % nch;
                     const int64_t cnt2 = offs[e2 + 1] - offs[e2];
-                    nt.p[0] = gu_b(m, pp, e2, (int)c2 * 4);
-                    nt.n[0] = (blocked(m, pick_kernel(m, cnt2)) ? 4 : 1) * unit;
+                    nt.p[0] = moe_gu_b(m, pp, e2, (int)c2 * 4);
+                    nt.n[0] = (blocked(m, moe_pick_kernel(m, cnt2)) ? 4 : 1) * unit;
                     if (e2 != e) {
                         nt.p[1] = xg + offs[e2] * ldx;
                         nt.n[1] = cnt2 * ldx;
@@ -363,7 +361,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 for (int nb = c * 4; nb < c * 4 + 4; nb += ns) {
                     pipe_t nx = {{NULL, NULL}, {0, 0}};
                     if (pipe && nb + ns < c * 4 + 4) {
-                        nx.p[0] = gu_b(m, pp, e, nb + ns);
+                        nx.p[0] = moe_gu_b(m, pp, e, nb + ns);
                         nx.n[0] = ns * unit;
                     } else {
                         nx.p[0] = nt.p[0];
@@ -381,7 +379,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.kt = m->ktg;
                         ka.a = xg + row0 * ldx;
                         ka.lda = ldx;
-                        const uint8_t *b = gu_b(m, pp, e, nb);
+                        const uint8_t *b = moe_gu_b(m, pp, e, nb);
                         ka.b[0] = b;
                         ka.b[1] = b + m->tb;
                         ka.bstride = 2 * m->tb;
@@ -408,7 +406,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.self_pf = m->prefetch == 1 || (pipe && cold && rb == 0);
                         pipe_share(&nx, rb, nrb, &ka);
                         ka.pf_step = m->prefetch == 3 ? 64 : 256;
-                        run_kernel(kind, &ka);
+                        moe_run_kernel(kind, &ka);
                         for (int j = 0; j < ns; j++) {
                             const int64_t col = pp->i0 + (nb + j) * 16;
                             void *dst = isint ? (void *)(af + row0 * Ipad + col)
@@ -458,7 +456,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
             for (int ai = 0; ai < nact; ai++) {
                 const int64_t e = active[ai];
                 const int64_t cnt = offs[e + 1] - offs[e];
-                const int kind = pick_kernel(m, cnt), bl = blocked(m, kind);
+                const int kind = moe_pick_kernel(m, cnt), bl = blocked(m, kind);
                 const int isamx = kind == K_AMX || kind == K_AMX_EMU;
                 const int nrb = (int)((cnt + 31) / 32);
                 used_amx |= kind == K_AMX;
@@ -468,9 +466,10 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                 if (pipe && ai + 1 < nact) {
                     const int64_t e2 = active[ai + 1], cnt2 = offs[e2 + 1] - offs[e2];
                     const int r = pr1 - pr0;
-                    nt.p[0] = dn_b(m, pp, e2, pr0);
+                    nt.p[0] = moe_dn_b(m, pp, e2, pr0);
                     nt.n[0] =
-                        (blocked(m, pick_kernel(m, cnt2)) ? (r < MOE_NSTEPS ? r : MOE_NSTEPS) : 1) *
+                        (blocked(m, moe_pick_kernel(m, cnt2)) ? (r < MOE_NSTEPS ? r : MOE_NSTEPS)
+                                                              : 1) *
                         unit;
                     nt.p[1] = abuf + offs[e2] * lda;
                     nt.n[1] = cnt2 * lda;
@@ -481,7 +480,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                     pipe_t nx = {{NULL, NULL}, {0, 0}};
                     if (pipe && pr + ns < pr1) {
                         const int r = pr1 - pr - ns;
-                        nx.p[0] = dn_b(m, pp, e, pr + ns);
+                        nx.p[0] = moe_dn_b(m, pp, e, pr + ns);
                         nx.n[0] = (bl ? (r < MOE_NSTEPS ? r : MOE_NSTEPS) : 1) * unit;
                     } else {
                         nx.p[0] = nt.p[0];
@@ -499,7 +498,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.kt = pp->ktd;
                         ka.a = abuf + row0 * lda + pp->i0 * (int64_t)es;
                         ka.lda = lda;
-                        ka.b[0] = dn_b(m, pp, e, pr);
+                        ka.b[0] = moe_dn_b(m, pp, e, pr);
                         ka.b[1] = ka.b[0] + (size_t)pp->ktd * m->tb;
                         ka.bstride = m->tb;
                         if (isint) {
@@ -526,7 +525,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                         ka.self_pf = m->prefetch == 1 || (pipe && cold && rb == 0);
                         pipe_share(&nx, rb, nrb, &ka);
                         ka.pf_step = m->prefetch == 3 ? 64 : 256;
-                        run_kernel(kind, &ka);
+                        moe_run_kernel(kind, &ka);
                         for (int j = 0; j < ns; j++)
                             for (int r = 0; r < mr; r++) {
                                 float *yr = ypp + (size_t)rowtok[row0 + r] * Hn + (nb + 2 * j) * 16;

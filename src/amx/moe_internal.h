@@ -24,8 +24,9 @@
 #include "ompk/moe.h"
 
 #define MOE_MAX_PARTS 64
-#define MOE_ROW_PAD 32 /* readable rows after the last activation row (tile overrun) */
-#define MOE_NSTEPS 4   /* n-steps one K-blocked AMX call covers */
+#define MOE_MAX_DEPTH 64 /* cache_depth limit */
+#define MOE_ROW_PAD 32   /* readable rows after the last activation row (tile overrun) */
+#define MOE_NSTEPS 4     /* n-steps one K-blocked AMX call covers */
 /* per-thread kernel scratch: unpacked int4 tiles, then C tiles (MOE_NSTEPS blocks of 4 KB) */
 #define MOE_KSCRATCH (2048 + MOE_NSTEPS * 4096)
 #define MOE_ONE_GROUP (1 << 28) /* ktpg of a format with one group per row */
@@ -124,6 +125,50 @@ enum moe_buf_id {
     MB_COUNT_
 };
 
+/* LoRA as attached: copies of the caller's descriptors (so the caller's struct may go away),
+ * the data borrowed and read at every call. */
+typedef struct moe_lora {
+    int r; /* 0 = detached */
+    float s, dropout;
+    uint64_t seed;
+    ompk_tensor a[3], b[3];
+} moe_lora;
+
+/* One saved forward. Rows of g, u and lx are routes in token order: route (t, j) is row
+ * t*k + j (padding slots leave their row unused), never the kernels' expert-sorted order. */
+typedef struct moe_entry {
+    int64_t T;
+    ompk_dtype xdt; /* dtype of x (and of dx) */
+    ompk_device dev;
+    int r;        /* LoRA rank of the forward, 0 = none */
+    int32_t *ids; /* [Tm*k] */
+    float *w;     /* [Tm*k] */
+    uint8_t *xq;  /* x as the kernels consumed it [Tm][H]: bf16 bits, or int8 codes */
+    float *xs;    /* int formats: the row scale of xq [Tm] */
+    float *g, *u; /* [Tm*k][I] pre-activation, LoRA included */
+    float *lx;    /* [Tm*k][3][rmax]: A_g(m x~), A_u(m x~), A_d(m a~) in fp32 */
+} moe_entry;
+
+/* training scratch (never the cache): the forward's and the backward's working buffers */
+enum moe_tbuf_id {
+    TB_RROUTE, /* expert-sorted row -> route t*k+j */
+    TB_EOFFS,  /* [E+1] */
+    TB_ZP,     /* forward: down partials [P][R][Hn] */
+    TB_LW,     /* LoRA in f32, contiguous at the attached rank r: A_g, A_u [E][r][H], A_d
+                  [E][r][I], B_g, B_u [E][I][r], B_d [E][H][r] (room for lora_max_rank) */
+    TB_AT,     /* backward: a~ [R][I] */
+    TB_DG,     /* [R][I] */
+    TB_DU,     /* [R][I] */
+    TB_DXR,    /* [R][H] per-route dx */
+    TB_DWP,    /* [R][nch] per 64-column chunk of I partial of dw */
+    TB_BV,     /* [R][3][rmax]: B_g^T dg, B_u^T du, B_d^T dy */
+    TB_TDEQ,   /* per thread dequantized weight block */
+    TB_STDY,   /* staging: dy [Tm][H] f32 */
+    TB_STDX,   /* staging: dx [Tm][H] f32 */
+    TB_STDW,   /* staging: dw [Tm][k] */
+    TB_COUNT_
+};
+
 struct ompk_moe {
     ompk_moe_config cfg; /* normalized */
     ompk_moe_isa isa;
@@ -160,6 +205,18 @@ struct ompk_moe {
     int64_t rows_max;
     size_t tscr_bytes; /* per thread */
     ompk_moe_stats stats;
+    /* training */
+    moe_lora lora;
+    int rmax; /* config lora_max_rank */
+    uint8_t *cache;
+    size_t cache_bytes, cache_tok_bytes;
+    /* cache_depth + 1 slots: the live entries and one working slot; perm[0..ncache) is the
+     * stack bottom to top, perm[ncache] the working slot */
+    moe_entry ent[MOE_MAX_DEPTH + 1];
+    int perm[MOE_MAX_DEPTH + 1];
+    int ncache;
+    uint8_t *tr;
+    size_t tr_off[TB_COUNT_], tr_len[TB_COUNT_], tr_bytes, tdeq_floats;
 };
 
 /* moe_pack.c */
@@ -172,6 +229,10 @@ void moe_pack_expert(ompk_moe *m, int which, int64_t e, const uint16_t *codes, i
 /* Scale (and int4 zero point) of (which, e, n, global group g). */
 void moe_put_scale(ompk_moe *m, int which, int64_t e, int64_t n, int g, float scale, int zero);
 float moe_get_deq(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k);
+/* The same values for one tile's block: rows n0..n0+nr-1 (n0 a multiple of 16, nr <= 16) and
+ * columns k0..k0+kc-1 (k0 a multiple of the k-tile, kc <= it) into out[nn*ldo + kk]. */
+void moe_get_deq_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64_t k0, int nr,
+                      int kc, float *out, int64_t ldo);
 
 /* moe_forward.c */
 ompk_status moe_arena_create(ompk_moe *m);
@@ -179,7 +240,46 @@ ompk_status moe_arena_create(ompk_moe *m);
  * (validated), w [T,k] contiguous f32, y rows at yd (row stride ys, dtype ydt). */
 ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dtype xdt,
                     const int64_t *ids, const float *w, void *yd, int64_t ys, ompk_dtype ydt);
+/* kernel choice and weight addressing shared with the training forward */
+enum { K_PORTABLE, K_AVX512, K_AMX, K_AMX_EMU };
+int moe_pick_kernel(const ompk_moe *m, int64_t rows);
+void moe_run_kernel(int kind, const moe_kargs *k);
+const uint8_t *moe_gu_b(const ompk_moe *m, const moe_part *pp, int64_t e, int nb);
+const uint8_t *moe_dn_b(const ompk_moe *m, const moe_part *pp, int64_t e, int pr);
 /* 0 when every canary is intact, else the index of the first damaged buffer + 1. */
 int moe_arena_check(const ompk_moe *m);
+
+/* moe_cache.c: the cache arena and the training scratch, sized at create */
+ompk_status moe_train_create(ompk_moe *m);
+void moe_train_free(ompk_moe *m);
+#define TBUF(m, id, type) ((type *)((m)->tr + (m)->tr_off[id]))
+
+/* moe_lora.c: f32 element (e, n, k) of a borrowed LoRA tensor; copy of the active experts'
+ * adapters into TB_LW */
+float moe_lora_get(const ompk_tensor *t, int64_t e, int64_t n, int64_t k);
+void moe_lora_stage(ompk_moe *m, const int64_t *eoffs);
+const float *moe_lw(const ompk_moe *m, int which_ab, int proj); /* 0 = A, 1 = B */
+
+/* moe_train_fwd.c: the training forward on host data into entry en (x rows at xd, row stride
+ * xs; ids [T,k] validated; w [T,k]; y rows at yd) */
+ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
+                          ompk_dtype xdt, const int64_t *ids, const float *w, void *yd, int64_t ys,
+                          ompk_dtype ydt);
+/* a~ of one route from its g, u rows (the forward and the backward share it): f32 values of
+ * what the down kernel consumed, and the codes it reads (bf16: may be NULL; int formats: I
+ * bytes, and the row scale in *scale) */
+void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
+                   float *scale);
+
+/* moe_verify_train.c: the forward reference of the layer as attached now (LoRA included), y
+ * [T,H]; the OMPK_VERIFY lines of a backward (dx, dw as written on the host) */
+void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_t *ids,
+                      const float *w, float *const W[3], double *y);
+void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy,
+                         const ompk_moe_grads *gr, const void *dx, const float *dw);
+
+/* moe_backward.c */
+ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
+                             int64_t dxs, float *dw, const ompk_moe_grads *gr);
 
 #endif

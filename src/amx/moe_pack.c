@@ -229,3 +229,35 @@ float moe_get_deq(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k)
     int c = hi ? l.tile[o] >> 4 : l.tile[o] & 15;
     return (float)(c - (int)l.z[0]) * *l.scale;
 }
+
+void moe_get_deq_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64_t k0, int nr,
+                      int kc, float *out, int64_t ldo) {
+    loc l;
+    if (!locate(m, which, e, n0, k0, &l)) {
+        for (int nn = 0; nn < nr; nn++)
+            for (int kk = 0; kk < kc; kk++) out[nn * ldo + kk] = 0.0f;
+        return;
+    }
+    for (int nn = 0; nn < nr; nn++) {
+        float *o = out + nn * ldo;
+        if (m->fmt == OMPK_MOE_BF16) {
+            for (int kk = 0; kk < kc; kk++) {
+                uint16_t v;
+                memcpy(&v, l.tile + (((kk >> 1) * 16 + nn) * 2 + (kk & 1)) * 2, 2);
+                o[kk] = ompk_bf16_to_f32(v);
+            }
+        } else if (m->fmt == OMPK_MOE_INT8) {
+            const float s = l.scale[nn];
+            for (int kk = 0; kk < kc; kk++)
+                o[kk] = (float)(int8_t)l.tile[(kk >> 2) * 64 + nn * 4 + (kk & 3)] * s;
+        } else {
+            const float s = l.scale[nn];
+            const int z = l.z[nn * 4];
+            for (int kk = 0; kk < kc; kk++) {
+                const int pos = nn * 4 + (kk & 3);
+                const uint8_t b = l.tile[(kk >> 2) * 32 + (pos & 31)];
+                o[kk] = (float)((pos >= 32 ? b >> 4 : b & 15) - z) * s;
+            }
+        }
+    }
+}

@@ -1,0 +1,334 @@
+/* The MoE backward engine (KERNELS.md section 3) on one saved entry, fp32 on the dequantized
+ * weights the forward's kernels used. Each work item dequantizes its weight block from the
+ * packed tiles (moe_get_deq_tile) into a thread-local fp32 block, which serves W and W^T
+ * products alike: no transposed packed copy is kept (no memory at load; the dequantization is
+ * a small share of the backward's time on the vector paths).
+ *
+ * Phases (one parallel region, barriers between):
+ *  1. per route: a~ recomputed from the saved g, u (the forward's function), B_d^T dy_t.
+ *  2. per (expert, 64-column chunk c of I): down^T dy, da (LoRA included), dg, du; the chunk's
+ *     partial of dw; the I-dimension gradients of the chunk (dB_gate, dB_up rows, dA_down and
+ *     dW_down columns, dW_gate, dW_up rows), written by their chunk only. Chunks never straddle
+ *     a NUMA partition (partitions are 64-aligned), so chunk order is partition order.
+ *  3. per route: B_g^T dg, B_u^T du over all of I in ascending order.
+ *  4. per (expert, 64-column chunk of H): per-route dx (base over all of I ascending, then the
+ *     LoRA terms), dA_gate, dA_up columns, dB_down rows.
+ *  5. per token: dx = sum over its slots in slot order, rounded once; dw = chunk partials in
+ *     chunk order + s <B_d^T dy, A_d a~>.
+ * Every output element is produced by one thread in a fixed order: results are bit-identical
+ * across runs, thread counts and NUMA splits. Routes of an expert are walked in token order.
+ * Threads are not pinned per partition here (the forward pins them). */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "error.h"
+#include "moe_internal.h"
+#include "ref/moe_ref.h"
+
+#define DW_BLK 512 /* floats of a full-weight gradient row kept in L1 over the routes */
+
+static float x_at(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h) {
+    if (m->fmt == OMPK_MOE_BF16) return ompk_bf16_to_f32(((const uint16_t *)en->xq)[t * m->H + h]);
+    return (float)((const int8_t *)en->xq)[t * m->H + h] * en->xs[t];
+}
+
+/* Dequantized blocks of one work item, tile by tile: wd[h][ii] = down[e][h][i0+ii],
+ * wg/wu[ii][h] = gate/up[e][i0+ii][h] for the 64-column chunk i0 of I */
+static void deq_chunk_i(const ompk_moe *m, int64_t e, int64_t i0, int cw, float *wd, float *wg,
+                        float *wu) {
+    const int64_t H = m->H, kte = m->kte;
+    for (int64_t n0 = 0; n0 < H; n0 += 16)
+        for (int64_t k0 = i0; k0 < i0 + cw; k0 += kte)
+            moe_get_deq_tile(m, 2, e, n0, k0, (int)(H - n0 < 16 ? H - n0 : 16),
+                             (int)(i0 + cw - k0 < kte ? i0 + cw - k0 : kte),
+                             wd + n0 * 64 + (k0 - i0), 64);
+    for (int64_t n0 = i0; n0 < i0 + cw; n0 += 16)
+        for (int64_t k0 = 0; k0 < H; k0 += kte) {
+            const int nr = (int)(i0 + cw - n0 < 16 ? i0 + cw - n0 : 16),
+                      kc = (int)(H - k0 < kte ? H - k0 : kte);
+            moe_get_deq_tile(m, 0, e, n0, k0, nr, kc, wg + (n0 - i0) * H + k0, H);
+            moe_get_deq_tile(m, 1, e, n0, k0, nr, kc, wu + (n0 - i0) * H + k0, H);
+        }
+}
+
+/* wg/wu[i][hh] = gate/up[e][i][h0+hh] for the 64-column chunk h0 of H, all of I */
+static void deq_chunk_h(const ompk_moe *m, int64_t e, int64_t h0, int hw, float *wg, float *wu) {
+    const int64_t I = m->I, kte = m->kte;
+    float tmp[16 * 64];
+    for (int64_t n0 = 0; n0 < I; n0 += 16)
+        for (int64_t k0 = h0 - h0 % kte; k0 < h0 + hw; k0 += kte) {
+            const int nr = (int)(I - n0 < 16 ? I - n0 : 16);
+            const int64_t lo = k0 > h0 ? k0 : h0, hi = k0 + kte < h0 + hw ? k0 + kte : h0 + hw;
+            for (int w = 0; w < 2; w++) {
+                moe_get_deq_tile(m, w, e, n0, k0, nr, (int)(hi - k0), tmp, 64);
+                for (int nn = 0; nn < nr; nn++)
+                    memcpy((w ? wu : wg) + (n0 + nn) * 64 + (lo - h0), tmp + nn * 64 + (lo - k0),
+                           (size_t)(hi - lo) * 4);
+            }
+        }
+}
+
+static float *gdata(const ompk_tensor *t) {
+    return t ? (float *)t->data : NULL;
+}
+
+ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
+                             int64_t dxs, float *dw, const ompk_moe_grads *gr) {
+    const int64_t E = m->E, H = m->H, I = m->I, T = en->T, rm = m->rmax;
+    const int k = m->k, r = en->r, acc = gr->accumulate;
+    const float s = m->lora.s, drop = m->lora.dropout;
+    const uint64_t seed = m->lora.seed;
+    const int64_t nch = (I + 63) / 64, nhc = (H + 63) / 64;
+    int64_t *offs = TBUF(m, TB_EOFFS, int64_t);
+    int32_t *rroute = TBUF(m, TB_RROUTE, int32_t);
+    int64_t *cur = (int64_t *)(m->arena + m->off[MB_CURSOR]);
+    float *at = TBUF(m, TB_AT, float), *dG = TBUF(m, TB_DG, float), *dU = TBUF(m, TB_DU, float);
+    float *dxr = TBUF(m, TB_DXR, float), *dwp = TBUF(m, TB_DWP, float);
+    float *bv = TBUF(m, TB_BV, float), *tdeq = TBUF(m, TB_TDEQ, float);
+    float *dA[3] = {gdata(gr->gate_da), gdata(gr->up_da), gdata(gr->down_da)};
+    float *dB[3] = {gdata(gr->gate_db), gdata(gr->up_db), gdata(gr->down_db)};
+    float *dW[3] = {gdata(gr->gate_dw), gdata(gr->up_dw), gdata(gr->down_dw)};
+    const int64_t in[3] = {H, H, I}, out[3] = {I, I, H};
+
+    for (int64_t e = 0; e <= E; e++) offs[e] = 0;
+    for (int64_t i = 0; i < T * k; i++)
+        if (en->ids[i] >= 0) offs[en->ids[i] + 1]++;
+    for (int64_t e = 0; e < E; e++) {
+        offs[e + 1] += offs[e];
+        cur[e] = offs[e];
+    }
+    const int64_t R = offs[E];
+    for (int64_t t = 0; t < T; t++)
+        for (int j = 0; j < k; j++)
+            if (en->ids[t * k + j] >= 0) rroute[cur[en->ids[t * k + j]]++] = (int32_t)(t * k + j);
+    if (r) moe_lora_stage(m, offs);
+    const float *la[3] = {NULL, NULL, NULL}, *lb[3] = {NULL, NULL, NULL};
+    for (int p = 0; p < 3 && r; p++) {
+        la[p] = moe_lw(m, 0, p);
+        lb[p] = moe_lw(m, 1, p);
+    }
+
+    double tm[6];
+    tm[0] = omp_get_wtime();
+#pragma omp parallel num_threads(m->threads)
+    {
+        float *tb = tdeq + (size_t)omp_get_thread_num() * m->tdeq_floats;
+        /* "=": experts no token reached get 0 */
+        if (!acc) {
+#pragma omp for schedule(static)
+            for (int64_t e = 0; e < E; e++) {
+                if (offs[e + 1] > offs[e]) continue;
+                for (int p = 0; p < 3; p++) {
+                    if (dA[p]) memset(dA[p] + e * r * in[p], 0, (size_t)(r * in[p]) * 4);
+                    if (dB[p]) memset(dB[p] + e * out[p] * r, 0, (size_t)(out[p] * r) * 4);
+                    if (dW[p]) memset(dW[p] + e * out[p] * in[p], 0, (size_t)(out[p] * in[p]) * 4);
+                }
+            }
+        }
+        /* 1: a~ and B_d^T dy per route */
+#pragma omp for schedule(static)
+        for (int64_t rr = 0; rr < R; rr++) {
+            const int64_t route = rroute[rr], t = route / k, e = en->ids[route];
+            float sc;
+            moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I, (uint8_t *)tb,
+                          &sc);
+            for (int q = 0; q < r; q++) {
+                const float *B = lb[2] + e * H * r;
+                float a = 0.0f;
+                for (int64_t h = 0; h < H; h++) a += B[h * r + q] * dy[t * H + h];
+                bv[(route * 3 + 2) * rm + q] = a;
+            }
+            /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
+             * phase 4 reuse the buffer) */
+            if (dW[0] || dW[1])
+                for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
+        }
+        /* 2: per (expert, chunk of I) */
+#pragma omp master
+        tm[1] = omp_get_wtime();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < E * nch; task++) {
+            const int64_t e = task / nch, c = task % nch, i0 = c * 64;
+            const int64_t cw = I - i0 < 64 ? I - i0 : 64;
+            if (offs[e + 1] == offs[e]) continue;
+            float *wd = tb, *wg = tb + 64 * H, *wu = wg + 64 * H, *q = wu + 64 * H;
+            float *tq = q + 64;
+            deq_chunk_i(m, e, i0, (int)cw, wd, wg, wu);
+            if (!acc) {
+                for (int p = 0; p < 3; p++) {
+                    if (p < 2 && dB[p]) memset(dB[p] + (e * I + i0) * r, 0, (size_t)(cw * r) * 4);
+                    if (p < 2 && dW[p]) memset(dW[p] + (e * I + i0) * H, 0, (size_t)(cw * H) * 4);
+                }
+                for (int qq = 0; qq < r && dA[2]; qq++)
+                    memset(dA[2] + (e * r + qq) * I + i0, 0, (size_t)cw * 4);
+                for (int64_t h = 0; h < H && dW[2]; h++)
+                    memset(dW[2] + (e * H + h) * I + i0, 0, (size_t)cw * 4);
+            }
+            for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
+                const int64_t route = rroute[rr], t = route / k;
+                const float wt = en->w[route], *dyt = dy + t * H, *ar = at + route * I + i0;
+                const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
+                const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
+                for (int64_t ii = 0; ii < 64; ii++) q[ii] = 0.0f;
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t ii = 0; ii < cw; ii++) q[ii] += wd[h * 64 + ii] * dyt[h];
+                float d = 0.0f;
+                for (int64_t ii = 0; ii < cw; ii++) d += q[ii] * ar[ii];
+                dwp[route * nch + c] = d;
+                for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
+                if (r) {
+                    const float *A = la[2] + e * r * I;
+                    for (int qq = 0; qq < r; qq++)
+                        for (int64_t ii = 0; ii < cw; ii++) tq[ii] += A[qq * I + i0 + ii] * bq[qq];
+                }
+                float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
+                for (int64_t ii = 0; ii < cw; ii++) {
+                    const float keep = r ? ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop) : 0.0f;
+                    const float da = wt * (q[ii] + s * keep * tq[ii]);
+                    const float sg = 1.0f / (1.0f + expf(-g[ii]));
+                    dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
+                    dur[ii] = da * g[ii] * sg;
+                }
+                for (int p = 0; p < 2 && r; p++) {
+                    if (!dB[p]) continue;
+                    const float *dv = p ? dur : dgr;
+                    float *o = dB[p] + (e * I + i0) * r;
+                    for (int64_t ii = 0; ii < cw; ii++)
+                        for (int qq = 0; qq < r; qq++)
+                            o[ii * r + qq] += s * dv[ii] * lx[p * rm + qq];
+                }
+                if (r && dA[2])
+                    for (int qq = 0; qq < r; qq++) {
+                        float *o = dA[2] + (e * r + qq) * I + i0;
+                        const float b = s * wt * bq[qq];
+                        for (int64_t ii = 0; ii < cw; ii++)
+                            o[ii] += b * (ar[ii] * ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop));
+                    }
+            }
+            /* full-weight gradients as GEMMs with the routes as K: an output block stays in
+             * cache over all routes (each element still sums its routes in token order) */
+            for (int p = 0; p < 2; p++) {
+                if (!dW[p]) continue;
+                const float *dsrc = p ? dU : dG;
+                for (int64_t ii = 0; ii < cw; ii++)
+                    for (int64_t h0 = 0; h0 < H; h0 += DW_BLK) {
+                        const int64_t hw = H - h0 < DW_BLK ? H - h0 : DW_BLK;
+                        float *o = dW[p] + (e * I + i0 + ii) * H + h0;
+                        for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
+                            const int64_t route = rroute[rr];
+                            const float d = dsrc[route * I + i0 + ii], *xr = dxr + route * H + h0;
+                            for (int64_t hh = 0; hh < hw; hh++) o[hh] += d * xr[hh];
+                        }
+                    }
+            }
+            if (dW[2])
+                for (int64_t h = 0; h < H; h++) {
+                    float *o = dW[2] + (e * H + h) * I + i0;
+                    for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
+                        const int64_t route = rroute[rr];
+                        const float gy = en->w[route] * dy[(route / k) * H + h];
+                        const float *ar = at + route * I + i0;
+                        for (int64_t ii = 0; ii < cw; ii++) o[ii] += gy * ar[ii];
+                    }
+                }
+        }
+        /* 3: B_g^T dg, B_u^T du per route over all of I */
+#pragma omp master
+        tm[2] = omp_get_wtime();
+#pragma omp for schedule(static)
+        for (int64_t rr = 0; rr < R; rr++) {
+            if (!r) continue;
+            const int64_t route = rroute[rr], e = en->ids[route];
+            for (int p = 0; p < 2; p++) {
+                const float *B = lb[p] + e * I * r, *dv = (p ? dU : dG) + route * I;
+                float *o = bv + (route * 3 + p) * rm;
+                for (int qq = 0; qq < r; qq++) o[qq] = 0.0f;
+                for (int64_t i = 0; i < I; i++)
+                    for (int qq = 0; qq < r; qq++) o[qq] += B[i * r + qq] * dv[i];
+            }
+        }
+        /* 4: per (expert, chunk of H) */
+#pragma omp master
+        tm[3] = omp_get_wtime();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < E * nhc; task++) {
+            const int64_t e = task / nhc, h0 = (task % nhc) * 64;
+            const int64_t hw = H - h0 < 64 ? H - h0 : 64;
+            if (offs[e + 1] == offs[e]) continue;
+            float *wg = tb, *wu = tb + 64 * I, *xv = wu + 64 * I;
+            deq_chunk_h(m, e, h0, (int)hw, wg, wu);
+            if (!acc) {
+                for (int p = 0; p < 2 && r; p++)
+                    for (int qq = 0; qq < r && dA[p]; qq++)
+                        memset(dA[p] + (e * r + qq) * H + h0, 0, (size_t)hw * 4);
+                if (r && dB[2]) memset(dB[2] + (e * H + h0) * r, 0, (size_t)(hw * r) * 4);
+            }
+            for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
+                const int64_t route = rroute[rr], t = route / k;
+                const float *dgr = dG + route * I, *dur = dU + route * I;
+                float *o = dxr + route * H + h0;
+                for (int64_t hh = 0; hh < hw; hh++) xv[hh] = 0.0f;
+                for (int64_t i = 0; i < I; i++)
+                    for (int64_t hh = 0; hh < hw; hh++)
+                        xv[hh] += wg[i * 64 + hh] * dgr[i] + wu[i * 64 + hh] * dur[i];
+                for (int p = 0; p < 2 && r; p++) {
+                    const float *A = la[p] + e * r * H, *b = bv + (route * 3 + p) * rm;
+                    for (int64_t hh = 0; hh < hw; hh++) {
+                        float a = 0.0f;
+                        for (int qq = 0; qq < r; qq++) a += A[qq * H + h0 + hh] * b[qq];
+                        const float keep = ompk_moe_lora_keep(seed, p, t, h0 + hh, drop);
+                        xv[hh] += s * keep * a;
+                        if (dA[p])
+                            for (int qq = 0; qq < r; qq++)
+                                dA[p][(e * r + qq) * H + h0 + hh] +=
+                                    s * b[qq] * (x_at(m, en, t, h0 + hh) * keep);
+                    }
+                }
+                for (int64_t hh = 0; hh < hw; hh++) o[hh] = xv[hh];
+                if (r && dB[2]) {
+                    const float wt = en->w[route], *lx = en->lx + route * 3 * rm + 2 * rm;
+                    for (int64_t hh = 0; hh < hw; hh++) {
+                        const float gy = wt * dy[t * H + h0 + hh];
+                        for (int qq = 0; qq < r; qq++)
+                            dB[2][(e * H + h0 + hh) * r + qq] += s * gy * lx[qq];
+                    }
+                }
+            }
+        }
+        /* 5: per token */
+#pragma omp master
+        tm[4] = omp_get_wtime();
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            uint8_t *row = (uint8_t *)dxd + (size_t)(t * dxs) * (en->xdt == OMPK_BF16 ? 2 : 4);
+            for (int64_t h = 0; h < H; h++) {
+                float a = 0.0f;
+                for (int j = 0; j < k; j++)
+                    if (en->ids[t * k + j] >= 0) a += dxr[(t * k + j) * H + h];
+                ompk_store_f(row, h, a, en->xdt == OMPK_BF16);
+            }
+            for (int j = 0; j < k && dw; j++) {
+                const int64_t route = t * k + j;
+                if (en->ids[route] < 0) {
+                    dw[route] = 0.0f;
+                    continue;
+                }
+                float a = 0.0f;
+                for (int64_t c = 0; c < nch; c++) a += dwp[route * nch + c];
+                if (r) {
+                    const float *bq = bv + (route * 3 + 2) * rm, *lx = en->lx + route * 3 * rm;
+                    float l = 0.0f;
+                    for (int qq = 0; qq < r; qq++) l += bq[qq] * lx[2 * rm + qq];
+                    a += s * l;
+                }
+                dw[route] = a;
+            }
+        }
+    }
+    tm[5] = omp_get_wtime();
+    for (int i = 0; i < 5; i++) m->stats.phase_ms[i] = (tm[i + 1] - tm[i]) * 1e3;
+    m->stats.fork_ms = 0.0;
+    return OMPK_OK;
+}

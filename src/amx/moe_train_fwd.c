@@ -1,0 +1,315 @@
+/* The training forward: the inference kernels (same tiles, same per-expert kernel choice from
+ * this call's row counts) with epilogues that keep g and u (pre-activation) in the cache entry,
+ * the LoRA terms in fp32, and the down output per route before its routing weight.
+ *
+ * Phases (one parallel region, barriers between): x as consumed per token into the entry;
+ * expert-sorted gather; gate/up kernels (tasks over partition, expert, n-block) write g, u into
+ * the entry's token-order rows; per route: LoRA of gate/up added, a~ = act(silu(g)*u) into the
+ * kernel's operand rows, A_d a~; down kernels into per-partition fp32 partials of z; per token:
+ * z = partials in partition order + s B_d (A_d a~), y = sum over slots of w z, rounded once.
+ * Every value is written by one thread in a fixed order: results do not depend on the thread
+ * count. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "error.h"
+#include "moe_internal.h"
+#include "ref/moe_ref.h"
+
+#define BUF(m, id, type) ((type *)((m)->arena + (m)->off[id]))
+
+void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
+                   float *scale) {
+    const int64_t I = m->I;
+    for (int64_t i = 0; i < I; i++) af[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    if (m->fmt == OMPK_MOE_BF16) {
+        for (int64_t i = 0; i < I; i++) {
+            uint16_t b = ompk_f32_to_bf16(af[i]);
+            if (codes) ((uint16_t *)codes)[i] = b;
+            af[i] = ompk_bf16_to_f32(b);
+        }
+        return;
+    }
+    int8_t *q = (int8_t *)codes;
+    float s = ompk_moe_quant_row(af, I, q);
+    for (int64_t i = 0; i < I; i++) af[i] = (float)q[i] * s;
+    *scale = s;
+}
+
+/* x as the kernels consume it, token t, as f32 */
+static void x_tilde(const ompk_moe *m, const moe_entry *en, int64_t t, float *xf) {
+    if (m->fmt == OMPK_MOE_BF16) {
+        const uint16_t *q = (const uint16_t *)en->xq + t * m->H;
+        for (int64_t h = 0; h < m->H; h++) xf[h] = ompk_bf16_to_f32(q[h]);
+    } else {
+        const int8_t *q = (const int8_t *)en->xq + t * m->H;
+        for (int64_t h = 0; h < m->H; h++) xf[h] = (float)q[h] * en->xs[t];
+    }
+}
+
+static void set_scales(const ompk_moe *m, const moe_part *pp, int64_t e, int nb, moe_kargs *ka) {
+    ka->ktg0 = 0;
+    ka->ktpg = m->ktpg;
+    ka->sstride = pp->ip;
+    ka->zstride = (int64_t)pp->nbg * 64;
+    for (int s = 0; s < 2; s++) {
+        size_t so = (size_t)(e * 2 + s) * m->gg * pp->ip + (size_t)nb * 16;
+        ka->s[s] = pp->gu_scale + so;
+        ka->ws[s] = pp->gu_ws + so;
+        if (pp->gu_z) ka->z[s] = pp->gu_z + ((size_t)(e * 2 + s) * m->gg * pp->nbg + nb) * 64;
+    }
+}
+
+ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
+                          ompk_dtype xdt, const int64_t *ids, const float *w, void *yd, int64_t ys,
+                          ompk_dtype ydt) {
+    const int64_t E = m->E, H = m->H, I = m->I, Hk = m->Hk, Hn = m->Hn, Ipad = m->Ipad;
+    const int k = m->k, P = m->P, isint = m->fmt != OMPK_MOE_BF16, r = m->lora.r;
+    const int64_t Rc = m->cfg.max_tokens * k, rm = m->rmax;
+    const float s = m->lora.s, drop = m->lora.dropout;
+    const uint64_t seed = m->lora.seed;
+    const size_t es = isint ? 1 : 2;
+    int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *cur = BUF(m, MB_CURSOR, int64_t);
+    int32_t *active = BUF(m, MB_ACTIVE, int32_t), *rroute = TBUF(m, TB_RROUTE, int32_t);
+    uint8_t *xg = BUF(m, MB_XG, uint8_t), *abuf = BUF(m, MB_A, uint8_t);
+    float *sx = BUF(m, MB_SX, float), *sa = BUF(m, MB_SA, float);
+    uint8_t *tscr = BUF(m, MB_TSCR, uint8_t);
+    float *zp = TBUF(m, TB_ZP, float), *tdeq = TBUF(m, TB_TDEQ, float);
+    const int64_t ldx = Hk * (int64_t)es, lda = Ipad * (int64_t)es;
+
+    en->T = T;
+    en->r = r;
+    for (int64_t i = 0; i < T * k; i++) {
+        en->ids[i] = (int32_t)ids[i];
+        en->w[i] = w[i];
+    }
+    for (int64_t e = 0; e <= E; e++) offs[e] = 0;
+    for (int64_t i = 0; i < T * k; i++)
+        if (ids[i] >= 0) offs[ids[i] + 1]++;
+    int nact = 0, n_amx = 0;
+    for (int64_t e = 0; e < E; e++) {
+        if (offs[e + 1] > 0) {
+            active[nact++] = (int32_t)e;
+            int kind = moe_pick_kernel(m, offs[e + 1]);
+            n_amx += kind == K_AMX || kind == K_AMX_EMU;
+        }
+        offs[e + 1] += offs[e];
+        cur[e] = offs[e];
+    }
+    const int64_t R = offs[E];
+    for (int64_t t = 0; t < T; t++)
+        for (int j = 0; j < k; j++)
+            if (ids[t * k + j] >= 0) rroute[cur[ids[t * k + j]]++] = (int32_t)(t * k + j);
+    m->stats.experts_amx = n_amx;
+    m->stats.experts_vector = nact - n_amx;
+    moe_lora_stage(m, offs);
+    const float *la[3], *lb[3];
+    for (int p = 0; p < 3; p++) {
+        la[p] = moe_lw(m, 0, p);
+        lb[p] = moe_lw(m, 1, p);
+    }
+    int ntask_gu = 0, ntask_dn = 0, tgu[MOE_MAX_PARTS + 1], tdn[MOE_MAX_PARTS + 1];
+    for (int p = 0; p < P; p++) {
+        tgu[p] = ntask_gu;
+        tdn[p] = ntask_dn;
+        if (m->part[p].ip == 0) continue;
+        ntask_gu += nact * m->part[p].nbg;
+        ntask_dn += nact * (m->nbd / 2);
+    }
+    tgu[P] = ntask_gu;
+    tdn[P] = ntask_dn;
+
+#pragma omp parallel num_threads(m->threads)
+    {
+        const int tid = omp_get_thread_num();
+        uint8_t *kscr = tscr + (size_t)tid * m->tscr_bytes;
+        float *kout = (float *)(kscr + MOE_KSCRATCH);
+        float *xf = tdeq + (size_t)tid * m->tdeq_floats, *af = xf + (H > I ? H : I);
+        int used_amx = 0;
+        /* x as consumed, once per token, into the entry */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            const uint8_t *src =
+                (const uint8_t *)xd + (size_t)(t * xs) * (xdt == OMPK_BF16 ? 2 : 4);
+            for (int64_t h = 0; h < H; h++) xf[h] = ompk_load_f(src, h, xdt == OMPK_BF16);
+            if (isint) {
+                en->xs[t] = ompk_moe_quant_row(xf, H, (int8_t *)en->xq + t * H);
+            } else {
+                uint16_t *d = (uint16_t *)en->xq + t * H;
+                for (int64_t h = 0; h < H; h++) d[h] = ompk_f32_to_bf16(xf[h]);
+            }
+        }
+        /* expert-sorted operand rows; rows past R are zero (tile overrun) */
+#pragma omp for schedule(static)
+        for (int64_t rr = 0; rr < R + MOE_ROW_PAD; rr++) {
+            uint8_t *dst = xg + rr * ldx;
+            memset(dst, 0, (size_t)ldx);
+            memset(abuf + rr * lda, 0, (size_t)lda);
+            if (rr >= R) continue;
+            const int64_t t = rroute[rr] / k;
+            memcpy(dst, en->xq + (size_t)(t * H) * es, (size_t)H * es);
+            if (isint) sx[rr] = en->xs[t];
+        }
+        /* gate and up: g, u into the entry's token-order rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < ntask_gu; task++) {
+            int p = 0;
+            while (task >= tgu[p + 1]) p++;
+            const moe_part *pp = &m->part[p];
+            const int lt = task - tgu[p], nb = lt % pp->nbg;
+            const int64_t e = active[lt / pp->nbg], cnt = offs[e + 1] - offs[e];
+            const int kind = moe_pick_kernel(m, cnt);
+            used_amx |= kind == K_AMX;
+            for (int64_t row0 = offs[e]; row0 < offs[e + 1]; row0 += 32) {
+                const int mr = (int)(offs[e + 1] - row0 < 32 ? offs[e + 1] - row0 : 32);
+                moe_kargs ka;
+                memset(&ka, 0, sizeof ka);
+                ka.fmt = m->fmt;
+                ka.m = mr;
+                ka.kt = m->ktg;
+                ka.a = xg + row0 * ldx;
+                ka.lda = ldx;
+                ka.b[0] = moe_gu_b(m, pp, e, nb);
+                ka.b[1] = ka.b[0] + m->tb;
+                ka.bstride = 2 * m->tb;
+                if (isint) {
+                    ka.ascale = sx + row0;
+                    set_scales(m, pp, e, nb, &ka);
+                }
+                ka.out = kout;
+                ka.scratch = kscr;
+                ka.nsteps = 1;
+                moe_run_kernel(kind, &ka);
+                for (int rw = 0; rw < mr; rw++) {
+                    const int64_t route = rroute[row0 + rw];
+                    for (int n = 0; n < 16; n++) {
+                        const int64_t col = nb * 16 + n;
+                        if (col >= pp->iw) break;
+                        en->g[route * I + pp->i0 + col] = kout[rw * 16 + n];
+                        en->u[route * I + pp->i0 + col] = kout[(32 + rw) * 16 + n];
+                    }
+                }
+            }
+        }
+        if (used_amx) moe_amx_release();
+        used_amx = 0;
+        /* per route: LoRA of gate/up, a~ into the down operand rows, A_d a~ */
+#pragma omp for schedule(static)
+        for (int64_t rr = 0; rr < R; rr++) {
+            const int64_t route = rroute[rr], t = route / k, e = ids[route];
+            float *g = en->g + route * I, *u = en->u + route * I, *lx = en->lx + route * 3 * rm;
+            if (r) {
+                x_tilde(m, en, t, xf);
+                for (int p = 0; p < 2; p++) {
+                    const float *A = la[p] + e * r * H, *B = lb[p] + e * I * r;
+                    for (int q = 0; q < r; q++) {
+                        float acc = 0.0f;
+                        for (int64_t h = 0; h < H; h++)
+                            acc += A[q * H + h] * (xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop));
+                        lx[p * rm + q] = acc;
+                    }
+                    float *dst = p ? u : g;
+                    for (int64_t i = 0; i < I; i++) {
+                        float acc = 0.0f;
+                        for (int q = 0; q < r; q++) acc += B[i * r + q] * lx[p * rm + q];
+                        dst[i] += s * acc;
+                    }
+                }
+            }
+            moe_train_act(m, g, u, af, abuf + rr * lda, isint ? &sa[rr] : NULL);
+            if (r) {
+                const float *A = la[2] + e * r * I;
+                for (int q = 0; q < r; q++) {
+                    float acc = 0.0f;
+                    for (int64_t i = 0; i < I; i++)
+                        acc += A[q * I + i] * (af[i] * ompk_moe_lora_keep(seed, 2, t, i, drop));
+                    lx[2 * rm + q] = acc;
+                }
+            }
+        }
+        /* down: per-partition fp32 partials of z in token-order rows */
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < ntask_dn; task++) {
+            int p = 0;
+            while (task >= tdn[p + 1]) p++;
+            const moe_part *pp = &m->part[p];
+            const int npairs = m->nbd / 2, lt = task - tdn[p], pr = lt % npairs, nb = 2 * pr;
+            const int64_t e = active[lt / npairs], cnt = offs[e + 1] - offs[e];
+            const int kind = moe_pick_kernel(m, cnt);
+            used_amx |= kind == K_AMX;
+            for (int64_t row0 = offs[e]; row0 < offs[e + 1]; row0 += 32) {
+                const int mr = (int)(offs[e + 1] - row0 < 32 ? offs[e + 1] - row0 : 32);
+                moe_kargs ka;
+                memset(&ka, 0, sizeof ka);
+                ka.fmt = m->fmt;
+                ka.m = mr;
+                ka.kt = pp->ktd;
+                ka.a = abuf + row0 * lda + pp->i0 * (int64_t)es;
+                ka.lda = lda;
+                ka.b[0] = moe_dn_b(m, pp, e, pr);
+                ka.b[1] = ka.b[0] + (size_t)pp->ktd * m->tb;
+                ka.bstride = m->tb;
+                if (isint) {
+                    ka.ascale = sa + row0;
+                    ka.ktg0 = (int)(pp->i0 / 64);
+                    ka.ktpg = m->ktpg;
+                    ka.sstride = m->Hn;
+                    ka.zstride = (int64_t)m->nbd * 64;
+                    size_t so = (size_t)e * pp->gd * m->Hn + (size_t)nb * 16;
+                    ka.s[0] = pp->dn_scale + so;
+                    ka.s[1] = ka.s[0] + 16;
+                    ka.ws[0] = pp->dn_ws + so;
+                    ka.ws[1] = ka.ws[0] + 16;
+                    if (pp->dn_z) {
+                        ka.z[0] = pp->dn_z + ((size_t)e * pp->gd * m->nbd + nb) * 64;
+                        ka.z[1] = ka.z[0] + 64;
+                    }
+                }
+                ka.out = kout;
+                ka.scratch = kscr;
+                ka.nsteps = 1;
+                moe_run_kernel(kind, &ka);
+                for (int rw = 0; rw < mr; rw++) {
+                    float *zr = zp + ((size_t)p * Rc + rroute[row0 + rw]) * Hn + nb * 16;
+                    for (int n = 0; n < 16; n++) {
+                        zr[n] = kout[rw * 16 + n];
+                        zr[16 + n] = kout[(32 + rw) * 16 + n];
+                    }
+                }
+            }
+        }
+        if (used_amx) moe_amx_release();
+        /* y per token: z of each slot (partials in partition order + LoRA), weighted, in slot
+         * order, rounded once */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            uint8_t *yrow = (uint8_t *)yd + (size_t)(t * ys) * (ydt == OMPK_BF16 ? 2 : 4);
+            for (int64_t h = 0; h < H; h++) xf[h] = 0.0f;
+            for (int j = 0; j < k; j++) {
+                const int64_t route = t * k + j, e = ids[route];
+                if (e < 0) continue;
+                const float wt = w[route], *lx = en->lx + route * 3 * rm;
+                const float *B = r ? lb[2] + e * H * r : NULL;
+                for (int64_t h = 0; h < H; h++) {
+                    float z = 0.0f;
+                    for (int p = 0; p < P; p++)
+                        if (m->part[p].ip) z += zp[((size_t)p * Rc + route) * Hn + h];
+                    if (r) {
+                        float acc = 0.0f;
+                        for (int q = 0; q < r; q++) acc += B[h * r + q] * lx[2 * rm + q];
+                        z += s * acc;
+                    }
+                    xf[h] += wt * z;
+                }
+            }
+            for (int64_t h = 0; h < H; h++) ompk_store_f(yrow, h, xf[h], ydt == OMPK_BF16);
+        }
+    }
+    int bad = moe_arena_check(m);
+    if (bad)
+        return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_forward_train",
+                         "scratch arena canary after buffer %d overwritten", bad - 1);
+    return OMPK_OK;
+}
