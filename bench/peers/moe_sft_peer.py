@@ -113,6 +113,11 @@ def main():
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "records": records,
     }
+
+    def save():  # after every case: a run cut short by its time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(out, fh, indent=1)
     gen = torch.Generator().manual_seed(0)
     for E, H, I, k, T in shapes:
         ids, w = routing(T, E, k, gen)
@@ -122,8 +127,7 @@ def main():
             if args.quick and r == 32:
                 continue
             base, lora = make_layer(E, H, I, r, gen)
-            reps = args.reps or (5 if args.quick else 10)
-            res = time_steps(x, ids, w, dy, base, lora, 2.0, reps, 2)
+            res = time_steps(x, ids, w, dy, base, lora, 2.0, args.reps or 5, 1)
             shape = f"E{E} H{H} I{I} k{k} T{T} r{r}"
             variant = "torch_expert_loop" if dtype == "bf16" else "torch_expert_loop_bf16"
             for kern in kernels:
@@ -139,10 +143,9 @@ def main():
                       f"({threads} threads)", flush=True)
             fwd, bwd = res["moe_sft_fwd"][0], res["moe_sft_bwd"][0]
             print(f"      bwd/fwd {bwd / fwd:.2f}", flush=True)
+            save()
             del base, lora
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+    save()
 
 
 if __name__ == "__main__":
