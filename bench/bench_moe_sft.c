@@ -68,9 +68,9 @@ static int lora_new(sft_lora *L, const sft_shape *s, int r) {
     int ok = 1;
     for (int i = 0; i < 6; i++) {
         const int64_t in = i < 4 ? s->H : s->I, out = i < 4 ? s->I : s->H;
-        int64_t sh[3] = {s->E, i % 2 ? out : r, i % 2 ? r : in};
-        L->p[i] = ompk_bench_alloc_random(&h, OMPK_BF16, s->E * r * in, 41 + (uint64_t)i);
-        L->g[i] = malloc((size_t)(s->E * r * in) * sizeof(float));
+        int64_t sh[3] = {s->E, i % 2 ? out : r, i % 2 ? r : in}, n = s->E * r * (i % 2 ? out : in);
+        L->p[i] = ompk_bench_alloc_random(&h, OMPK_BF16, n, 41 + (uint64_t)i);
+        L->g[i] = malloc((size_t)n * sizeof(float));
         ok &= L->p[i] != NULL && L->g[i] != NULL;
         L->t[i] = ompk_tensor_make(L->p[i], OMPK_BF16, 3, sh, h.dev);
         L->tg[i] = ompk_tensor_make(L->g[i], OMPK_F32, 3, sh, h.dev);
@@ -290,13 +290,14 @@ static int bench_sft(ompk_bench_ctx *ctx, int which) {
                       s2[3] = {s->E, s->H, s->I};
         void *p[3];
         for (int i = 0; i < 3; i++) p[i] = ompk_bench_alloc_random(&h, OMPK_BF16, n, 21 + i);
-        if (!p[0] || !p[1] || !p[2]) rc = 1;
+        const int ok = p[0] && p[1] && p[2];
+        rc |= !ok;
         const ompk_tensor w[3] = {ompk_tensor_make(p[0], OMPK_BF16, 3, s1, h.dev),
                                   ompk_tensor_make(p[1], OMPK_BF16, 3, s1, h.dev),
                                   ompk_tensor_make(p[2], OMPK_BF16, 3, s2, h.dev)};
         /* r8 and r32 on bf16, r8 on int8 (--quick: no r32); a GPU pass measures staging, bf16 r8
          * only */
-        for (int ci = 0; ci < 3 && !rc; ci++) {
+        for (int ci = 0; ci < 3 && ok; ci++) {
             if ((ctx->quick || !host) && cases[ci].rank == 32) continue;
             if (!host && cases[ci].fmt != OMPK_MOE_BF16) continue;
             rc |= run_case(ctx, which, s, &cases[ci], w);
