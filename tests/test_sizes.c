@@ -122,11 +122,14 @@ Test(sizes, tensor_init_contiguous_stride_overflow) {
     expect_invalid(ompk_tensor_init(&t, NULL, OMPK_F32, 3, shape, NULL, ompk_device_host()),
                    "init 2^120 elements");
     cr_assert_eq(memcmp(&t, &before, sizeof t), 0, "a failed init must not touch *out");
-    /* the limits themselves are accepted: an empty view may have any dims up to 2^40 */
-    const int64_t empty[3] = {0, P2(40), P2(40)};
-    cr_assert_eq(ompk_tensor_init(&t, NULL, OMPK_F32, 3, empty, NULL, ompk_device_host()), OMPK_OK,
+    /* the limits themselves are accepted: 2^46 elements with a row stride of 2^40 */
+    const int64_t edge[2] = {P2(6), P2(40)};
+    cr_assert_eq(ompk_tensor_init(&t, NULL, OMPK_F32, 2, edge, NULL, ompk_device_host()), OMPK_OK,
                  "%s", ompk_last_error());
-    cr_assert_eq(ompk_tensor_numel(&t), 0);
+    cr_assert_eq(ompk_tensor_numel(&t), P2(46));
+    const int64_t over[2] = {P2(6) + 1, P2(40)};
+    expect_invalid(ompk_tensor_init(&t, NULL, OMPK_F32, 2, over, NULL, ompk_device_host()),
+                   "2^46 + 2^40 elements");
 }
 
 Test(sizes, numel_overflow) {
@@ -257,4 +260,25 @@ Test(sizes, empty_forwards_null_data) {
     ompk_tensor sc = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 4});
     ompk_tensor ix = raw_c(NULL, OMPK_I32, 2, (int64_t[]){0, 4});
     cr_assert_eq(ompk_router_topk_fwd(&sx, &sy, 4, &sc, &ix), OMPK_OK, "%s", ompk_last_error());
+}
+
+/* The backward entries over no tokens, NULL data everywhere. */
+Test(sizes, empty_backwards_null_data) {
+    const int64_t x4[4] = {0, 2, 4, 8}, x3[3] = {0, 2, 8}, c4[4] = {0, 2, 4, 4};
+    const int64_t p3[3] = {0, 2, 4};
+    ompk_tensor x = raw_c(NULL, OMPK_F32, 4, x4), comb = raw_c(NULL, OMPK_F32, 4, c4);
+    ompk_tensor post = raw_c(NULL, OMPK_F32, 3, p3), f = raw_c(NULL, OMPK_F32, 3, x3);
+    ompk_tensor dout = raw_c(NULL, OMPK_F32, 4, x4), dx = raw_c(NULL, OMPK_F32, 4, x4);
+    ompk_tensor df = raw_c(NULL, OMPK_F32, 3, x3), dpost = raw_c(NULL, OMPK_F32, 3, p3);
+    ompk_tensor dcomb = raw_c(NULL, OMPK_F32, 4, c4);
+    cr_assert_eq(ompk_mhc_post_bwd(&x, &comb, &post, &f, &dout, &dx, &df, &dpost, &dcomb), OMPK_OK,
+                 "%s", ompk_last_error());
+    ompk_tensor lg = raw_c(NULL, OMPK_F32, 4, c4), dc = raw_c(NULL, OMPK_F32, 4, c4);
+    ompk_tensor dl = raw_c(NULL, OMPK_F32, 4, c4);
+    cr_assert_eq(ompk_sinkhorn_bwd(&lg, &dc, 20, 1e-6f, &dl), OMPK_OK, "%s", ompk_last_error());
+    ompk_tensor ds = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 4});
+    ompk_tensor ix = raw_c(NULL, OMPK_I32, 2, (int64_t[]){0, 4});
+    ompk_tensor dsx = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 8});
+    ompk_tensor dsy = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 8});
+    cr_assert_eq(ompk_router_topk_bwd(&ds, &ix, 8, &dsx, &dsy), OMPK_OK, "%s", ompk_last_error());
 }
