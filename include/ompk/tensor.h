@@ -74,8 +74,8 @@ ompk_status ompk_tensor_init(ompk_tensor *out, void *data, ompk_dtype dtype, int
 ompk_tensor ompk_tensor_make(void *data, ompk_dtype dtype, int ndim, const int64_t *shape,
                              ompk_device device);
 
-/* Element count: 0 for NULL or an empty view, -1 if a dim is negative or the count does not
- * fit int64. */
+/* Element count: 0 for NULL or an empty view, -1 for a rank above OMPK_MAX_NDIM, a negative dim
+ * or a count that does not fit int64. */
 int64_t ompk_tensor_numel(const ompk_tensor *t);
 int ompk_tensor_is_contiguous(const ompk_tensor *t);
 

@@ -28,16 +28,11 @@ static inline int ompk_mul_i64(int64_t a, int64_t b, int64_t *r) {
 static inline int ompk_add_i64(int64_t a, int64_t b, int64_t *r) {
     return !__builtin_add_overflow(a, b, r);
 }
-static inline int ompk_mul_size(size_t a, size_t b, size_t *r) {
-    return !__builtin_mul_overflow(a, b, r);
-}
-static inline int ompk_add_size(size_t a, size_t b, size_t *r) {
-    return !__builtin_add_overflow(a, b, r);
-}
 
 /* Element count and extent (elements from the first addressable element to one past the last, 0
  * for an empty view) of t under the size policy. Returns NULL when t's rank, shape and strides
- * are valid and within it, else a reason ("dim too large", ...); nothing overflows either way. */
+ * are valid and within it, else a reason ("too many elements", ...); nothing overflows either way.
+ */
 const char *ompk_tensor_sizes(const ompk_tensor *t, int64_t *numel, int64_t *extent);
 
 /* dtype sets for ompk_call_tensor */

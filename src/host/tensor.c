@@ -134,6 +134,7 @@ ompk_tensor ompk_tensor_make(void *data, ompk_dtype dtype, int ndim, const int64
 
 int64_t ompk_tensor_numel(const ompk_tensor *t) {
     if (!t || t->ndim < 0) return 0;
+    if (t->ndim > OMPK_MAX_NDIM) return -1;
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] < 0) return -1;
     for (int d = 0; d < t->ndim; d++)
@@ -145,7 +146,7 @@ int64_t ompk_tensor_numel(const ompk_tensor *t) {
 }
 
 int ompk_tensor_is_contiguous(const ompk_tensor *t) {
-    if (!t) return 0;
+    if (!t || t->ndim > OMPK_MAX_NDIM) return 0;
     int64_t stride = 1;
     int past = 0; /* the contiguous stride no longer fits int64: only unit dims may follow */
     for (int d = t->ndim - 1; d >= 0; d--) {
