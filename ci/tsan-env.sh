@@ -4,5 +4,5 @@
 # (libarcher.so); without it every OpenMP barrier and reduction reads as a race.
 set -euo pipefail
 export OMP_TOOL_LIBRARIES=/usr/lib/llvm-19/lib/libarcher.so
-export TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1 ${TSAN_OPTIONS:-}"
+export TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1 suppressions=$(cd "$(dirname "$0")" && pwd)/tsan.supp ${TSAN_OPTIONS:-}"
 exec "$@"
