@@ -9,7 +9,12 @@
  * A variant that cannot serve a call (GPU: f32 backward, dh 256, unaligned rows; host: no
  * AVX-512, or an f32 backward whose B*Hkv heads do not spread evenly over the threads) falls back
  * to the portable kernel. OMPK_VERIFY=1 / OMPK_TRACE=1 check or trace every call against the
- * reference. */
+ * reference.
+ *
+ * Thread safety: both entry points may run on any number of host threads at once, on one
+ * device or several; they keep no state between calls, and results do not depend on what other
+ * threads run. The caller keeps one call's outputs away from every other call running at the
+ * same time. */
 #ifndef OMPK_ATTENTION_H
 #define OMPK_ATTENTION_H
 

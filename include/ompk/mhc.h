@@ -1,4 +1,10 @@
-/* mHC: manifold-constrained hyper-connections (KERNELS.md section 1). */
+/* mHC: manifold-constrained hyper-connections (KERNELS.md section 1).
+ *
+ * Thread safety: every function here may run on any number of host threads at once, on one
+ * device or several; the library keeps no per-call state between calls, and GPU workspaces
+ * come from a cache shared under a lock. A call's results do not depend on what other threads
+ * run. The caller keeps one call's outputs away from every other call running at the same time
+ * (the library does not lock tensors). */
 #ifndef OMPK_MHC_H
 #define OMPK_MHC_H
 

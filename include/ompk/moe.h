@@ -24,6 +24,12 @@
  * count: every output element is produced by one thread in a fixed order, and partition partials
  * are summed in partition order. (The order does depend on the routing: a row's last bits can
  * change with the number of rows its expert gets, which selects the kernel and the row blocking.)
+ *
+ * Thread safety: one layer object serves one call at a time. ompk_moe_forward, the loads and
+ * the getters of one object must not overlap (a forward uses the object's scratch arena and
+ * writes its stats); distinct objects may be used from different threads at once.
+ * ompk_moe_create, ompk_moe_destroy (of an object no call is using) and the ISA queries are
+ * safe from any thread.
  */
 #ifndef OMPK_MOE_H
 #define OMPK_MOE_H

@@ -1,5 +1,7 @@
 /* ompk: kernels for transformer training and inference, one OpenMP source for GPU and host.
- * Umbrella header. */
+ * Umbrella header. Each header states its thread safety; the functions below return constant
+ * strings and are safe from any thread. The library reads its OMPK_* environment variables with
+ * getenv during calls: set them before calling from several threads. */
 #ifndef OMPK_OMPK_H
 #define OMPK_OMPK_H
 

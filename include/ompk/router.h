@@ -1,4 +1,9 @@
-/* Product-key router: exact top-k over pairwise sums (KERNELS.md section 4). */
+/* Product-key router: exact top-k over pairwise sums (KERNELS.md section 4).
+ *
+ * Thread safety: both entry points may run on any number of host threads at once, on one
+ * device or several (the forward's workspace for k > 64 is allocated per call); results do not
+ * depend on what other threads run. The caller keeps one call's outputs away from every other
+ * call running at the same time. */
 #ifndef OMPK_ROUTER_H
 #define OMPK_ROUTER_H
 

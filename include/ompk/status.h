@@ -23,7 +23,8 @@ typedef enum ompk_status {
 const char *ompk_status_str(ompk_status status);
 
 /* The message of the last failed call on this thread ("" if none). Valid until the next ompk
- * call on the same thread. */
+ * call on the same thread. Messages are per thread: a call failing on one thread never changes
+ * what another thread reads here. */
 const char *ompk_last_error(void);
 
 /* Forget the last error on this thread. */

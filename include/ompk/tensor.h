@@ -1,5 +1,9 @@
 /* The ompk tensor descriptor: a non-owning, DLPack-compatible view, plus device memory helpers.
- * Every public kernel validates each descriptor it receives before touching memory. */
+ * Every public kernel validates each descriptor it receives before touching memory.
+ *
+ * Thread safety: every function here may be called from any number of threads at once:
+ * descriptors are plain values, and the memory helpers call the OpenMP runtime, which is
+ * thread-safe. Memory one thread frees must not be in use by another. */
 #ifndef OMPK_TENSOR_H
 #define OMPK_TENSOR_H
 
@@ -54,8 +58,15 @@ int ompk_device_equal(ompk_device a, ompk_device b);
 int ompk_dtype_bits(ompk_dtype dtype);
 const char *ompk_dtype_name(ompk_dtype dtype);
 
+/* Size limits. A kernel accepts a view only if every dim and every stride is at most 2^40, it
+ * has at most 2^46 elements, the elements it addresses lie within 2^46 elements of the first
+ * one ((shape[d]-1)*strides[d] summed over the dims, plus 1), and its byte span does not wrap
+ * the address space. Larger views fail with OMPK_ERR_INVALID_ARGUMENT before any arithmetic on
+ * them can overflow. */
+
 /* Fill *out. strides == NULL means contiguous row-major. Validates rank, dtype, non-negative
- * shape and strides; returns OMPK_ERR_INVALID_ARGUMENT (and leaves *out untouched) otherwise. */
+ * shape and strides and the size limits; returns OMPK_ERR_INVALID_ARGUMENT (and leaves *out
+ * untouched) otherwise. */
 ompk_status ompk_tensor_init(ompk_tensor *out, void *data, ompk_dtype dtype, int ndim,
                              const int64_t *shape, const int64_t *strides, ompk_device device);
 
@@ -63,11 +74,14 @@ ompk_status ompk_tensor_init(ompk_tensor *out, void *data, ompk_dtype dtype, int
 ompk_tensor ompk_tensor_make(void *data, ompk_dtype dtype, int ndim, const int64_t *shape,
                              ompk_device device);
 
+/* Element count: 0 for NULL or an empty view, -1 for a rank above OMPK_MAX_NDIM, a negative dim
+ * or a count that does not fit int64. */
 int64_t ompk_tensor_numel(const ompk_tensor *t);
 int ompk_tensor_is_contiguous(const ompk_tensor *t);
 
 /* DLPack interop (dlpack.h from libdlpack-dev). kDLCPU/kDLCUDAHost map to OMPK_HOST, kDLCUDA
- * device n to OMPK_TARGET n. byte_offset is folded into data. Strides NULL = contiguous. */
+ * device n to OMPK_TARGET n. byte_offset is folded into data (it must not wrap the pointer, and
+ * NULL data takes none). Strides NULL = contiguous. The size limits above apply. */
 ompk_status ompk_tensor_from_dlpack(const DLTensor *src, ompk_tensor *out);
 /* The DLTensor borrows t's shape and strides arrays: keep *t alive while *out is used. */
 ompk_status ompk_tensor_to_dlpack(const ompk_tensor *t, DLTensor *out);

@@ -32,17 +32,11 @@ static void call_fail(ompk_call *c, ompk_status st, const char *fmt, ...) {
 
 void ompk_tensor_span(const ompk_tensor *t, uintptr_t *lo, uintptr_t *hi) {
     uintptr_t base = (uintptr_t)t->data;
-    int64_t bits = ompk_dtype_bits(t->dtype);
-    int64_t last = 0; /* offset in elements of the last element */
-    for (int d = 0; d < t->ndim; d++) {
-        if (t->shape[d] == 0) {
-            *lo = *hi = base;
-            return;
-        }
-        last += (t->shape[d] - 1) * t->strides[d];
-    }
+    int64_t numel, extent;
+    ompk_tensor_sizes(t, &numel, &extent);
     *lo = base;
-    *hi = base + (uintptr_t)(((last + 1) * bits + 7) / 8);
+    /* extent <= 2^46, so the bit count fits; the caller checked that base + bytes fits */
+    *hi = base + (uintptr_t)((extent * ompk_dtype_bits(t->dtype) + 7) / 8);
 }
 
 /* Would two distinct indices of t address one element? Sort the non-trivial dims by stride;
@@ -61,7 +55,9 @@ static int self_overlaps(const ompk_tensor *t) {
     for (int i = 0; i < n; i++) {
         int64_t s = t->strides[idx[i]];
         if (s < extent) return 1;
-        extent = s * t->shape[idx[i]];
+        /* cannot overflow within the size policy (s * shape <= span + s); saturating keeps the
+         * answer right anyway: nothing has a larger stride */
+        if (!ompk_mul_i64(s, t->shape[idx[i]], &extent)) extent = INT64_MAX;
     }
     return 0;
 }
@@ -87,27 +83,27 @@ int ompk_call_tensor(ompk_call *c, const char *name, const ompk_tensor *t, int n
                   ompk_dtype_name(t->dtype));
         return 0;
     }
-    int64_t numel = 1;
-    for (int d = 0; d < t->ndim; d++) {
+    for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] < 0 || t->strides[d] < 0) {
             call_fail(c, OMPK_ERR_INVALID_ARGUMENT,
                       "%s has negative shape or stride in dim %d (%lld, %lld)", name, d,
                       (long long)t->shape[d], (long long)t->strides[d]);
             return 0;
         }
-        /* keep every offset computation far from int64 overflow */
-        if (t->shape[d] > ((int64_t)1 << 40) || t->strides[d] > ((int64_t)1 << 40)) {
-            call_fail(c, OMPK_ERR_INVALID_ARGUMENT, "%s dim %d too large", name, d);
-            return 0;
-        }
-        numel *= t->shape[d];
-        if (numel > ((int64_t)1 << 46)) {
-            call_fail(c, OMPK_ERR_INVALID_ARGUMENT, "%s has too many elements", name);
-            return 0;
-        }
+    int64_t numel, extent;
+    const char *why = ompk_tensor_sizes(t, &numel, &extent);
+    if (why) {
+        call_fail(c, OMPK_ERR_INVALID_ARGUMENT, "%s: %s", name, why);
+        return 0;
     }
     if (numel > 0 && !t->data) {
         call_fail(c, OMPK_ERR_INVALID_ARGUMENT, "%s has NULL data", name);
+        return 0;
+    }
+    /* extent <= 2^46 elements, so the byte count fits; the span must not wrap the address space */
+    const uintptr_t bytes = (uintptr_t)((extent * ompk_dtype_bits(t->dtype) + 7) / 8);
+    if ((uintptr_t)t->data > UINTPTR_MAX - bytes) {
+        call_fail(c, OMPK_ERR_INVALID_ARGUMENT, "%s: data + span wraps the address space", name);
         return 0;
     }
     if (t->device.type == OMPK_TARGET) {

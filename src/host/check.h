@@ -14,6 +14,27 @@
 
 #define OMPK_CALL_MAX_TENSORS 24
 
+/* Size policy of every descriptor a kernel accepts (tensor.h states it): each dim and stride at
+ * most OMPK_MAX_DIM, at most OMPK_MAX_NUMEL elements, and at most OMPK_MAX_NUMEL elements from
+ * the first addressable element to one past the last. So every element offset, and the product
+ * of an offset with a dim or a small factor, fits int64 with room to spare. */
+#define OMPK_MAX_DIM ((int64_t)1 << 40)
+#define OMPK_MAX_NUMEL ((int64_t)1 << 46)
+
+/* Checked arithmetic for sizes formed from user input: 1 and *r = a op b if it fits, else 0. */
+static inline int ompk_mul_i64(int64_t a, int64_t b, int64_t *r) {
+    return !__builtin_mul_overflow(a, b, r);
+}
+static inline int ompk_add_i64(int64_t a, int64_t b, int64_t *r) {
+    return !__builtin_add_overflow(a, b, r);
+}
+
+/* Element count and extent (elements from the first addressable element to one past the last, 0
+ * for an empty view) of t under the size policy. Returns NULL when t's rank, shape and strides
+ * are valid and within it, else a reason ("too many elements", ...); nothing overflows either way.
+ */
+const char *ompk_tensor_sizes(const ompk_tensor *t, int64_t *numel, int64_t *extent);
+
 /* dtype sets for ompk_call_tensor */
 #define OMPK_DT(d) (1u << (d))
 #define OMPK_DT_FLOAT (OMPK_DT(OMPK_F32) | OMPK_DT(OMPK_BF16))
@@ -54,7 +75,8 @@ int ompk_call_ok(const ompk_call *c);
 /* Device agreement and output overlap; returns the call's status. */
 ompk_status ompk_call_end(ompk_call *c);
 
-/* Byte span [*lo, *hi) a view can touch (empty views give lo == hi). */
+/* Byte span [*lo, *hi) a view can touch (empty views give lo == hi). t must satisfy the size
+ * policy and its span must not wrap the address space (ompk_call_tensor checks both). */
 void ompk_tensor_span(const ompk_tensor *t, uintptr_t *lo, uintptr_t *hi);
 
 #endif

@@ -1,6 +1,7 @@
 /* DLPack <-> ompk_tensor. kDLCUDA device n is OpenMP device n: with one CUDA context per GPU,
  * LLVM's CUDA plugin numbers devices in CUDA's order. */
 #include <dlpack/dlpack.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "error.h"
@@ -49,7 +50,11 @@ ompk_status ompk_tensor_from_dlpack(const DLTensor *src, ompk_tensor *out) {
     }
     if (src->byte_offset != 0 && src->data == NULL)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "byte_offset on a NULL data pointer");
-    char *data = (char *)src->data + src->byte_offset;
+    if (src->byte_offset > UINTPTR_MAX - (uintptr_t)src->data)
+        return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "byte_offset %llu wraps the data pointer",
+                         (unsigned long long)src->byte_offset);
+    /* C gives NULL + 0 no meaning: NULL data passes through untouched */
+    void *data = src->data ? (char *)src->data + src->byte_offset : NULL;
     return ompk_tensor_init(out, data, dt, src->ndim, src->shape, src->strides, dev);
 }
 

@@ -44,19 +44,30 @@ static void dims(ompk_call *c, const char *name, const ompk_tensor *t, int nd,
     for (int d = 0; d < nd; d++) ompk_call_dim(c, name, t, d, shape[d]);
 }
 
+/* The sizes of a pre call: x [B,S,n,D], T = B*S tokens, K = n*D, M = 2n + n^2. */
+typedef struct pre_dims {
+    int64_t B, S, n, D, T, K, M;
+} pre_dims;
+
 /* The inputs pre forward and pre backward share: x [B,S,n,D], phi [M,K], gamma [K] or NULL,
- * alpha [3]. Fills the dimensions (0 while x is unreadable). */
+ * alpha [3]. Fills the dimensions (all 0 unless x passed its checks, so that no product is
+ * formed from an unchecked n; with 1 <= n <= 8, D >= 1 and x within the size policy, none of
+ * them can overflow). */
 static void check_pre_inputs(ompk_call *c, const ompk_tensor *x, const ompk_tensor *phi,
-                             const ompk_tensor *gamma, const ompk_tensor *alpha, int64_t *B,
-                             int64_t *S, int64_t *n, int64_t *D) {
+                             const ompk_tensor *gamma, const ompk_tensor *alpha, pre_dims *z) {
+    memset(z, 0, sizeof *z);
     if (ompk_call_input(c, "x", x, 4, OMPK_DT_FLOAT)) {
-        *B = x->shape[0], *S = x->shape[1], *n = x->shape[2], *D = x->shape[3];
-        ompk_call_require(c, *n >= 1 && *n <= 8, OMPK_ERR_INVALID_ARGUMENT,
-                          "n = %lld streams, must be 1..8", (long long)*n);
-        ompk_call_require(c, *D >= 1, OMPK_ERR_INVALID_ARGUMENT, "D must be >= 1");
+        const int64_t n = x->shape[2], D = x->shape[3];
+        ompk_call_require(c, n >= 1 && n <= 8, OMPK_ERR_INVALID_ARGUMENT,
+                          "n = %lld streams, must be 1..8", (long long)n);
+        ompk_call_require(c, D >= 1, OMPK_ERR_INVALID_ARGUMENT, "D must be >= 1");
         ompk_call_unit_stride(c, "x", x, 3);
+        if (ompk_call_ok(c)) {
+            z->B = x->shape[0], z->S = x->shape[1], z->n = n, z->D = D;
+            z->T = z->B * z->S, z->K = n * D, z->M = 2 * n + n * n;
+        }
     }
-    const int64_t K = *n * *D, M = 2 * *n + *n * *n;
+    const int64_t K = z->K, M = z->M;
     ompk_call_input(c, "phi", phi, 2, OMPK_DT(OMPK_F32));
     dims(c, "phi", phi, 2, (int64_t[]){M, K});
     ompk_call_unit_stride(c, "phi", phi, 1);
@@ -183,9 +194,9 @@ ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const
     ompk_call_begin(&c, "ompk_mhc_pre_fwd");
     const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
     check_params(&c, &p);
-    int64_t B = 0, S = 0, n = 0, D = 0;
-    check_pre_inputs(&c, x, phi, gamma, alpha, &B, &S, &n, &D);
-    const int64_t T = B * S, M = 2 * n + n * n;
+    pre_dims z;
+    check_pre_inputs(&c, x, phi, gamma, alpha, &z);
+    const int64_t B = z.B, S = z.S, n = z.n, D = z.D, T = z.T, M = z.M;
     ompk_call_input(&c, "bias", bias, 1, OMPK_DT(OMPK_F32));
     ompk_call_dim(&c, "bias", bias, 0, M);
     ompk_call_output(&c, "h_in", h_in, 3, OMPK_DT_FLOAT);
@@ -299,6 +310,21 @@ static void pre_bwd_verify(const ompk_tensor *ts[18], const ompk_mhc_params *p) 
     vset_free(&v);
 }
 
+/* With no tokens the weight gradients are empty sums: zero them row by row (each row is
+ * contiguous) instead of running the kernels, whose token pointers may be NULL then. */
+static ompk_status zero_weight_grads(ompk_device dev, const mhc_pre_bwd_args *a, int64_t M,
+                                     int64_t K) {
+    ompk_status st = OMPK_OK;
+    for (int64_t r = 0; r < M && st == OMPK_OK; r++)
+        st = ompk_memset(a->dphi + r * a->sdphi, dev, 0, sizeof(float) * (size_t)K);
+    for (int64_t r = 0; r < M && st == OMPK_OK; r++)
+        st = ompk_memset(a->dbias + r * a->sdbias, dev, 0, sizeof(float));
+    for (int64_t r = 0; r < 3 && st == OMPK_OK; r++)
+        st = ompk_memset(a->dalpha + r * a->sdalpha, dev, 0, sizeof(float));
+    if (a->dgamma && st == OMPK_OK) st = ompk_memset(a->dgamma, dev, 0, sizeof(float) * (size_t)K);
+    return st;
+}
+
 ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
                              const ompk_tensor *alpha, const ompk_mhc_params *params,
                              const ompk_tensor *dh_in, const ompk_tensor *dh_post,
@@ -311,9 +337,9 @@ ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const
     ompk_call_begin(&c, "ompk_mhc_pre_bwd");
     const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
     check_params(&c, &p);
-    int64_t B = 0, S = 0, n = 0, D = 0;
-    check_pre_inputs(&c, x, phi, gamma, alpha, &B, &S, &n, &D);
-    const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
+    pre_dims z;
+    check_pre_inputs(&c, x, phi, gamma, alpha, &z);
+    const int64_t B = z.B, S = z.S, n = z.n, D = z.D, T = z.T, K = z.K, M = z.M;
     ompk_call_input(&c, "dh_in", dh_in, 3, OMPK_DT_FLOAT);
     dims(&c, "dh_in", dh_in, 3, (int64_t[]){B, S, D});
     ompk_call_unit_stride(&c, "dh_in", dh_in, 2);
@@ -385,6 +411,8 @@ ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const
     a.dalpha = (float *)dalpha->data, a.sdalpha = dalpha->strides[0];
     a.dbias = (float *)dbias->data, a.sdbias = dbias->strides[0];
     a.dgamma = dgamma ? (float *)dgamma->data : NULL;
+
+    if (T == 0) return zero_weight_grads(c.device, &a, M, K);
 
     void *ws = ompk_scratch_alloc(c.device, (size_t)mhc_pre_bwd_workspace(&a));
     if (!ws) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, c.fn, "workspace");

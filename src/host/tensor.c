@@ -1,6 +1,7 @@
 /* Descriptor construction and queries. */
 #include <string.h>
 
+#include "check.h"
 #include "error.h"
 #include "ompk/tensor.h"
 
@@ -46,6 +47,31 @@ const char *ompk_dtype_name(ompk_dtype dtype) {
     return "invalid";
 }
 
+const char *ompk_tensor_sizes(const ompk_tensor *t, int64_t *numel, int64_t *extent) {
+    *numel = 0;
+    *extent = 0;
+    if (t->ndim < 0 || t->ndim > OMPK_MAX_NDIM) return "invalid ndim";
+    int empty = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0 || t->strides[d] < 0) return "negative shape or stride";
+        if (t->shape[d] > OMPK_MAX_DIM || t->strides[d] > OMPK_MAX_DIM)
+            return "dim or stride too large";
+        empty |= t->shape[d] == 0;
+    }
+    if (empty) return NULL;
+    int64_t n = 1, last = 0; /* last: offset in elements of the last element */
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t step;
+        if (!ompk_mul_i64(n, t->shape[d], &n) || n > OMPK_MAX_NUMEL) return "too many elements";
+        if (!ompk_mul_i64(t->shape[d] - 1, t->strides[d], &step) ||
+            !ompk_add_i64(last, step, &last) || last >= OMPK_MAX_NUMEL)
+            return "strides span too many elements";
+    }
+    *numel = n;
+    *extent = last + 1;
+    return NULL;
+}
+
 ompk_status ompk_tensor_init(ompk_tensor *out, void *data, ompk_dtype dtype, int ndim,
                              const int64_t *shape, const int64_t *strides, ompk_device device) {
     static const char fn[] = "ompk_tensor_init";
@@ -74,8 +100,12 @@ ompk_status ompk_tensor_init(ompk_tensor *out, void *data, ompk_dtype dtype, int
                              (long long)strides[d]);
         t.shape[d] = shape[d];
         t.strides[d] = strides ? strides[d] : stride;
-        stride *= shape[d] > 0 ? shape[d] : 1;
+        /* past the size policy the running stride is never used: the check below rejects it */
+        if (!ompk_mul_i64(stride, shape[d] > 0 ? shape[d] : 1, &stride)) stride = INT64_MAX;
     }
+    int64_t numel, extent;
+    const char *why = ompk_tensor_sizes(&t, &numel, &extent);
+    if (why) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "%s", why);
     *out = t;
     return OMPK_OK;
 }
@@ -96,24 +126,32 @@ ompk_tensor ompk_tensor_make(void *data, ompk_dtype dtype, int ndim, const int64
     for (int d = ndim - 1; d >= 0; d--) {
         t.shape[d] = shape[d];
         t.strides[d] = stride;
-        stride *= shape[d] > 0 ? shape[d] : 1;
+        /* a saturated stride is past the size policy, so every kernel rejects the view */
+        if (!ompk_mul_i64(stride, shape[d] > 0 ? shape[d] : 1, &stride)) stride = INT64_MAX;
     }
     return t;
 }
 
 int64_t ompk_tensor_numel(const ompk_tensor *t) {
     if (!t || t->ndim < 0) return 0;
+    if (t->ndim > OMPK_MAX_NDIM) return -1;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] < 0) return -1;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] == 0) return 0;
     int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    for (int d = 0; d < t->ndim; d++)
+        if (!ompk_mul_i64(n, t->shape[d], &n)) return -1;
     return n;
 }
 
 int ompk_tensor_is_contiguous(const ompk_tensor *t) {
-    if (!t) return 0;
+    if (!t || t->ndim > OMPK_MAX_NDIM) return 0;
     int64_t stride = 1;
+    int past = 0; /* the contiguous stride no longer fits int64: only unit dims may follow */
     for (int d = t->ndim - 1; d >= 0; d--) {
-        if (t->shape[d] != 1 && t->strides[d] != stride) return 0;
-        stride *= t->shape[d];
+        if (t->shape[d] != 1 && (past || t->strides[d] != stride)) return 0;
+        if (!ompk_mul_i64(stride, t->shape[d], &stride)) past = 1;
     }
     return 1;
 }
