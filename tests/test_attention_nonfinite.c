@@ -142,3 +142,131 @@ Test(attention_nonfinite, huge_scale) {
         }
     unsetenv("OMPK_ATTN_VARIANT");
 }
+
+/* Error bounds of the f32 outputs of c that follow from fp32 rounding of the scores and sums,
+ * per element, in units of eps (double, [out, lse, dq, dk, dv] in logical order). Score s_ij is
+ * rounded with an error of about eps * S_ij, S_ij = scale * sum_d |q_id k_jd|, and p_ij moves by
+ * p_ij (e_ij - sum_k p_ik e_ik) for score errors e: relatively by at most
+ * r_ij = S_ij (1 - p_ij) + sum_{k != j} p_ik S_ik, which is 0 for the p = 1 of a one-hot row
+ * whatever the logits. The fp32 lse the backward takes moves every p of its row by up to
+ * |lse| relatively, unless the row sum rounds to 1 (then lse is the max score itself). */
+static void bounds(const att_case *c, double *bo, double *bl, double *bq, double *bk, double *bv) {
+    const int64_t N = c->N, M = c->M, D = c->dh, G = c->Hq / c->Hkv;
+    double *p = malloc(sizeof(double) * (size_t)M), *S = malloc(sizeof(double) * (size_t)M);
+    double *dp = malloc(sizeof(double) * (size_t)M), *A = malloc(sizeof(double) * (size_t)M);
+    for (int64_t i = 0; i < c->dk.numel; i++) bk[i] = bv[i] = 0;
+    for (int64_t h = 0; h < c->Hq; h++)
+        for (int64_t i = 0; i < N; i++) {
+            const int64_t row = h * N + i, kh = h / G;
+            const int64_t lim = ompk_attention_key_limit(c->p.mask, i, N, M);
+            double mx = -INFINITY, sum = 0, Sbar = 0, Smax = 0, Di = 0, Bi = 0;
+            for (int64_t j = 0; j < lim; j++) {
+                double sv = 0, sa = 0;
+                for (int64_t d = 0; d < D; d++) {
+                    double x = tu_buf_get(&c->q, row * D + d) * tu_buf_get(&c->k, (kh * M + j) * D + d);
+                    sv += x, sa += fabs(x);
+                }
+                p[j] = sv * c->scale, S[j] = sa * c->scale;
+                mx = p[j] > mx ? p[j] : mx;
+                Smax = S[j] > Smax ? S[j] : Smax;
+            }
+            for (int64_t j = 0; j < lim; j++) sum += (p[j] = exp(p[j] - mx));
+            for (int64_t d = 0; d < D; d++) {
+                double x = tu_buf_get(&c->dout, row * D + d) * tu_buf_get(&c->out, row * D + d);
+                Di += x, Bi += fabs(x);
+            }
+            for (int64_t j = 0; j < lim; j++) {
+                p[j] /= sum;
+                Sbar += p[j] * S[j];
+                double sv = 0, sa = 0;
+                for (int64_t d = 0; d < D; d++) {
+                    double x = tu_buf_get(&c->dout, row * D + d) * tu_buf_get(&c->v, (kh * M + j) * D + d);
+                    sv += x, sa += fabs(x);
+                }
+                dp[j] = sv, A[j] = sa;
+            }
+            bl[row] = Smax + fabs(mx + log(sum));
+            const double lr = sum - 1 > 0x1p-25 ? fabs(mx + log(sum)) : 0;
+            for (int64_t d = 0; d < D; d++) {
+                double o = 0, q = 0;
+                for (int64_t j = 0; j < lim; j++) {
+                    const int64_t kj = (kh * M + j) * D + d;
+                    const double r = 1 + S[j] * (1 - p[j]) + Sbar - p[j] * S[j] + lr;
+                    const double w = p[j] * (A[j] + Bi + fabs(dp[j] - Di) * r);
+                    o += p[j] * r * fabs(tu_buf_get(&c->v, kj));
+                    q += w * fabs(tu_buf_get(&c->k, kj));
+                    bk[kj] += c->scale * w * fabs(tu_buf_get(&c->q, row * D + d));
+                    bv[kj] += p[j] * r * fabs(tu_buf_get(&c->dout, row * D + d));
+                }
+                bo[row * D + d] = o;
+                bq[row * D + d] = c->scale * q;
+            }
+        }
+    free(p), free(S), free(dp), free(A);
+}
+
+/* max over elements of |b - ref| / (eps * bound + 1e-30), NaN counting as infinite; the floor
+ * covers fp32 underflow of p (about 1e-38 per term). */
+static double err_ratio(tu_buf *b, const ompk_tensor *t, const double *ref, const double *bound) {
+    tu_buf_download(b);
+    ompk_tensor h = att_host(b, t);
+    double e = 0;
+    int64_t wi = 0;
+    for (int64_t i = 0; i < b->numel; i++) {
+        double d = fabs(ompk_host_get(&h, i) - ref[i]) / (0x1p-24 * bound[i] + 1e-30);
+        if (d > e || isnan(d)) e = d, wi = i;
+    }
+    if (e > 8)
+        fprintf(stderr, "  worst at %lld: got %.9g want %.9g bound %.3g\n", (long long)wi,
+                ompk_host_get(&h, wi), ref[wi], bound[wi]);
+    return e;
+}
+
+/* f32 softmax statistics agree between forward and backward at any logit size: B1 H2 N128 M256
+ * dh64, no mask and bottom-right, scores of std 1, 100 and 1e4 (q, k of std 1, 10, 100). Each
+ * f32 output stays within a small multiple of eps times the bound its own rounding allows
+ * (bounds() above) against the float64 reference. A forward lse that the backward's scores do
+ * not reproduce moves the one-hot rows' p = 1 by an ulp of the logit, far outside that. */
+Test(attention_nonfinite, large_logits_f32_accuracy) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    const double stds[3] = {1.0, 10.0, 100.0};
+    for (int di = 0; di < nd; di++)
+        for (int vi = 0; vi < 2; vi++) {
+            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+            for (int si = 0; si < 3; si++)
+                for (int m = 0; m < 2; m++) {
+                    att_case c;
+                    att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 128, 256, 64,
+                                 m ? OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT : OMPK_ATTN_MASK_NONE,
+                                 (uint64_t)(2200 + si), stds[si], 0);
+                    cr_assert_eq(att_fwd(&c), OMPK_OK);
+                    cr_assert_eq(att_bwd(&c), OMPK_OK);
+                    tu_buf_download(&c.out);
+                    ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk);
+                    ompk_tensor hv = att_host(&c.v, &c.tv), hdo = att_host(&c.dout, &c.tdout);
+                    ompk_tensor ho = att_host(&c.out, &c.tout);
+                    double *r[5], *bd[5];
+                    tu_buf *b[5] = {&c.out, &c.lse, &c.dq, &c.dk, &c.dv};
+                    const ompk_tensor *t[5] = {&c.tout, &c.tlse, &c.tdq, &c.tdk, &c.tdv};
+                    for (int i = 0; i < 5; i++) {
+                        r[i] = malloc(sizeof(double) * (size_t)(b[i]->numel + 1));
+                        bd[i] = malloc(sizeof(double) * (size_t)(b[i]->numel + 1));
+                    }
+                    ompk_attention_ref_fwd(&hq, &hk, &hv, c.scale, c.p.mask, r[0], r[1]);
+                    ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, &ho, c.scale, c.p.mask, r[2], r[3],
+                                           r[4]);
+                    bounds(&c, bd[0], bd[1], bd[2], bd[3], bd[4]);
+                    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+                    for (int i = 0; i < 5; i++) {
+                        double e = err_ratio(b[i], t[i], r[i], bd[i]);
+                        cr_expect(e <= 8.0, "%s %s q,k std %g mask %d %s: %.3g eps x bound",
+                                  tu_device_name(devs[di]), variants[vi], stds[si], m, names[i], e);
+                        free(r[i]);
+                        free(bd[i]);
+                    }
+                    att_case_free(&c);
+                }
+        }
+    unsetenv("OMPK_ATTN_VARIANT");
+}
