@@ -163,7 +163,8 @@ static void bounds(const att_case *c, double *bo, double *bl, double *bq, double
             for (int64_t j = 0; j < lim; j++) {
                 double sv = 0, sa = 0;
                 for (int64_t d = 0; d < D; d++) {
-                    double x = tu_buf_get(&c->q, row * D + d) * tu_buf_get(&c->k, (kh * M + j) * D + d);
+                    double x =
+                        tu_buf_get(&c->q, row * D + d) * tu_buf_get(&c->k, (kh * M + j) * D + d);
                     sv += x, sa += fabs(x);
                 }
                 p[j] = sv * c->scale, S[j] = sa * c->scale;
@@ -180,7 +181,8 @@ static void bounds(const att_case *c, double *bo, double *bl, double *bq, double
                 Sbar += p[j] * S[j];
                 double sv = 0, sa = 0;
                 for (int64_t d = 0; d < D; d++) {
-                    double x = tu_buf_get(&c->dout, row * D + d) * tu_buf_get(&c->v, (kh * M + j) * D + d);
+                    double x =
+                        tu_buf_get(&c->dout, row * D + d) * tu_buf_get(&c->v, (kh * M + j) * D + d);
                     sv += x, sa += fabs(x);
                 }
                 dp[j] = sv, A[j] = sa;
@@ -269,4 +271,78 @@ Test(attention_nonfinite, large_logits_f32_accuracy) {
                 }
         }
     unsetenv("OMPK_ATTN_VARIANT");
+}
+
+static int all_equal(tu_buf *b, double want) {
+    tu_buf_download(b);
+    for (int64_t i = 0; i < b->numel; i++)
+        if (tu_buf_get(b, i) != want) return 0;
+    return 1;
+}
+
+/* Empty k/v (M = 0) or q (N = 0) with NULL data, as the descriptor checks allow: an M = 0 call
+ * has every row fully masked (o = 0, lse = -inf, dq = 0), an N = 0 backward writes dk = dv = 0,
+ * and no kernel offsets the NULL pointers (UBSan's pointer-overflow check sees that: the kv
+ * head 1 and query head 1 would give nonzero offsets). */
+Test(attention_nonfinite, empty_sizes_null_data) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (int vi = 0; vi < 2; vi++) {
+            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+            for (int bf = 0; bf < 2; bf++) {
+                att_case c;
+                att_case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 4, 2, 20, 16, 64,
+                             OMPK_ATTN_MASK_NONE, 2300, 1.0, 0);
+                const char *name = tu_device_name(devs[di]);
+                ompk_tensor k = c.tk, v = c.tv, dk = c.tdk, dv = c.tdv;
+                k.shape[2] = v.shape[2] = dk.shape[2] = dv.shape[2] = 0;
+                k.data = v.data = dk.data = dv.data = NULL;
+                cr_expect_eq(ompk_attention_fwd(&c.tq, &k, &v, &c.tout, &c.tlse, &c.p), OMPK_OK,
+                             "%s M=0 fwd: %s", name, ompk_last_error());
+                cr_expect(all_equal(&c.out, 0.0) && all_equal(&c.lse, -INFINITY),
+                          "%s %s M=0: out 0 and lse -inf", name, variants[vi]);
+                cr_expect_eq(ompk_attention_bwd(&c.tdout, &c.tq, &k, &v, &c.tout, &c.tlse, &c.tdq,
+                                                &dk, &dv, &c.p),
+                             OMPK_OK, "%s M=0 bwd: %s", name, ompk_last_error());
+                cr_expect(all_equal(&c.dq, 0.0), "%s %s M=0: dq 0", name, variants[vi]);
+
+                ompk_tensor q = c.tq, out = c.tout, dout = c.tdout, dq = c.tdq, lse = c.tlse;
+                q.shape[2] = out.shape[2] = dout.shape[2] = dq.shape[2] = lse.shape[2] = 0;
+                q.data = out.data = dout.data = dq.data = lse.data = NULL;
+                cr_expect_eq(ompk_attention_fwd(&q, &c.tk, &c.tv, &out, &lse, &c.p), OMPK_OK,
+                             "%s N=0 fwd: %s", name, ompk_last_error());
+                cr_expect_eq(ompk_attention_bwd(&dout, &q, &c.tk, &c.tv, &out, &lse, &dq, &c.tdk,
+                                                &c.tdv, &c.p),
+                             OMPK_OK, "%s N=0 bwd: %s", name, ompk_last_error());
+                cr_expect(all_equal(&c.dk, 0.0) && all_equal(&c.dv, 0.0), "%s %s N=0: dk, dv 0",
+                          name, variants[vi]);
+                att_case_free(&c);
+            }
+        }
+    unsetenv("OMPK_ATTN_VARIANT");
+}
+
+/* Verify mode (OMPK_VERIFY=1) checks each call with the bands the suites use: the default bf16
+ * backward at B2 Hq4 Hkv2 N200 M67 dh64, bottom-right, reports no MISMATCH (the host AVX-512
+ * BF16 backward rounds P and dS to bf16; a band for one rounding flagged 3 dq, 7 dk and 13 dv
+ * elements), and neither does the forward or the f32 pair. */
+Test(attention_nonfinite, verify_mode_agrees, .init = cr_redirect_stderr) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    setenv("OMPK_VERIFY", "1", 1);
+    for (int di = 0; di < nd; di++)
+        for (int bf = 0; bf < 2; bf++) {
+            att_case c;
+            att_case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 2, 4, 2, 200, 67, 64,
+                         OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 2400, 1.0, 0);
+            const int64_t before = ompk_verify_mismatches();
+            cr_assert_eq(att_fwd(&c), OMPK_OK);
+            cr_assert_eq(att_bwd(&c), OMPK_OK);
+            cr_expect_eq(ompk_verify_mismatches(), before, "%s %s: %lld verify mismatches",
+                         tu_device_name(devs[di]), bf ? "bf16" : "f32",
+                         (long long)(ompk_verify_mismatches() - before));
+            att_case_free(&c);
+        }
+    unsetenv("OMPK_VERIFY");
 }
