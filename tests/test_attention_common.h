@@ -214,6 +214,23 @@ static inline double att_check_bwd(att_case *c, const char *label) {
     return w3 > w ? w3 : w;
 }
 
+/* Elements whose NaN-ness differs from the reference's, or that are non-finite where the
+ * reference is finite (the NaN cases of the emulation suites). Downloads b first. */
+static inline int64_t att_nan_mismatch(const char *what, tu_buf *b, const ompk_tensor *t,
+                                       const double *ref) {
+    tu_buf_download(b);
+    ompk_tensor h = att_host(b, t);
+    int64_t n = ompk_tensor_numel(t), bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double g = ompk_host_get(&h, i), r = ref[i];
+        if (isnan(g) != isnan(r) || (!isnan(r) && isfinite(r) && !isfinite(g))) {
+            if (bad++ == 0)
+                fprintf(stderr, "%s: element %lld got %.9g want %.9g\n", what, (long long)i, g, r);
+        }
+    }
+    return bad;
+}
+
 static inline const char *att_mask_name(ompk_attention_mask m) {
     return m == OMPK_ATTN_MASK_NONE ? "none" : m == OMPK_ATTN_MASK_CAUSAL_TOP_LEFT ? "tl" : "br";
 }
