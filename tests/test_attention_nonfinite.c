@@ -6,6 +6,9 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 
+#include <omp.h>
+
+#include "attention_kernels.h"
 #include "test_attention_common.h"
 
 static const char *const variants[2] = {"fast", "portable"};
@@ -40,11 +43,41 @@ static int64_t violations(const char *what, tu_buf *b, const ompk_tensor *t, con
     return bad;
 }
 
-/* Forward and backward of c against the float64 reference under mode; dq and dk bands are
- * widened by dqk_mult. */
-static void check_case(att_case *c, const char *label, cmp_mode mode, double dqk_mult) {
+/* Forward and backward of c through the public entry points. */
+static void run_api(att_case *c, const char *label) {
     cr_assert_eq(att_fwd(c), OMPK_OK, "%s: %s", label, ompk_last_error());
     cr_assert_eq(att_bwd(c), OMPK_OK, "%s: %s", label, ompk_last_error());
+}
+
+/* Forward and backward of c (host buffers) through the portable kernels' GPU form (one row or
+ * key per thread), run on the initial device: CI checks here what the GPU runs. */
+static void run_scalar(att_case *c, const char *label) {
+    (void)label;
+    ompk_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
+    const ompk_tensor *ts[9] = {&c->tq,    &c->tk,  &c->tv,  &c->tout, &c->tlse,
+                                &c->tdout, &c->tdq, &c->tdk, &c->tdv};
+    int64_t *ss[9] = {g.qs, g.ks, g.vs, g.os, g.ls, g.dos, g.dqs, g.dks, g.dvs};
+    for (int i = 0; i < 9; i++)
+        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
+    g.scale = c->p.scale != 0.f ? c->p.scale : (float)c->scale;
+    g.mask = (int)c->p.mask;
+    g.bf16 = c->dt == OMPK_BF16;
+    const ompk_exec ex = {1, omp_get_initial_device()};
+    float *dsum = malloc(sizeof(float) * (size_t)(c->B * c->Hq * c->N + 1));
+    ompk_attn_fwd_portable(ex, &g, c->q.host, c->k.host, c->v.host, c->out.host, c->lse.host);
+    ompk_attn_bwd_portable(ex, &g, c->dout.host, c->q.host, c->k.host, c->v.host, c->out.host,
+                           c->lse.host, c->dq.host, c->dk.host, c->dv.host, dsum);
+    free(dsum);
+}
+
+typedef void (*run_fn)(att_case *c, const char *label);
+
+/* Forward and backward of c (by run) against the float64 reference under mode; dq and dk bands
+ * are widened by dqk_mult. */
+static void check_case(att_case *c, run_fn run, const char *label, cmp_mode mode, double dqk_mult) {
+    run(c, label);
     tu_buf_download(&c->out);
     ompk_tensor hq = att_host(&c->q, &c->tq), hk = att_host(&c->k, &c->tk);
     ompk_tensor hv = att_host(&c->v, &c->tv), hdo = att_host(&c->dout, &c->tdout);
@@ -73,12 +106,13 @@ static void check_case(att_case *c, const char *label, cmp_mode mode, double dqk
  * M/2, element 5), B1 Hq2 Hkv1 dh64. With N=37, M=45 (top-left: rows 16..20 share a row block
  * with rows that see key 22 but do not see it) and N=45, M=37 (bottom-right: rows 0..7 see
  * nothing). */
-static void poke_sweep(double val, cmp_mode mode) {
+static void poke_sweep(double val, cmp_mode mode, int scalar) {
     ompk_device devs[4];
-    int nd = tu_devices(devs, 4);
+    int nd = scalar ? 1 : tu_devices(devs, 4);
+    if (scalar) devs[0] = ompk_device_host();
     const int64_t nm[2][2] = {{37, 45}, {45, 37}};
     for (int di = 0; di < nd; di++)
-        for (int vi = 0; vi < 2; vi++) {
+        for (int vi = 0; vi < (scalar ? 1 : 2); vi++) {
             setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
             for (int bf = 0; bf < 2; bf++)
                 for (int s = 0; s < 2; s++)
@@ -96,10 +130,10 @@ static void poke_sweep(double val, cmp_mode mode) {
                             tu_buf_upload(in);
                             char label[200];
                             snprintf(label, sizeof label, "%s %s %s N=%lld M=%lld mask=%s %g in %c",
-                                     tu_device_name(devs[di]), variants[vi], bf ? "bf16" : "f32",
-                                     (long long)N, (long long)M, att_mask_name(att_mask(m)), val,
-                                     "qkv"[which]);
-                            check_case(&c, label, mode, 1.0);
+                                     tu_device_name(devs[di]), scalar ? "gpu-form" : variants[vi],
+                                     bf ? "bf16" : "f32", (long long)N, (long long)M,
+                                     att_mask_name(att_mask(m)), val, "qkv"[which]);
+                            check_case(&c, scalar ? run_scalar : run_api, label, mode, 1.0);
                             att_case_free(&c);
                         }
         }
@@ -107,12 +141,18 @@ static void poke_sweep(double val, cmp_mode mode) {
 }
 
 Test(attention_nonfinite, nan_in_q_k_v) {
-    poke_sweep(NAN, CMP_NAN);
+    poke_sweep(NAN, CMP_NAN, 0);
 }
 
 Test(attention_nonfinite, inf_in_q_k_v) {
-    poke_sweep(INFINITY, CMP_NONFINITE);
-    poke_sweep(-INFINITY, CMP_NONFINITE);
+    poke_sweep(INFINITY, CMP_NONFINITE, 0);
+    poke_sweep(-INFINITY, CMP_NONFINITE, 0);
+}
+
+/* The same through the portable kernels' GPU form, on the host. */
+Test(attention_nonfinite, gpu_form_nan_inf) {
+    poke_sweep(NAN, CMP_NAN, 1);
+    poke_sweep(INFINITY, CMP_NONFINITE, 1);
 }
 
 /* A finite scale large enough to overflow the fp32 scores: NaN (inf - inf) or the right value,
@@ -136,7 +176,7 @@ Test(attention_nonfinite, huge_scale) {
                     snprintf(label, sizeof label, "%s %s %s mask=%s scale 3e38",
                              tu_device_name(devs[di]), variants[vi], bf ? "bf16" : "f32",
                              att_mask_name(att_mask(m)));
-                    check_case(&c, label, CMP_NAN_OK, 1e300);
+                    check_case(&c, run_api, label, CMP_NAN_OK, 1e300);
                     att_case_free(&c);
                 }
         }
@@ -229,48 +269,51 @@ static double err_ratio(tu_buf *b, const ompk_tensor *t, const double *ref, cons
  * f32 output stays within a small multiple of eps times the bound its own rounding allows
  * (bounds() above) against the float64 reference. A forward lse that the backward's scores do
  * not reproduce moves the one-hot rows' p = 1 by an ulp of the logit, far outside that. */
+static void large_logits(run_fn run, ompk_device dev, const char *vname) {
+    const double stds[3] = {1.0, 10.0, 100.0};
+    for (int si = 0; si < 3; si++)
+        for (int m = 0; m < 2; m++) {
+            att_case c;
+            att_case_new(&c, dev, OMPK_F32, 1, 2, 1, 128, 256, 64,
+                         m ? OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT : OMPK_ATTN_MASK_NONE,
+                         (uint64_t)(2200 + si), stds[si], 0);
+            run(&c, vname);
+            tu_buf_download(&c.out);
+            ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk);
+            ompk_tensor hv = att_host(&c.v, &c.tv), hdo = att_host(&c.dout, &c.tdout);
+            ompk_tensor ho = att_host(&c.out, &c.tout);
+            double *r[5], *bd[5];
+            tu_buf *b[5] = {&c.out, &c.lse, &c.dq, &c.dk, &c.dv};
+            const ompk_tensor *t[5] = {&c.tout, &c.tlse, &c.tdq, &c.tdk, &c.tdv};
+            for (int i = 0; i < 5; i++) {
+                r[i] = malloc(sizeof(double) * (size_t)(b[i]->numel + 1));
+                bd[i] = malloc(sizeof(double) * (size_t)(b[i]->numel + 1));
+            }
+            ompk_attention_ref_fwd(&hq, &hk, &hv, c.scale, c.p.mask, r[0], r[1]);
+            ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, &ho, c.scale, c.p.mask, r[2], r[3], r[4]);
+            bounds(&c, bd[0], bd[1], bd[2], bd[3], bd[4]);
+            const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+            for (int i = 0; i < 5; i++) {
+                double e = err_ratio(b[i], t[i], r[i], bd[i]);
+                cr_expect(e <= 8.0, "%s %s q,k std %g mask %d %s: %.3g eps x bound",
+                          tu_device_name(dev), vname, stds[si], m, names[i], e);
+                free(r[i]);
+                free(bd[i]);
+            }
+            att_case_free(&c);
+        }
+}
+
 Test(attention_nonfinite, large_logits_f32_accuracy) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
-    const double stds[3] = {1.0, 10.0, 100.0};
     for (int di = 0; di < nd; di++)
         for (int vi = 0; vi < 2; vi++) {
             setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
-            for (int si = 0; si < 3; si++)
-                for (int m = 0; m < 2; m++) {
-                    att_case c;
-                    att_case_new(&c, devs[di], OMPK_F32, 1, 2, 1, 128, 256, 64,
-                                 m ? OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT : OMPK_ATTN_MASK_NONE,
-                                 (uint64_t)(2200 + si), stds[si], 0);
-                    cr_assert_eq(att_fwd(&c), OMPK_OK);
-                    cr_assert_eq(att_bwd(&c), OMPK_OK);
-                    tu_buf_download(&c.out);
-                    ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk);
-                    ompk_tensor hv = att_host(&c.v, &c.tv), hdo = att_host(&c.dout, &c.tdout);
-                    ompk_tensor ho = att_host(&c.out, &c.tout);
-                    double *r[5], *bd[5];
-                    tu_buf *b[5] = {&c.out, &c.lse, &c.dq, &c.dk, &c.dv};
-                    const ompk_tensor *t[5] = {&c.tout, &c.tlse, &c.tdq, &c.tdk, &c.tdv};
-                    for (int i = 0; i < 5; i++) {
-                        r[i] = malloc(sizeof(double) * (size_t)(b[i]->numel + 1));
-                        bd[i] = malloc(sizeof(double) * (size_t)(b[i]->numel + 1));
-                    }
-                    ompk_attention_ref_fwd(&hq, &hk, &hv, c.scale, c.p.mask, r[0], r[1]);
-                    ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, &ho, c.scale, c.p.mask, r[2], r[3],
-                                           r[4]);
-                    bounds(&c, bd[0], bd[1], bd[2], bd[3], bd[4]);
-                    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
-                    for (int i = 0; i < 5; i++) {
-                        double e = err_ratio(b[i], t[i], r[i], bd[i]);
-                        cr_expect(e <= 8.0, "%s %s q,k std %g mask %d %s: %.3g eps x bound",
-                                  tu_device_name(devs[di]), variants[vi], stds[si], m, names[i], e);
-                        free(r[i]);
-                        free(bd[i]);
-                    }
-                    att_case_free(&c);
-                }
+            large_logits(run_api, devs[di], variants[vi]);
         }
     unsetenv("OMPK_ATTN_VARIANT");
+    large_logits(run_scalar, ompk_device_host(), "gpu-form");
 }
 
 static int all_equal(tu_buf *b, double want) {
