@@ -253,7 +253,8 @@ ompk_status ompk_attention_bwd(const ompk_tensor *dout, const ompk_tensor *q, co
     const int64_t rows = g.B * g.Hq * g.N;
     if (rows == 0 && ompk_tensor_numel(k) == 0) return OMPK_OK;
 
-    float *dsum = ompk_malloc(c.device, sizeof(float) * (size_t)(rows > 0 ? rows : 1));
+    /* D = rowsum(dout * out), and the portable kernel's lse on a GPU (ompk_attn_bwd_portable) */
+    float *dsum = ompk_malloc(c.device, sizeof(float) * (size_t)(rows > 0 ? 2 * rows : 1));
     if (!dsum)
         return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_attention_bwd", "workspace of %lld floats",
                          (long long)rows);

@@ -190,6 +190,32 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
     }
 }
 
+/* lse of row i of head (b, h) from this kernel's own fp32 scores (att_dot * scale, as the
+ * backward recomputes them); -inf for a row that sees no key, NaN for a NaN score. */
+ATT_INLINE float att_row_lse(const ompk_attn_geom *g, const void *q, const void *k, int64_t b,
+                             int64_t h, int64_t i, const int bf) {
+    const int64_t dh = g->dh, hk = h / (g->Hq / g->Hkv);
+    const int64_t lim = att_key_limit(g->mask, i, g->N, g->M);
+    float qf[ATT_DMAX], kf[ATT_DMAX];
+    att_load_row(qf, q, att_row(g->qs, b, h, i), dh, 1.f, bf);
+    float m = -INFINITY, l = 0.f;
+    for (int64_t j = 0; j < lim; j++) {
+        int64_t koff = att_row(g->ks, b, hk, j);
+        const float *kr = (const float *)k + koff;
+        if (bf) {
+            att_load_row(kf, k, koff, dh, 1.f, bf);
+            kr = kf;
+        }
+        const float x = att_dot(qf, kr, dh) * g->scale;
+        if (x > m) { /* a NaN score leaves m alone and turns l into NaN below */
+            l *= att_exp2((m - x) * ATT_LOG2E);
+            m = x;
+        }
+        l += att_exp2((x - (m == -INFINITY ? 0.f : m)) * ATT_LOG2E);
+    }
+    return att_lse(lim > 0, m, l);
+}
+
 /* dq for rows i0 .. i0+rb-1 of head (b, h). */
 ATT_INLINE void att_dq_block(const ompk_attn_geom *g, const void *dout, const void *q,
                              const void *k, const void *v, const float *lse, const float *dsum,
@@ -785,13 +811,28 @@ void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, 
 void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, const void *q,
                             const void *k, const void *v, const void *out, const float *lse,
                             void *dq, void *dk, void *dv, float *dsum) {
-    const ompk_attn_geom g = *gp;
+    ompk_attn_geom g = *gp;
     const int bf = g.bf16;
     const int on = ex.on_target;
     const int nt = on ? 0 : ompk_host_teams();
     int64_t rows = g.B * g.Hq * g.N;
     ompk_attn_rowsum(ex, gp, dout, out, dsum);
     if (on) {
+        /* On the GPU the forward may have been another kernel (3xTF32 for f32, the tensor-core
+         * kernel for bf16) whose scores round differently: at large logits p = exp(s - lse)
+         * then misses its one-hot 1 by an ulp of the logit. The rows' lse is recomputed from
+         * this kernel's scores into the workspace's second half; the lse passed in is unused. */
+        float *lw = dsum + rows;
+#pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
+    is_device_ptr(q, k, lw) firstprivate(g)
+        for (int64_t w = 0; w < rows; w++) {
+            int64_t i = w % g.N, bh = w / g.N;
+            lw[w] = bf ? att_row_lse(&g, q, k, bh / g.Hq, bh % g.Hq, i, 1)
+                       : att_row_lse(&g, q, k, bh / g.Hq, bh % g.Hq, i, 0);
+        }
+        lse = lw;
+        g.ls[0] = g.Hq * g.N, g.ls[1] = g.N, g.ls[2] = 1;
+
         int64_t kitems = g.B * g.Hkv * g.M;
 #pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
     is_device_ptr(dout, q, k, v, lse, dsum, dk, dv) firstprivate(g)
