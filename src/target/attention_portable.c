@@ -39,7 +39,7 @@
 
 /* 2^x for x <= 127, exact 0 below -126.5 (masked and underflowing terms), NaN for NaN. Degree-6
  * Taylor on the rounded-off fraction in [-0.5, 0.5]: relative error about 1e-7. The clamps are
- * written so that NaN becomes -127 before the integer conversion (converting NaN is undefined). */
+ * written so that NaN becomes 127 before the integer conversion (converting NaN is undefined). */
 ATT_INLINE float att_exp2(float x0) {
     float x = x0 < 127.f ? x0 : 127.f;
     x = x > -127.f ? x : -127.f;
