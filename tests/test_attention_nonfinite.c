@@ -104,7 +104,7 @@ static void check_case(att_case *c, run_fn run, const char *label, cmp_mode mode
                                   OMPK_TOL_ATT_DKV, OMPK_TOL_ATT_DKV};
     const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
     for (int i = 0; i < 5; i++) {
-        char w[200];
+        char w[240];
         snprintf(w, sizeof w, "%s %s", label, names[i]);
         ompk_tol tol = att_tol(i == 1 ? OMPK_F32 : c->dt, what[i], c->Hq / c->Hkv, att_bf16_p(c),
                                c->tol_mult * (i == 2 || i == 3 ? dqk_mult : 1.0));
