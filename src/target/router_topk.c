@@ -14,6 +14,8 @@
  *     round to the same sum at a higher flattened index. So the heap is trusted only when the
  *     pairs with sum >= tau are exactly k (counted on the rank grid); otherwise its tau-slots are
  *     refilled by scanning all pairs in flattened order for sums equal to tau (heavy ties only).
+ *  4. A token holding NaN or +inf (a NaN sum ranks first, and +inf + -inf is NaN, so step 2's
+ *     dominance fails) is ranked over all N^2 pairs in the contract's total order instead.
  *
  * Backward: index validation first (a min-reduction over slots), then outputs zeroed and each
  * token's contributions added in slot order, so the result does not depend on the device or on
