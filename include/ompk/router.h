@@ -21,9 +21,12 @@ extern "C" {
  *     scores[t,r] = s(i,j),  indices[t,r] = i*N + j   for the r-th best pair.
  * sx, sy [T,N] f32 or bf16 (one dtype, any non-negative strides); scores [T,k] f32; indices
  * [T,k] i32. 1 <= k <= N^2 and N^2 < 2^31. Exact for any N (no power-of-two requirement) and any
- * k in range, including all-negative rows and -inf entries. Inputs holding NaN or +inf (whose sums
- * can be NaN) have no defined order: the call still succeeds and writes in-range indices, but their
- * order is unspecified. Outputs must not overlap each other or the inputs; all tensors on one
+ * k in range, including all-negative rows and -inf entries. Non-finite sums are ranked too (the
+ * order torch.topk uses): a NaN sum (a NaN term, or +inf + -inf) ranks above +inf, equal sums of
+ * any kind (NaN and NaN, +inf and +inf, -inf and -inf, and -0.0 and +0.0, which compare equal) go
+ * to the lower flattened index, and the k indices are always k distinct pairs; scores hold the
+ * fp32 sums themselves (NaN stays NaN). A token holding NaN or +inf is ranked over all N^2 pairs
+ * (O(N^2) for that token). Outputs must not overlap each other or the inputs; all tensors on one
  * device. When k > 64 the call allocates a workspace on the tensors' device (2*min(k+1,N)*8 bytes
  * per token, at most 64 MiB at a time). On a GPU, k <= 32 with N <= 256 runs a warp-per-token
  * variant with results identical to the portable kernel; OMPK_ROUTER_VARIANT=portable forces the

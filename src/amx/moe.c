@@ -10,6 +10,7 @@
 #include "check.h"
 #include "error.h"
 #include "moe_internal.h"
+#include "moe_quant.h"
 #include "ref/moe_ref.h"
 #include "tolerance.h"
 #include "verify.h"
@@ -276,38 +277,50 @@ static void code_row(ompk_moe *m, int which, int64_t e, int64_t n, const float *
         return;
     }
     if (m->fmt == OMPK_MOE_INT8) {
-        float s = ompk_moe_quant_row(v, K, q);
+        float s = moe_quant_row(v, K, q);
         moe_put_scale(m, which, e, n, 0, s, 0);
         for (int64_t kk = 0; kk < K; kk++) crow[kk] = (uint16_t)(uint8_t)q[kk];
         return;
     }
     const int64_t gs = m->gs;
+    const int zp = m->fmt == OMPK_MOE_INT4_ZP;
     for (int64_t g0 = 0; g0 < K; g0 += gs) {
         int64_t g1 = g0 + gs < K ? g0 + gs : K;
         float lo = 0.0f, hi = 0.0f;
+        int nan = 0;
         for (int64_t kk = g0; kk < g1; kk++) {
+            nan |= isnan(v[kk]);
             lo = v[kk] < lo ? v[kk] : lo;
             hi = v[kk] > hi ? v[kk] : hi;
         }
         float s;
-        int z;
-        if (m->fmt == OMPK_MOE_INT4) {
-            float a = fmaxf(hi, -lo);
-            s = a / 7.0f;
-            z = 8;
+        int z = 8;
+        if (nan || isinf(lo) || isinf(hi)) {
+            /* as moe_quant_row: a NaN group gets scale NaN; an infinite one scale inf with codes
+             * +-7 at the infinities and 0 elsewhere, so its products are NaN or +-inf */
+            s = nan ? NAN : INFINITY;
+            for (int64_t kk = g0; kk < g1; kk++)
+                crow[kk] = (uint16_t)(!nan && isinf(v[kk]) ? (v[kk] > 0.0f ? 15 : 1) : 8);
         } else {
-            s = (hi - lo) / 15.0f;
-            z = s > 0.0f ? (int)fminf(fmaxf(rintf(-lo / s), 0.0f), 15.0f) : 0;
+            if (!zp) {
+                s = fmaxf(hi, -lo) / 7.0f;
+            } else {
+                s = (hi - lo) / 15.0f;
+                /* a range wider than FLT_MAX: the same scale, formed without the overflow */
+                if (isinf(s)) s = hi / 15.0f - lo / 15.0f;
+                z = s > 0.0f ? (int)fminf(fmaxf(rintf(-lo / s), 0.0f), 15.0f) : 0;
+            }
+            for (int64_t kk = g0; kk < g1; kk++) {
+                int c = z;
+                if (s > 0.0f) {
+                    /* |v/s| may exceed the code range when s is subnormal: clamp, then convert */
+                    float r = rintf(v[kk] / s) + (float)z;
+                    c = (int)fminf(fmaxf(r, zp ? 0.0f : 1.0f), 15.0f);
+                }
+                crow[kk] = (uint16_t)c;
+            }
         }
         moe_put_scale(m, which, e, n, (int)(g0 / gs), s, z);
-        for (int64_t kk = g0; kk < g1; kk++) {
-            int c = z;
-            if (s > 0.0f) {
-                float r = rintf(v[kk] / s) + (float)z;
-                c = (int)fminf(fmaxf(r, m->fmt == OMPK_MOE_INT4 ? 1.0f : 0.0f), 15.0f);
-            }
-            crow[kk] = (uint16_t)c;
-        }
         /* padding (inside the last group, as Kp <= roundup(K, gs)) decodes to 0: its zero point */
         if (g1 == K)
             for (int64_t kk = K; kk < Kp; kk++) crow[kk] = (uint16_t)z;

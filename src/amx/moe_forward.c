@@ -15,7 +15,7 @@
 #include "bf16.h"
 #include "error.h"
 #include "moe_internal.h"
-#include "ref/moe_ref.h"
+#include "moe_quant.h"
 
 #define CANARY 64
 
@@ -287,7 +287,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                     (const uint8_t *)xd + (size_t)(t * xs) * (xdt == OMPK_BF16 ? 2 : 4);
                 for (int64_t h = 0; h < H; h++) rowf[h] = ompk_load_f(src, h, xdt == OMPK_BF16);
                 for (int64_t h = H; h < Hk; h++) rowf[h] = 0.0f;
-                sxt[t] = ompk_moe_quant_row(rowf, Hk, (int8_t *)(xqt + t * Hk));
+                sxt[t] = moe_quant_row(rowf, Hk, (int8_t *)(xqt + t * Hk));
             }
         }
 #pragma omp for schedule(static) nowait
@@ -433,7 +433,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
         if (isint) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < R; r++)
-                sa[r] = ompk_moe_quant_row(af + r * Ipad, Ipad, (int8_t *)(abuf + r * lda));
+                sa[r] = moe_quant_row(af + r * Ipad, Ipad, (int8_t *)(abuf + r * lda));
         }
 
 #pragma omp master

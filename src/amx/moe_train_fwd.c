@@ -16,6 +16,7 @@
 #include "bf16.h"
 #include "error.h"
 #include "moe_internal.h"
+#include "moe_quant.h"
 #include "ref/moe_ref.h"
 
 #define BUF(m, id, type) ((type *)((m)->arena + (m)->off[id]))
@@ -33,7 +34,7 @@ void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af,
         return;
     }
     int8_t *q = (int8_t *)codes;
-    float s = ompk_moe_quant_row(af, I, q);
+    float s = moe_quant_row(af, I, q);
     for (int64_t i = 0; i < I; i++) af[i] = (float)q[i] * s;
     *scale = s;
 }
@@ -135,7 +136,7 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 (const uint8_t *)xd + (size_t)(t * xs) * (xdt == OMPK_BF16 ? 2 : 4);
             for (int64_t h = 0; h < H; h++) xf[h] = ompk_load_f(src, h, xdt == OMPK_BF16);
             if (isint) {
-                en->xs[t] = ompk_moe_quant_row(xf, H, (int8_t *)en->xq + t * H);
+                en->xs[t] = moe_quant_row(xf, H, (int8_t *)en->xq + t * H);
             } else {
                 uint16_t *d = (uint16_t *)en->xq + t * H;
                 for (int64_t h = 0; h < H; h++) d[h] = ompk_f32_to_bf16(xf[h]);

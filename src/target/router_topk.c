@@ -14,6 +14,8 @@
  *     round to the same sum at a higher flattened index. So the heap is trusted only when the
  *     pairs with sum >= tau are exactly k (counted on the rank grid); otherwise its tau-slots are
  *     refilled by scanning all pairs in flattened order for sums equal to tau (heavy ties only).
+ *  4. A token holding NaN or +inf (a NaN sum ranks first, and +inf + -inf is NaN, so step 2's
+ *     dominance fails) is ranked over all N^2 pairs in the contract's total order instead.
  *
  * Backward: index validation first (a min-reduction over slots), then outputs zeroed and each
  * token's contributions added in slot order, so the result does not depend on the device or on
@@ -32,20 +34,36 @@
 #define RT_LOCAL_L (RT_LOCAL_K + 1)
 #define RT_WS_MAX_BYTES ((int64_t)64 << 20)
 
-static inline int rt_better(float a, int32_t ia, float b, int32_t ib) {
+/* The contract's total order of sums as an unsigned key: NaN above +inf, then the floats
+ * descending, -0 folded onto +0 (equal sums, ordered by index like any tie). */
+static inline uint32_t rt_tkey(float v) {
+    ompk_f32_bits b;
+    b.f = v == 0.0f ? 0.0f : v;
+    if (v != v) return 0xffffffffu;
+    return (b.u & 0x80000000u) ? ~b.u : (b.u | 0x80000000u);
+}
+
+/* tot = 0: float comparison (tokens without NaN and +inf); tot = 1: the key order. A constant
+ * at every call site, so each use compiles to one of the two. */
+static inline int rt_better(float a, int32_t ia, float b, int32_t ib, int tot) {
+    if (tot) {
+        const uint32_t ka = rt_tkey(a), kb = rt_tkey(b);
+        return ka > kb || (ka == kb && ia < ib);
+    }
     return a > b || (a == b && ia < ib);
 }
 
 /* Heaps keep the worst element at the root, so the root is the admission threshold. */
-static inline void rt_sift_down(float *v, int32_t *id, int64_t vs, int64_t is, int64_t n,
-                                int64_t p) {
+static inline void rt_sift_down(float *v, int32_t *id, int64_t vs, int64_t is, int64_t n, int64_t p,
+                                int tot) {
     const float pv = v[p * vs];
     const int32_t pi = id[p * is];
     for (;;) {
         int64_t c = 2 * p + 1;
         if (c >= n) break;
-        if (c + 1 < n && rt_better(v[c * vs], id[c * is], v[(c + 1) * vs], id[(c + 1) * is])) c++;
-        if (!rt_better(pv, pi, v[c * vs], id[c * is])) break;
+        if (c + 1 < n && rt_better(v[c * vs], id[c * is], v[(c + 1) * vs], id[(c + 1) * is], tot))
+            c++;
+        if (!rt_better(pv, pi, v[c * vs], id[c * is], tot)) break;
         v[p * vs] = v[c * vs];
         id[p * is] = id[c * is];
         p = c;
@@ -54,12 +72,12 @@ static inline void rt_sift_down(float *v, int32_t *id, int64_t vs, int64_t is, i
     id[p * is] = pi;
 }
 
-static inline void rt_sift_up(float *v, int32_t *id, int64_t vs, int64_t is, int64_t c) {
+static inline void rt_sift_up(float *v, int32_t *id, int64_t vs, int64_t is, int64_t c, int tot) {
     const float cv = v[c * vs];
     const int32_t ci = id[c * is];
     while (c > 0) {
         const int64_t p = (c - 1) / 2;
-        if (!rt_better(v[p * vs], id[p * is], cv, ci)) break;
+        if (!rt_better(v[p * vs], id[p * is], cv, ci, tot)) break;
         v[c * vs] = v[p * vs];
         id[c * is] = id[p * is];
         c = p;
@@ -69,21 +87,21 @@ static inline void rt_sift_up(float *v, int32_t *id, int64_t vs, int64_t is, int
 }
 
 static inline void rt_offer(float *v, int32_t *id, int64_t vs, int64_t is, int64_t cap, int64_t *n,
-                            float s, int32_t i) {
+                            float s, int32_t i, int tot) {
     if (*n < cap) {
         v[*n * vs] = s;
         id[*n * is] = i;
-        rt_sift_up(v, id, vs, is, *n);
+        rt_sift_up(v, id, vs, is, *n, tot);
         (*n)++;
-    } else if (rt_better(s, i, v[0], id[0])) {
+    } else if (rt_better(s, i, v[0], id[0], tot)) {
         v[0] = s;
         id[0] = i;
-        rt_sift_down(v, id, vs, is, cap, 0);
+        rt_sift_down(v, id, vs, is, cap, 0, tot);
     }
 }
 
 /* In place: heap of n -> sorted best-first. */
-static inline void rt_heap_sort(float *v, int32_t *id, int64_t vs, int64_t is, int64_t n) {
+static inline void rt_heap_sort(float *v, int32_t *id, int64_t vs, int64_t is, int64_t n, int tot) {
     for (int64_t e = n - 1; e > 0; e--) {
         const float tv = v[0];
         const int32_t ti = id[0];
@@ -91,7 +109,7 @@ static inline void rt_heap_sort(float *v, int32_t *id, int64_t vs, int64_t is, i
         id[0] = id[e * is];
         v[e * vs] = tv;
         id[e * is] = ti;
-        rt_sift_down(v, id, vs, is, e, 0);
+        rt_sift_down(v, id, vs, is, e, 0, tot);
     }
 }
 
@@ -99,23 +117,23 @@ static inline void rt_axis_top(const void *p, int64_t off, int64_t st, int64_t N
                                int64_t L, float *v, int32_t *id) {
     int64_t n = 0;
     for (int64_t i = 0; i < N; i++)
-        rt_offer(v, id, 1, 1, L, &n, ompk_load_f(p, off + i * st, bf16), (int32_t)i);
-    rt_heap_sort(v, id, 1, 1, L);
+        rt_offer(v, id, 1, 1, L, &n, ompk_load_f(p, off + i * st, bf16), (int32_t)i, 0);
+    rt_heap_sort(v, id, 1, 1, L, 0);
 }
 
 /* Small capacities (the on-stack lists, k <= 64) keep a sorted best-first array instead of a
  * heap: an insertion moves a few neighbours with predictable branches, where a heap pays
  * unpredictable sift branches for every insertion and again for the final sort. */
-static inline void rt_list_offer(float *v, int32_t *id, int64_t cap, int64_t *n, float s,
-                                 int32_t i) {
+static inline void rt_list_offer(float *v, int32_t *id, int64_t cap, int64_t *n, float s, int32_t i,
+                                 int tot) {
     int64_t p = *n;
     if (p == cap) {
-        if (!rt_better(s, i, v[cap - 1], id[cap - 1])) return;
+        if (!rt_better(s, i, v[cap - 1], id[cap - 1], tot)) return;
         p = cap - 1;
     } else {
         (*n)++;
     }
-    while (p > 0 && rt_better(s, i, v[p - 1], id[p - 1])) {
+    while (p > 0 && rt_better(s, i, v[p - 1], id[p - 1], tot)) {
         v[p] = v[p - 1];
         id[p] = id[p - 1];
         p--;
@@ -128,7 +146,7 @@ static inline void rt_axis_list(const void *p, int64_t off, int64_t st, int64_t 
                                 int64_t L, float *v, int32_t *id) {
     int64_t n = 0;
     for (int64_t i = 0; i < N; i++)
-        rt_list_offer(v, id, L, &n, ompk_load_f(p, off + i * st, bf16), (int32_t)i);
+        rt_list_offer(v, id, L, &n, ompk_load_f(p, off + i * st, bf16), (int32_t)i, 0);
 }
 
 /* 1 when exactly k pairs have sum >= tau, i.e. the heap holds the whole answer. Counted on the
@@ -148,9 +166,45 @@ static inline int rt_exact_count(const float *xv, const float *yv, int64_t N, in
     return cnt == k;
 }
 
+/* 1 when the token holds a NaN or +inf: then a sum can be NaN (+inf + -inf), which ranks first
+ * though neither of its terms does, so the rank-grid pruning below does not apply. */
+static inline int rt_token_bad(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
+                               int64_t ys, int bf16, int64_t N) {
+    int bad = 0;
+    for (int64_t i = 0; i < N; i++) {
+        const float x = ompk_load_f(sx, xo + i * xs, bf16), y = ompk_load_f(sy, yo + i * ys, bf16);
+        bad |= (!(x < __builtin_inff()) && x != -__builtin_inff()) |
+               (!(y < __builtin_inff()) && y != -__builtin_inff());
+    }
+    return bad;
+}
+
+/* Such a token offers every pair, compared in the key order (O(N^2), non-finite inputs only). */
+static void rt_token_all(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo,
+                         int64_t ys, int bf16, int64_t N, int64_t k, float *hv, int32_t *hi,
+                         int64_t hvs, int64_t his, int lists) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < N; i++) {
+        const float x = ompk_load_f(sx, xo + i * xs, bf16);
+        for (int64_t j = 0; j < N; j++) {
+            const float s = x + ompk_load_f(sy, yo + j * ys, bf16);
+            const int32_t p = (int32_t)(i * N + j);
+            if (lists)
+                rt_list_offer(hv, hi, k, &n, s, p, 1);
+            else
+                rt_offer(hv, hi, hvs, his, k, &n, s, p, 1);
+        }
+    }
+    if (!lists) rt_heap_sort(hv, hi, hvs, his, k, 1);
+}
+
 static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int64_t yo, int64_t ys,
                      int bf16, int64_t N, int64_t k, int64_t L, float *xv, int32_t *xi, float *yv,
                      int32_t *yi, float *hv, int32_t *hi, int64_t hvs, int64_t his, int lists) {
+    if (rt_token_bad(sx, xo, xs, sy, yo, ys, bf16, N)) {
+        rt_token_all(sx, xo, xs, sy, yo, ys, bf16, N, k, hv, hi, hvs, his, lists);
+        return;
+    }
     if (lists) {
         rt_axis_list(sx, xo, xs, N, bf16, L, xv, xi);
         rt_axis_list(sy, yo, ys, N, bf16, L, yv, yi);
@@ -172,13 +226,13 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
             /* sums fall along a row (and down the first column): nothing further can enter */
             if (n == k && s < (lists ? hv[k - 1] : hv[0])) break;
             if (lists)
-                rt_list_offer(hv, hi, k, &n, s, row + yi[b]);
+                rt_list_offer(hv, hi, k, &n, s, row + yi[b], 0);
             else
-                rt_offer(hv, hi, hvs, his, k, &n, s, row + yi[b]);
+                rt_offer(hv, hi, hvs, his, k, &n, s, row + yi[b], 0);
         }
         if (b == 0) break;
     }
-    if (!lists) rt_heap_sort(hv, hi, hvs, his, k);
+    if (!lists) rt_heap_sort(hv, hi, hvs, his, k, 0);
 
     const float tau = hv[(k - 1) * hvs];
     if (rt_exact_count(xv, yv, N, k, L, tau)) return;
@@ -496,9 +550,9 @@ static __attribute__((noinline)) void rt_warp_tie_fill(const void *sx, int64_t x
     }
 }
 
-/* A token holding NaN or +inf has no total order to exploit: the portable routine, run by one
- * lane, still writes valid pairs. Kept out of line, like the tie scan, so the rare paths' local
- * arrays and registers stay out of the kernel's budget. */
+/* A token holding NaN or +inf breaks the monotone-sum argument: the portable routine, run by one
+ * lane, ranks all its pairs in the contract's order. Kept out of line, like the tie scan, so the
+ * rare paths' local arrays and registers stay out of the kernel's budget. */
 static __attribute__((noinline)) void rt_token_lane(const void *sx, int64_t xo, int64_t xs,
                                                     const void *sy, int64_t yo, int64_t ys,
                                                     int bf16, int N, int k, float *sc, int64_t sc1,

@@ -1,38 +1,19 @@
 /* Internal: MoE experts reference (KERNELS.md section 3, forward), double accumulation, on
- * dequantized weights, plus the activation quantization every path shares. */
+ * dequantized weights, with the activation rounding of each path done here in double. */
 #ifndef OMPK_MOE_REF_H
 #define OMPK_MOE_REF_H
 
-#include <math.h>
 #include <stdint.h>
 
 /* How the matmul operands x and a are presented to the weights (see moe.h). */
 typedef enum ompk_moe_ref_act {
     OMPK_MOE_REF_ACT_EXACT = 0, /* no rounding: the mathematical layer */
     OMPK_MOE_REF_ACT_BF16 = 1,  /* x and a rounded to bf16 */
-    OMPK_MOE_REF_ACT_INT8 = 2   /* x and a quantized per row, symmetric int8 */
+    OMPK_MOE_REF_ACT_INT8 = 2   /* x and a quantized per row, symmetric int8 (moe.h) */
 } ompk_moe_ref_act;
 
-/* The one definition of per-row symmetric int8 activation quantization: returns the scale
- * (max|v|/127, 0 for an all-zero row) and writes q = rint(v * 127/max|v|). Every path and the
- * reference call this, so the integers they multiply are the same. */
-static inline float ompk_moe_quant_row(const float *v, int64_t n, int8_t *q) {
-    float m = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        float a = fabsf(v[i]);
-        m = a > m ? a : m;
-    }
-    if (!(m > 0.0f) || !isfinite(m)) {
-        for (int64_t i = 0; i < n; i++) q[i] = 0;
-        return isfinite(m) ? 0.0f : m;
-    }
-    float inv = 127.0f / m;
-    for (int64_t i = 0; i < n; i++) {
-        float r = rintf(v[i] * inv);
-        q[i] = (int8_t)(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
-    }
-    return m / 127.0f;
-}
+/* out = v as the kernels consume it under act (bf16 rounding or per-row int8, in double). */
+void ompk_moe_ref_present(const double *v, int64_t n, ompk_moe_ref_act act, double *out);
 
 /* LoRA dropout: the keep factor (0, or 1/(1-p)) of feature f of token t's LoRA input of
  * projection proj (0 gate, 1 up, 2 down) under seed. A pure function, so the backward

@@ -1,24 +1,11 @@
 /* MoE training reference: forward with LoRA and the full backward of KERNELS.md section 3, one
  * route at a time, double sums, on dequantized f32 weights. Shares nothing with the kernels but
- * the activation rounding (ompk_moe_quant_row) and the dropout mask generator. */
+ * the dropout mask generator; activations are rounded by the reference's own quantizer. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
 #include "moe_ref.h"
-
-static void present(const double *v, int64_t n, ompk_moe_ref_act act, double *out, float *tf,
-                    int8_t *tq) {
-    if (act == OMPK_MOE_REF_ACT_EXACT) {
-        memcpy(out, v, (size_t)n * sizeof *out);
-    } else if (act == OMPK_MOE_REF_ACT_BF16) {
-        for (int64_t i = 0; i < n; i++) out[i] = ompk_round_bf16((float)v[i]);
-    } else {
-        for (int64_t i = 0; i < n; i++) tf[i] = (float)v[i];
-        float s = ompk_moe_quant_row(tf, n, tq);
-        for (int64_t i = 0; i < n; i++) out[i] = (double)tq[i] * (double)s;
-    }
-}
 
 static double sigm(double g) {
     return 1.0 / (1.0 + exp(-g));
@@ -63,8 +50,6 @@ void ompk_moe_ref_train(int64_t T, int64_t E, int64_t H, int64_t I, int k, const
         ax[p] = calloc((size_t)(r + 1), 8);
         bt[p] = calloc((size_t)(r + 1), 8);
     }
-    float *tf = calloc((size_t)nmax, 4);
-    int8_t *tq = calloc((size_t)nmax, 1);
     if (gr) {
         if (gr->dx) memset(gr->dx, 0, (size_t)(T * H) * 8);
         if (gr->dw) memset(gr->dw, 0, (size_t)(T * k) * 8);
@@ -78,7 +63,7 @@ void ompk_moe_ref_train(int64_t T, int64_t E, int64_t H, int64_t I, int k, const
         if (y)
             for (int64_t h = 0; h < H; h++) y[t * H + h] = 0.0;
         for (int64_t h = 0; h < H; h++) xv[h] = x[t * H + h];
-        present(xv, H, act, xp, tf, tq);
+        ompk_moe_ref_present(xv, H, act, xp);
         for (int j = 0; j < k; j++) {
             const int64_t e = ids[t * k + j];
             if (e < 0) continue;
@@ -94,7 +79,7 @@ void ompk_moe_ref_train(int64_t T, int64_t E, int64_t H, int64_t I, int k, const
                 for (int64_t i = 0; i < I; i++) (p ? u : g)[i] += s * tmp[i];
             }
             for (int64_t i = 0; i < I; i++) av[i] = g[i] * sigm(g[i]) * u[i];
-            present(av, I, act, ap, tf, tq);
+            ompk_moe_ref_present(av, I, act, ap);
             matvec(down, e, H, I, ap, z);
             if (r) {
                 for (int64_t i = 0; i < I; i++)
@@ -183,6 +168,4 @@ void ompk_moe_ref_train(int64_t T, int64_t E, int64_t H, int64_t I, int k, const
         free(ax[p]);
         free(bt[p]);
     }
-    free(tf);
-    free(tq);
 }

@@ -10,11 +10,11 @@ typedef struct ref_pair {
     int32_t idx;
 } ref_pair;
 
-/* Descending sum, then ascending index. NaN is placed last so qsort sees a total order. */
+/* Descending sum, then ascending index; NaN above +inf (KERNELS.md section 4), -0 == +0. */
 static int ref_pair_cmp(const void *pa, const void *pb) {
     const ref_pair *a = pa, *b = pb;
     const int na = a->s != a->s, nb = b->s != b->s;
-    if (na != nb) return na - nb;
+    if (na != nb) return nb - na;
     if (!na) {
         if (a->s > b->s) return -1;
         if (a->s < b->s) return 1;
