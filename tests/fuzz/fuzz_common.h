@@ -31,7 +31,7 @@ enum {
 };
 
 #define FZ_MAX_BUFS 40
-#define FZ_MAX_ALLOC ((size_t)1 << 20) /* larger claimed spans get a small buffer or NULL */
+#define FZ_MAX_ALLOC ((size_t)1 << 20) /* larger valid spans get NULL data */
 #define FZ_SMALL_BUF 64
 #define FZ_LIMIT ((int64_t)1 << 62)
 
@@ -266,14 +266,16 @@ static inline void fz_contiguous(ompk_tensor *t) {
     int64_t s = 1;
     for (int d = t->ndim - 1; d >= 0; d--) {
         t->strides[d] = s;
-        s *= t->shape[d] > 0 ? t->shape[d] : 1;
+        /* saturate: a huge dim makes the outer strides huge, never wrapped */
+        if (__builtin_mul_overflow(s, t->shape[d] > 0 ? t->shape[d] : 1, &s)) s = INT64_MAX;
     }
 }
 
 /* A descriptor of nominal dtype, rank and shape, in *t, possibly mutated by the input (dtype,
  * rank, one dim, strides: padded, zero, overlapping, transposed, huge; NULL data; a bad device;
- * aliasing an earlier buffer), with a host buffer of exactly its span (or a small buffer / NULL
- * when the span is huge). Returns t, or NULL when the input asks for a NULL descriptor. */
+ * aliasing an earlier buffer), with a host buffer of exactly its span (NULL data when the span
+ * is valid but over 1 MiB; a small buffer or NULL when it passes 2^62 bytes). Returns t, or NULL
+ * when the input asks for a NULL descriptor. */
 static inline ompk_tensor *fz_tensor(ompk_tensor *t, ompk_dtype dtype, int ndim,
                                      const int64_t *shape, int is_output) {
     memset(t, 0, sizeof *t);
@@ -346,8 +348,14 @@ static inline ompk_tensor *fz_tensor(ompk_tensor *t, ompk_dtype dtype, int ndim,
         if (is_output) b->written = 1;
         return t;
     }
-    if (!fits || bytes > FZ_MAX_ALLOC) {
-        /* a claimed span we do not allocate: the call must reject it */
+    if (fits && bytes > FZ_MAX_ALLOC) {
+        /* a valid span too large to allocate here: NULL data, which the call must reject */
+        t->data = NULL;
+        return t;
+    }
+    if (!fits) {
+        /* a span past 2^62 bytes cannot exist: the call must reject the descriptor, and a
+         * sanitizer report from the small buffer is a real finding */
         fz_buf *b = fz_alloc(FZ_SMALL_BUF);
         if (!b) return t;
         fz_fill(b, t->dtype);

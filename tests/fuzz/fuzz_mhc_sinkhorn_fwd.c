@@ -4,7 +4,7 @@
 FZ_INIT {
     fz_begin(data, size);
     int64_t B = fz_range(0, 2), S = fz_range(1, 4), n = fz_range(1, 9);
-    int repeat = (int)fz_int(fz_range(1, 30), 1000, 1001);
+    int repeat = (int)fz_int(fz_range(1, 8), 1000, 1001);
     float eps = fz_float(1e-6f);
     ompk_tensor logits, comb;
     ompk_tensor *pl = fz_in(&logits, OMPK_F32, 4, B, S, n, n);
