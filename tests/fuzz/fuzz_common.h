@@ -306,9 +306,13 @@ static inline ompk_tensor *fz_tensor(ompk_tensor *t, ompk_dtype dtype, int ndim,
         int64_t tmp;
         switch (mode) {
         case 0: /* padded rows */
-            for (int i = nd - 2; i >= 0; i--)
-                t->strides[i] = t->strides[i + 1] * (t->shape[i + 1] > 0 ? t->shape[i + 1] : 1) +
-                                fz_range(0, 5);
+            for (int i = nd - 2; i >= 0; i--) {
+                int64_t s = t->shape[i + 1] > 0 ? t->shape[i + 1] : 1;
+                if (__builtin_mul_overflow(t->strides[i + 1], s, &s) ||
+                    __builtin_add_overflow(s, fz_range(0, 5), &s))
+                    s = INT64_MAX;
+                t->strides[i] = s;
+            }
             break;
         case 1:
             t->strides[d] = 0;
@@ -340,13 +344,16 @@ static inline ompk_tensor *fz_tensor(ompk_tensor *t, ompk_dtype dtype, int ndim,
         fz_contiguous(t);
         fits = fz_span(t, &bytes);
     }
-    if ((k & 128) && fz_g.nbufs > 0) {
-        /* alias an earlier buffer (an output over an input, or two outputs) */
+    if ((k & 128) && fz_g.nbufs > 0 && fits) {
+        /* alias an earlier buffer (an output over an input, or two outputs) where the whole
+         * span lies inside it */
         fz_buf *b = &fz_g.bufs[fz_u8() % fz_g.nbufs];
         size_t off = b->size ? (fz_u8() % b->size) & ~(size_t)3 : 0;
-        t->data = b->data + off;
-        if (is_output) b->written = 1;
-        return t;
+        if (bytes <= b->size && off <= b->size - bytes) {
+            t->data = b->data + off;
+            if (is_output) b->written = 1;
+            return t;
+        }
     }
     if (fits && bytes > FZ_MAX_ALLOC) {
         /* a valid span too large to allocate here: NULL data, which the call must reject */
