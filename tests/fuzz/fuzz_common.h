@@ -296,9 +296,12 @@ static inline ompk_tensor *fz_tensor(ompk_tensor *t, ompk_dtype dtype, int ndim,
     }
     int nd = t->ndim >= 0 && t->ndim <= OMPK_MAX_NDIM ? t->ndim : 0;
     if ((k & 4) && nd) {
-        int d = fz_u8() % nd;
-        uint8_t b = fz_u8();
-        t->shape[d] = b < 128 ? (int64_t)(b % 20) : fz_special_i64[b % FZ_NSPECIAL];
+        /* one or two dims: two huge ones make the element count wrap */
+        for (int r = 0, nr = 1 + (fz_u8() & 1); r < nr; r++) {
+            int d = fz_u8() % nd;
+            uint8_t b = fz_u8();
+            t->shape[d] = b < 128 ? (int64_t)(b % 20) : fz_special_i64[b % FZ_NSPECIAL];
+        }
         fz_contiguous(t);
     }
     if ((k & 8) && nd) {
