@@ -6,7 +6,7 @@
  * (valid descriptor, contiguous, finite data), so short inputs exercise the kernels and longer
  * ones the validation. OMPK_FUZZ_AVOID (comma list, or "known" for all) keeps inputs out of
  * classes of known defects so a run can look past them:
- *   overflow    shape and stride products beyond 2^62
+ *   overflow    shape and stride products beyond 2^62, dims beyond 2^31
  *   null-empty  NULL data on empty tensors
  *   extreme     NaN, inf, huge and subnormal floats in data and scalar parameters
  *   dlpack      DLPack byte_offset that wraps the data pointer */
@@ -340,6 +340,14 @@ static inline ompk_tensor *fz_tensor(ompk_tensor *t, ompk_dtype dtype, int ndim,
     }
     size_t bytes;
     int fits = fz_span(t, &bytes);
+    if (fits && fz_avoid(FZ_AVOID_OVERFLOW)) {
+        /* an empty view's other dims still enter products (K = n*D, n*n) */
+        int64_t p = 1;
+        for (int d = 0; d < nd && fits; d++)
+            if (t->shape[d] > ((int64_t)1 << 31) ||
+                (t->shape[d] > 0 && (__builtin_mul_overflow(p, t->shape[d], &p) || p > FZ_LIMIT)))
+                fits = 0;
+    }
     if (!fits && fz_avoid(FZ_AVOID_OVERFLOW)) {
         /* back to the nominal descriptor */
         t->ndim = ndim;

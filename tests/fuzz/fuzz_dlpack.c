@@ -22,7 +22,8 @@ FZ_INIT {
         int64_t p = 1;
         for (int d = 0; d < OMPK_MAX_NDIM; d++)
             if (shape[d] < -65536 ||
-                (shape[d] > 0 && (__builtin_mul_overflow(p, shape[d], &p) || p > FZ_LIMIT))) {
+                (shape[d] != 0 &&
+                 (__builtin_mul_overflow(p, llabs(shape[d]), &p) || p > FZ_LIMIT))) {
                 for (int e = 0; e < OMPK_MAX_NDIM; e++) shape[e] = shape[e] & 7;
                 break;
             }
