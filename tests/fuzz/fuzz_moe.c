@@ -1,5 +1,6 @@
 /* The MoE layer's life: ompk_moe_create (config from the input), get_info, load_weights or
- * load_quantized, get_weights, forward, get_stats, destroy; each call checked on its own. */
+ * load_quantized, get_weights, set_lora, forward or forward_train + backward, get_stats,
+ * destroy; each call checked on its own. */
 #include "fuzz_common.h"
 
 static const int fz_isas[] = {OMPK_MOE_ISA_PORTABLE,
@@ -45,6 +46,8 @@ FZ_INIT {
     cfg.amx_min_rows = (int)fz_int(0, 1, 1000);
     cfg.kblock = (int)fz_int(0, -1, 1);
     cfg.prefetch = (int)fz_int(fz_range(0, 3), 4, -1);
+    cfg.cache_depth = (int)fz_int(fz_range(0, 2), 65, -1);
+    cfg.lora_max_rank = (int)fz_int(fz_range(0, 2), -1, 1 << 20);
 
     static int sentinel;
     ompk_moe *m = (ompk_moe *)&sentinel;
@@ -100,8 +103,51 @@ FZ_INIT {
     fz_indices(pi, -1, E, E);
     ompk_tensor *pw = fz_in(&wts, OMPK_F32, 2, Tn, k);
     ompk_tensor *py = fz_out(&y, (fz_u8() & 7) == 7 ? fz_float_dtype() : xdt, 2, Tn, H);
+    /* LoRA adapters of rank r (A [E,r,in], B [E,out,r]) */
+    const int64_t r = fz_int(1 + (fz_u8() & 1), 0, 3);
+    const int64_t rr = r >= 0 && r <= 8 ? r : 1;
+    ompk_tensor la[6];
+    ompk_moe_lora lora = {(int)r, fz_float(2.0f), NULL, NULL,           NULL,
+                          NULL,   NULL,           NULL, fz_float(0.0f), fz_u32()};
+    const int lora_on = fz_u8() & 1;
+    if (lora_on) {
+        ompk_dtype ldt = fz_float_dtype();
+        lora.gate_a = fz_in(&la[0], ldt, 3, E, rr, H);
+        lora.gate_b = fz_in(&la[1], ldt, 3, E, I, rr);
+        lora.up_a = fz_in(&la[2], ldt, 3, E, rr, H);
+        lora.up_b = fz_in(&la[3], ldt, 3, E, I, rr);
+        lora.down_a = fz_in(&la[4], ldt, 3, E, rr, I);
+        lora.down_b = fz_in(&la[5], ldt, 3, E, H, rr);
+        fz_arm();
+        fz_check(ompk_moe_set_lora(m, &lora), OMPK_OK);
+    }
+    uint8_t mode = fz_u8();
     fz_arm();
-    fz_check(ompk_moe_forward(m, px, pi, pw, py), OMPK_OK);
+    if (mode < 128) {
+        fz_check(ompk_moe_forward(m, px, pi, pw, py), OMPK_OK);
+    } else {
+        ompk_moe_cache_mode cm = (ompk_moe_cache_mode)fz_int(1 + (mode & 1), 0, 3);
+        st = ompk_moe_forward_train(m, px, pi, pw, py, cm);
+        fz_check(st, OMPK_OK);
+        /* the backward of what was saved (or of nothing: CACHE_EMPTY) */
+        ompk_tensor dy, dx, dw, lg[6];
+        ompk_moe_grads g;
+        memset(&g, 0, sizeof g);
+        ompk_tensor *pdy = fz_in(&dy, fz_float_dtype(), 2, Tn, H);
+        g.dx = fz_out(&dx, xdt, 2, Tn, H);
+        g.dw = (fz_u8() & 1) ? fz_out(&dw, OMPK_F32, 2, Tn, k) : NULL;
+        if (lora_on && (fz_u8() & 1)) {
+            g.gate_da = fz_out(&lg[0], OMPK_F32, 3, E, rr, H);
+            g.gate_db = fz_out(&lg[1], OMPK_F32, 3, E, I, rr);
+            g.up_da = fz_out(&lg[2], OMPK_F32, 3, E, rr, H);
+            g.up_db = fz_out(&lg[3], OMPK_F32, 3, E, I, rr);
+            g.down_da = fz_out(&lg[4], OMPK_F32, 3, E, rr, I);
+            g.down_db = fz_out(&lg[5], OMPK_F32, 3, E, H, rr);
+        }
+        g.accumulate = (int)fz_int(0, 1, -1);
+        fz_arm();
+        fz_check(ompk_moe_backward(m, pdy, (fz_u8() == 255) ? NULL : &g), OMPK_OK);
+    }
 
     ompk_moe_stats stats, stats0;
     memset(&stats, 0xa5, sizeof stats);
