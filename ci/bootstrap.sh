@@ -2,7 +2,8 @@
 # Installs every build and test dependency on Debian 12 (idempotent; apt only).
 set -euo pipefail
 # clang-tools-19 carries the offload packager and linker wrappers of the GPU build, and
-# libclang-rt-19-dev the sanitizer runtimes of the asan preset: clang-19 pulls in neither.
+# libclang-rt-19-dev the sanitizer runtimes of the asan preset and libFuzzer of the fuzz preset:
+# clang-19 pulls in neither.
 pkgs=(cmake ninja-build pkg-config clang-19 clang-tools-19 libomp-19-dev llvm-19 gcc-12
       libhwloc-dev hwloc libclang-rt-19-dev libcriterion-dev libdlpack-dev clang-format-19 xz-utils
       python3)

@@ -1,4 +1,5 @@
 option(OMPK_BUILD_TESTS "build the Criterion suites" ON)
+option(OMPK_FUZZ "build the libFuzzer harnesses of tests/fuzz (clang, host only)" OFF)
 option(OMPK_OFFLOAD "compile src/target for NVIDIA GPUs (clang >= 19 only)" ON)
 set(OMPK_OFFLOAD_ARCHS "sm_80;sm_90" CACHE STRING "GPU architectures, one image each")
 set(OMPK_CUDA_PATH "/usr/local/cuda" CACHE PATH "CUDA toolkit used for ptxas/nvlink")

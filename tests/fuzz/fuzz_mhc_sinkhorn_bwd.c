@@ -1,0 +1,17 @@
+/* ompk_sinkhorn_bwd: logits, dcomb [B,S,n,n] -> dlogits [B,S,n,n]. */
+#include "fuzz_common.h"
+
+FZ_INIT {
+    fz_begin(data, size);
+    int64_t B = fz_range(0, 2), S = fz_range(1, 4), n = fz_range(1, 9);
+    int repeat = (int)fz_int(fz_range(1, 8), 1000, 1001);
+    float eps = fz_float(1e-6f);
+    ompk_tensor logits, dcomb, dlogits;
+    ompk_tensor *pl = fz_in(&logits, OMPK_F32, 4, B, S, n, n);
+    ompk_tensor *pd = fz_in(&dcomb, OMPK_F32, 4, B, S, n, n);
+    ompk_tensor *po = fz_out(&dlogits, OMPK_F32, 4, B, S, n, n);
+    fz_arm();
+    fz_check(ompk_sinkhorn_bwd(pl, pd, repeat, eps, po), OMPK_OK);
+    fz_end();
+    return 0;
+}
