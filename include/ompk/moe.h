@@ -9,20 +9,20 @@
  * Operand precision (what the matrix units consume; every sum is fp32, y is rounded once):
  * - OMPK_MOE_BF16: x and a are rounded to bf16 before their matmul (a after SiLU*up in fp32).
  * - int formats (W8A8 / W4A8): x and a are quantized per row, symmetric int8 with
- *   scale = max|row| / 127 and q = rint(v * 127 / max|row|); the integer dot products are exact
- *   and the scales are applied in fp32. The quantization of a uses the whole row of a (all of
- *   I), so a NUMA split does not change the result beyond fp32 reassociation.
- * Non-finite values in the int formats (KERNELS.md section 3): a row of x or a holding a NaN gets
- * scale NaN, so every output that depends on it is NaN, never a finite number. A row holding an
- * infinity (and no NaN) gets scale +inf and q = +-127 at the infinities, 0 elsewhere: every
- * output that depends on it is +-inf or NaN (0*inf), non-finite as in the float math, though which
- * of the two may differ from it (quantization is not the identity at inf). Weight rows (INT8) and
- * k-groups (INT4, INT4_ZP) with a NaN or an infinity are stored the same way at load (scale NaN or
- * inf; ompk_moe_get_weights then returns non-finite values for that row or group). Tiny
- * (subnormal) and huge finite rows quantize without overflow. Range: the int formats apply the
- * weight scale to the exact integer dot product (up to 127 * 127 * K) in fp32 before the row
- * scale of x or a, so weights above about FLT_MAX / (127 * K) overflow there.
- * Weight formats (dequantized w):
+ *   scale = max|row| / 127 and q = rint(v * (127 / max|row|)), each operation rounded to fp32
+ *   (the codes are defined by that arithmetic); the integer dot products are exact and the scales
+ * are applied in fp32. The quantization of a uses the whole row of a (all of I), so a NUMA split
+ * does not change the result beyond fp32 reassociation. Non-finite values in the int formats
+ * (KERNELS.md section 3): a row of x or a holding a NaN gets scale NaN, so every output that
+ * depends on it is NaN, never a finite number. A row holding an infinity (and no NaN) gets scale
+ * +inf and q = +-127 at the infinities, 0 elsewhere: every output that depends on it is +-inf or
+ * NaN (0*inf), non-finite as in the float math, though which of the two may differ from it
+ * (quantization is not the identity at inf). Weight rows (INT8) and k-groups (INT4, INT4_ZP) with a
+ * NaN or an infinity are stored the same way at load (scale NaN or inf; ompk_moe_get_weights then
+ * returns non-finite values for that row or group). Tiny (subnormal) and huge finite rows quantize
+ * without overflow. Range: the int formats apply the weight scale to the exact integer dot product
+ * (up to 127 * 127 * K) in fp32 before the row scale of x or a, so weights above about FLT_MAX /
+ * (127 * K) overflow there. Weight formats (dequantized w):
  * - INT8: per output row symmetric, w = q * scale[row], q in -128..127.
  * - INT4: k-groups of group_size along the input dimension, w = q * scale[row, group], q -8..7.
  * - INT4_ZP: k-groups with an integer zero point, w = (q - zero[row, group]) * scale[row, group],

@@ -8,7 +8,7 @@
 
 /* Per-row symmetric int8 as moe.h defines it, in double, written apart from the kernels'
  * quantizer: a NaN makes the row NaN; an infinity gives +-127*inf there and 0*inf = NaN
- * elsewhere; else q = rint(v*127/max) of the row rounded to f32, times the f32 scale max/127. */
+ * elsewhere; else q = rint(v*(127/max)) in f32 arithmetic, times the f32 scale max/127. */
 static void quant_row(const double *v, int64_t n, double *out) {
     double m = 0.0;
     int nan = 0, inf = 0;
@@ -27,7 +27,11 @@ static void quant_row(const double *v, int64_t n, double *out) {
         } else if (m == 0.0) {
             out[i] = 0.0;
         } else {
-            double q = nearbyint(f * 127.0 / m);
+            /* f32 arithmetic of moe.h, through doubles: rounding a double quotient or product of
+             * floats to float equals the float operation (53 >= 2*24 + 2), and 2^100 is exact */
+            const double r = m < 0x1p-100 ? 0x1p100 : 1.0;
+            const double inv = (double)(float)(127.0 / (m * r));
+            double q = nearbyint((double)(float)(f * r * inv));
             out[i] = fmax(-127.0, fmin(127.0, q)) * (double)(float)(m / 127.0);
         }
     }
