@@ -306,6 +306,15 @@ Test(moe_nonfinite, tiny_and_huge_rows) {
                     continue;
                 }
                 fwd(&n, x, y);
+                if (c == 1 && f == OMPK_MOE_BF16 && ISAS[i] == OMPK_MOE_ISA_AVX512BF16) {
+                    /* the bf16 dot-product instruction reads subnormal operands as zero (moe.h):
+                     * a subnormal x gives y = 0 exactly */
+                    for (int64_t e = 0; e < T_ * H_; e++)
+                        cr_expect(y[e] == 0.0f, "%s: y[%lld] = %g, not flushed", what, (long long)e,
+                                  y[e]);
+                    net_free(&n);
+                    continue;
+                }
                 ompk_moe_ref_forward(
                     T_, E_, H_, I_, K_, x, IDS, WTS, n.deq[0], n.deq[1], n.deq[2],
                     f == OMPK_MOE_BF16 ? OMPK_MOE_REF_ACT_BF16 : OMPK_MOE_REF_ACT_INT8, ref);

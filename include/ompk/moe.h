@@ -8,6 +8,8 @@
  *
  * Operand precision (what the matrix units consume; every sum is fp32, y is rounded once):
  * - OMPK_MOE_BF16: x and a are rounded to bf16 before their matmul (a after SiLU*up in fp32).
+ *   On the AVX-512 BF16 and AMX paths the bf16 dot-product instructions read subnormal bf16
+ *   operands as zero (a hardware rule), so rows of x or a below 2^-126 contribute 0 there.
  * - int formats (W8A8 / W4A8): x and a are quantized per row, symmetric int8 with
  *   scale = max|row| / 127 and q = rint(v * (127 / max|row|)), each operation rounded to fp32
  *   (the codes are defined by that arithmetic); the integer dot products are exact and the scales
