@@ -33,7 +33,11 @@ for n in "${names[@]}"; do
     mkdir -p "$corpus"
     scratch=$(mktemp -d)
     log=build-fuzz/artifacts/$n.log
-    "$bin/$n" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
+    # the attention kernels still convert NaN scores to int (issue 15, defect 1; its reproducers
+    # wait in tests/fuzz/known-open/): their harnesses keep to finite inputs until that lands
+    avoid=${OMPK_FUZZ_AVOID:-}
+    case $n in fuzz_attention_*) [ -n "$avoid" ] || avoid=extreme ;; esac
+    OMPK_FUZZ_AVOID=$avoid "$bin/$n" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
         -artifact_prefix="build-fuzz/artifacts/$n-" -print_final_stats=1 \
         "$scratch" "$corpus" >"$log" 2>&1
     rc=$?

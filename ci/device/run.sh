@@ -96,8 +96,11 @@ for s in "${steps[@]}"; do
                 run_ompk env OMPK_TEST_DEVICES=target "$cs" --tool "$tool" --target-processes all \
                     --require-cuda-init no "$t" --jobs 1 ${filter:+--filter "*$filter*"} >"$log" 2>&1
                 rc=$?
-                errs=$(grep -a 'ERROR SUMMARY' "$log" | awk '{s += $4} END {print s + 0}')
-                runs=$(grep -ac 'ERROR SUMMARY' "$log")
+                # memcheck/initcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY:
+                # N hazards displayed (E errors, W warnings)"
+                errs=$(grep -a -E '(ERROR|RACECHECK) SUMMARY' "$log" |
+                    sed -E 's/.*ERROR SUMMARY: ([0-9]+).*/\1/; s/.*\(([0-9]+) errors.*/\1/' | awk '{s += $1} END {print s + 0}')
+                runs=$(grep -ac -E '(ERROR|RACECHECK) SUMMARY' "$log")
                 off=$(grep -ac 'Sanitizer will be disabled' "$log")
                 syn=$(grep -a 'Synthesis:' "$log" | tail -1)
                 echo "cs $tool $(basename "$t") rc=$rc processes=$runs errors=$errs disabled=$off $syn" | tee -a "$summary"
