@@ -86,29 +86,43 @@ for s in "${steps[@]}"; do
         ;;
     sanitize)
         # compute-sanitizer over the GPU suites of a gpu-static bundle (a shared libompk makes
-        # the sanitizer disable itself): every tool in OMPK_CS_TOOLS, the GPU device only.
+        # the sanitizer disable itself): every tool in OMPK_CS_TOOLS, the GPU device only,
+        # OMPK_CS_JOBS suite runs at once (memcheck costs minutes per suite; the GPU is shared).
         cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-        total=0 bad=0
+        cs_one() { # tool test -> one summary line in $res/cs-tool-test.line
+            local tool=$1 t=$2 log=$res/cs-$1-$(basename "$2").log rc errs runs off syn
+            run_ompk env OMPK_TEST_DEVICES=target "$cs" --tool "$tool" --target-processes all \
+                --require-cuda-init no "$t" --jobs 1 ${filter:+--filter "*$filter*"} >"$log" 2>&1
+            rc=$?
+            # memcheck/initcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY:
+            # N hazards displayed (E errors, W warnings)"
+            errs=$(grep -a -E '(ERROR|RACECHECK) SUMMARY' "$log" |
+                sed -E 's/.*ERROR SUMMARY: ([0-9]+).*/\1/; s/.*\(([0-9]+) errors.*/\1/' | awk '{s += $1} END {print s + 0}')
+            runs=$(grep -ac -E '(ERROR|RACECHECK) SUMMARY' "$log")
+            off=$(grep -ac 'Sanitizer will be disabled' "$log")
+            syn=$(grep -a 'Synthesis:' "$log" | tail -1)
+            {
+                echo "cs $tool $(basename "$t") rc=$rc processes=$runs errors=$errs disabled=$off $syn"
+                if [ "$errs" != 0 ] || [ "$off" != 0 ] || [ "$runs" = 0 ] || [ $rc -ne 0 ]; then
+                    echo BAD; grep -a -m 12 -E '=========  *(Invalid|Race|Uninit|Error|Program hit)' "$log"
+                fi
+            } >"$res/cs-$tool-$(basename "$t").line"
+        }
+        jobs_max=${OMPK_CS_JOBS:-6}
         for tool in ${OMPK_CS_TOOLS:-memcheck racecheck initcheck}; do
             for t in "$B"/bin/tests/test_*; do
-                case $(basename "$t") in *_emu | *_bad | test_core | test_sizes) continue ;; esac
-                log=$res/cs-$tool-$(basename "$t").log
-                run_ompk env OMPK_TEST_DEVICES=target "$cs" --tool "$tool" --target-processes all \
-                    --require-cuda-init no "$t" --jobs 1 ${filter:+--filter "*$filter*"} >"$log" 2>&1
-                rc=$?
-                # memcheck/initcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY:
-                # N hazards displayed (E errors, W warnings)"
-                errs=$(grep -a -E '(ERROR|RACECHECK) SUMMARY' "$log" |
-                    sed -E 's/.*ERROR SUMMARY: ([0-9]+).*/\1/; s/.*\(([0-9]+) errors.*/\1/' | awk '{s += $1} END {print s + 0}')
-                runs=$(grep -ac -E '(ERROR|RACECHECK) SUMMARY' "$log")
-                off=$(grep -ac 'Sanitizer will be disabled' "$log")
-                syn=$(grep -a 'Synthesis:' "$log" | tail -1)
-                echo "cs $tool $(basename "$t") rc=$rc processes=$runs errors=$errs disabled=$off $syn" | tee -a "$summary"
-                total=$((total + 1))
-                if [ "$errs" != 0 ] || [ "$off" != 0 ] || [ "$runs" = 0 ] || [ $rc -ne 0 ]; then
-                    bad=$((bad + 1)); grep -a -m 12 -E '=========  *(Invalid|Race|Uninit|Error|Program hit)' "$log" >>"$summary"
-                fi
+                case $(basename "$t") in *_emu | *_bad | test_core | test_sizes | test_moe*) continue ;; esac
+                while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+                cs_one "$tool" "$t" &
             done
+        done
+        wait
+        total=0 bad=0
+        for l in "$res"/cs-*.line; do
+            [ -f "$l" ] || continue
+            total=$((total + 1))
+            grep -q '^BAD' "$l" && bad=$((bad + 1))
+            grep -v '^BAD' "$l" | tee -a "$summary"
         done
         echo "compute-sanitizer: $((total - bad)) passed, $bad failed" | tee -a "$summary"
         ;;
