@@ -350,23 +350,38 @@ def _moe_attach(layer, lora):
 
 
 @torch.library.custom_op("ompk::moe_forward", mutates_args=())
-def moe_forward_op(handle: int, x: Tensor, ids: Tensor, w: Tensor, lora: List[Optional[Tensor]],
-                   train: bool) -> Tensor:
-    """y [T,H]; train pushes the forward on the layer's stack for ompk::moe_backward."""
+def moe_forward_op(handle: int, x: Tensor, ids: Tensor, w: Tensor,
+                   lora: List[Optional[Tensor]]) -> Tensor:
+    """y [T,H], the inference forward (nothing saved, not differentiable)."""
     layer = _layers[handle]
     _moe_attach(layer, lora)
     x = x.contiguous()
     y = torch.empty_like(x)
     _sync(x)
-    if train:
-        _run("ompk_moe_forward_train", layer._h, x, ids.contiguous(), w.contiguous(), y, 1)
-    else:
-        _run("ompk_moe_forward", layer._h, x, ids.contiguous(), w.contiguous(), y)
+    _run("ompk_moe_forward", layer._h, x, ids.contiguous(), w.contiguous(), y)
     return y
 
 
 @moe_forward_op.register_fake
-def _(handle, x, ids, w, lora, train):
+def _(handle, x, ids, w, lora):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("ompk::moe_forward_train", mutates_args=())
+def moe_forward_train_op(handle: int, x: Tensor, ids: Tensor, w: Tensor,
+                         lora: List[Optional[Tensor]]) -> Tensor:
+    """y [T,H]; pushes the forward on the layer's stack for ompk::moe_backward."""
+    layer = _layers[handle]
+    _moe_attach(layer, lora)
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _sync(x)
+    _run("ompk_moe_forward_train", layer._h, x, ids.contiguous(), w.contiguous(), y, 1)
+    return y
+
+
+@moe_forward_train_op.register_fake
+def _(handle, x, ids, w, lora):
     return torch.empty_like(x)
 
 
@@ -399,7 +414,7 @@ def _(handle, dy, x, w, lora):
 
 
 def _moe_setup(ctx, inputs, output):
-    handle, x, ids, w, lora, train = inputs
+    handle, x, ids, w, lora = inputs
     ctx.save_for_backward(x, w, *lora) if lora[0] is not None else ctx.save_for_backward(x, w)
     ctx.handle, ctx.has_lora = handle, lora[0] is not None
 
@@ -408,11 +423,11 @@ def _moe_backward(ctx, dy):
     x, w, *lora = ctx.saved_tensors
     lora = lora if ctx.has_lora else [None] * 6
     g = moe_backward_op(ctx.handle, dy, x, w, lora)
-    dl = [gi.to(t.dtype) for gi, t in zip(g[2:], lora)] if ctx.has_lora else [None] * 6
-    return None, g[0], None, g[1].to(w.dtype), dl, None
+    dl = [gi.to(t.dtype) for gi, t in zip(g[2:], lora)] if ctx.has_lora else None
+    return None, g[0], None, g[1].to(w.dtype), dl
 
 
-moe_forward_op.register_autograd(_moe_backward, setup_context=_moe_setup)
+moe_forward_train_op.register_autograd(_moe_backward, setup_context=_moe_setup)
 
 
 class MoE(torch.nn.Module):
@@ -459,7 +474,8 @@ class MoE(torch.nn.Module):
         train = torch.is_grad_enabled() and (
             x.requires_grad or weights.requires_grad or any(
                 t is not None and t.requires_grad for t in lora))
-        return moe_forward_op(self._h, x, expert_ids, weights, lora, train)
+        op = moe_forward_train_op if train else moe_forward_op
+        return op(self._h, x, expert_ids, weights, lora)
 
     def base_weights(self, which):
         """The dequantized weights the kernels use (0 gate [E,I,H], 1 up, 2 down [E,H,I]), f32."""
@@ -468,9 +484,9 @@ class MoE(torch.nn.Module):
         _run("ompk_moe_get_weights", self._h, which, out)
         return out
 
-    def __del__(self):
+    def __del__(self, _destroy=_lib.lib.ompk_moe_destroy, _registry=_layers):
         h = getattr(self, "_h", None)
         if h:
-            _lib.lib.ompk_moe_destroy(h)
-            _layers.pop(h, None)
+            _destroy(h)
+            _registry.pop(h, None)
             self._h = None

@@ -47,7 +47,9 @@ def attention(q, k, v, scale=None, mask="none"):
 
 def router_topk(sx, sy, k):
     T, N = sx.shape
-    s = (sx.float().unsqueeze(2) + sy.float().unsqueeze(1)).reshape(T, N * N)
+    if sx.dtype != torch.float64:
+        sx, sy = sx.float(), sy.float()
+    s = (sx.unsqueeze(2) + sy.unsqueeze(1)).reshape(T, N * N)
     return torch.topk(s, k, dim=1, sorted=True)
 
 
@@ -61,6 +63,8 @@ def moe(x, ids, w, gate, up, down, lora=None, lora_scale=1.0):
     y = torch.zeros_like(x)
     for slot in range(ids.shape[1]):
         e = ids[:, slot].long()
+        live = (e >= 0).to(x.dtype).unsqueeze(1)  # id -1 is padding
+        e = e.clamp(min=0)
         g = torch.einsum("tih,th->ti", gate[e], xb)
         u = torch.einsum("tih,th->ti", up[e], xb)
         if lora is not None:
@@ -71,5 +75,5 @@ def moe(x, ids, w, gate, up, down, lora=None, lora_scale=1.0):
         z = torch.einsum("thi,ti->th", down[e], a)
         if lora is not None:
             z = z + lora_scale * torch.einsum("thr,tri,ti->th", db[e], da[e], a)
-        y = y + w[:, slot:slot + 1] * z
+        y = y + live * w[:, slot:slot + 1] * z
     return y
