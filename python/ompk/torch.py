@@ -466,6 +466,10 @@ class MoE(torch.nn.Module):
                         else torch.zeros(s))
                 self.register_parameter(name, torch.nn.Parameter(init))
 
+    def _apply(self, fn, recurse=True):
+        # the adapters stay host f32 tensors, where the layer reads them, whatever .to() asks
+        return self
+
     def lora(self):
         return [getattr(self, n) for n in _LORA] if self.lora_rank else [None] * 6
 
