@@ -5,6 +5,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+# libomp's workers spin 200 ms after each ompk call, which starves PyTorch's own OpenMP threads
+# on a small machine (README: "PyTorch and ompk on the CPU")
+os.environ.setdefault("KMP_BLOCKTIME", "0")
 
 import ompk  # noqa: E402
 
