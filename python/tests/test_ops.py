@@ -295,3 +295,29 @@ def test_export_keeps_ops():
     assert "ompk.mhc_pre.default" in targets and "ompk.mhc_post.default" in targets
     torch.testing.assert_close(ep.module()(x, phi, g, alpha, bias, f),
                                Block()(x, phi, g, alpha, bias, f))
+
+
+def test_bf16_gradients(device):
+    x, phi, g, alpha, bias = mhc_inputs(device)
+    compare(lambda x, *p: tuple(o.float() for o in ot.mhc_pre(x.bfloat16(), *p)),
+            lambda x, *p: R.mhc_pre(x.bfloat16().double(), *p), [x, phi, g, alpha, bias], 3e-2)
+    q, k, v = (t.bfloat16().float() for t in attn_inputs(device))
+    compare(lambda *a: ot.attention(*(t.bfloat16() for t in a), mask="causal").float(),
+            lambda *a: R.attention(*a, mask="causal"), [q, k, v], 3e-2)
+
+
+def test_compile_keeps_ops_forward_and_backward():
+    x, phi, g, alpha, bias = [t.requires_grad_() for t in mhc_inputs("cpu")]
+    q, k, v = attn_inputs("cpu")
+
+    def fn(x, phi, g, alpha, bias, q):
+        h_in, h_post, comb = ot.mhc_pre(x, phi, g, alpha, bias)
+        a = ot.attention(q * h_in.mean(), k, v, mask="causal")
+        return ot.mhc_post(x, comb, h_post, h_in * a.mean()).square().sum()
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    args = (x, phi, g, alpha, bias, q)
+    got = torch.autograd.grad(compiled(*args), (x, phi, g, alpha, bias))
+    want = torch.autograd.grad(fn(*args), (x, phi, g, alpha, bias))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
