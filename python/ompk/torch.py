@@ -396,7 +396,7 @@ def moe_backward_op(handle: int, dy: Tensor, x: Tensor, w: Tensor,
     if lora[0] is not None:
         dl = [torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in lora]
     else:
-        dl = [torch.empty(0) for _ in _LORA]
+        dl = [torch.empty(0, device=dy.device) for _ in _LORA]
     views = [view(t) for t in [dx, dw] + (dl if lora[0] is not None else [])]
     ptrs = [ctypes.pointer(v.t) for v in views] + [None] * (8 - len(views))
     g = _lib.MoeGrads(*ptrs, None, None, None, 0)

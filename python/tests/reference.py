@@ -38,8 +38,8 @@ def attention(q, k, v, scale=None, mask="none"):
     N, M = q.shape[2], k.shape[2]
     s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
     if mask != "none":
-        i = torch.arange(N).unsqueeze(1)
-        j = torch.arange(M).unsqueeze(0)
+        i = torch.arange(N, device=q.device).unsqueeze(1)
+        j = torch.arange(M, device=q.device).unsqueeze(0)
         vis = j <= i if mask == "causal" else j <= i + M - N
         s = s.masked_fill(~vis, float("-inf"))
     return torch.softmax(s, -1) @ v
