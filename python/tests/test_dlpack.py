@@ -1,10 +1,11 @@
 """DLPack both ways (numpy and torch, host and CUDA) and errors as exceptions."""
-import numpy as np
 import pytest
 import torch
 
 import ompk
 from conftest import cuda_or_skip
+
+np = pytest.importorskip("numpy")
 
 
 def test_numpy_view_describes_strided_array():

@@ -1,4 +1,5 @@
 """Where the package finds libompk: OMPK_LIBRARY, next to the package, the loader, pkg-config."""
+import ctypes.util
 import os
 import shutil
 import subprocess
@@ -42,6 +43,8 @@ def test_library_next_to_package(tmp_path):
 def test_library_from_pkg_config(tmp_path):
     if shutil.which("pkg-config") is None:
         pytest.skip("no pkg-config")
+    if ctypes.util.find_library("ompk"):
+        pytest.skip("the loader finds a libompk here, which comes before pkg-config")
     dst = _bare_package(tmp_path)
     libdir = tmp_path / "prefix" / "lib"
     libdir.mkdir(parents=True)
