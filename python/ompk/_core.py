@@ -129,9 +129,9 @@ class Buffer:
             self.t.shape[d], self.t.strides[d] = int(shape[d]), stride
             stride *= int(shape[d])
 
-    def __del__(self):
+    def __del__(self, _free=lib.ompk_free):
         if getattr(self, "ptr", None):
-            lib.ompk_free(self.dev, self.ptr)
+            _free(self.dev, self.ptr)
             self.ptr = None
 
     def __dlpack_device__(self):
