@@ -94,5 +94,6 @@ def test_training_step_matches_reference(device):
     print("ompk", got, "reference", want)
     assert want[-1] < 0.9 * want[0]
     assert got[-1] < 0.9 * got[0]
+    tol = 1e-5 if device.type == "cpu" else 2e-3  # GPU kernels sum in other orders
     for a, b in zip(got, want):
-        assert abs(a - b) <= 2e-3 * abs(b), (got, want)
+        assert abs(a - b) <= tol * abs(b), (got, want)
