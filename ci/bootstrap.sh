@@ -6,7 +6,7 @@ set -euo pipefail
 # clang-19 pulls in neither.
 pkgs=(cmake ninja-build pkg-config clang-19 clang-tools-19 libomp-19-dev llvm-19 gcc-12
       libhwloc-dev hwloc libclang-rt-19-dev libcriterion-dev libdlpack-dev clang-format-19 xz-utils
-      python3)
+      python3 python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

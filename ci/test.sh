@@ -2,7 +2,8 @@
 # The test command (README): set up, build and run every suite in three configurations:
 #   default (clang-19 with GPU images; on a machine without a GPU the same kernels run on the host),
 #   host-gcc (GCC 12, host only) and asan (clang-19 host only, AddressSanitizer + UBSan).
-# OMPK_TEST_PRESETS overrides the list. Then the fuzz harnesses for a few seconds each
+# OMPK_TEST_PRESETS overrides the list. Then the Python package's tests (ci/python.sh;
+# OMPK_PYTHON_IN_CI=0 skips them) and the fuzz harnesses for a few seconds each
 # (ci/fuzz.sh; OMPK_FUZZ_IN_CI=0 skips them). Prints "tests: N passed, N failed, N skipped" last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,15 @@ done
 if [ -d build ] && grep -q "add_subdirectory(examples)" CMakeLists.txt && [ -f examples/CMakeLists.txt ]; then
     echo "=== examples (ctest -L example)"
     (cd build && ctest -L example --output-on-failure) || broken=1
+fi
+# the Python package (ci/python.sh: a venv with torch, pytest on the default build's library)
+# counts as one test; OMPK_PYTHON_IN_CI=0 skips it
+if [ "${OMPK_PYTHON_IN_CI:-1}" = 1 ] && [ -f build/libompk.so ]; then
+    echo "=== python (ci/python.sh)"
+    if ./ci/python.sh build; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi
+else
+    echo "=== python skipped (OMPK_PYTHON_IN_CI=0 or no build/libompk.so)"
+    total_s=$((total_s + 1))
 fi
 # the fuzz harnesses (ci/fuzz.sh, a few seconds each) count as one test; OMPK_FUZZ_IN_CI=0 skips
 if [ "${OMPK_FUZZ_IN_CI:-1}" = 1 ]; then

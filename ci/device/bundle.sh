@@ -30,6 +30,11 @@ cp "$here/run.sh" "$out/run.sh"
 rm -rf "$out/fixtures" && cp -r "$repo/tests/fixtures" "$out/fixtures"
 echo "$repo/tests/fixtures" >"$out/fixture_dir"
 [ -d "$repo/bench/peers" ] && { rm -rf "$out/peers"; cp -r "$repo/bench/peers" "$out/peers"; }
+# pytest for run.sh's python step, in case the machine's python3 has torch but not pytest
+if [ ! -d "$out/wheels" ] && ! python3 -m pip download -q -d "$out/wheels" pytest >/dev/null 2>&1; then
+    echo "bundle: could not download pytest wheels (the python step needs the machine's pytest)"
+    rm -rf "$out/wheels"
+fi
 
 # Libraries the device image has itself (glibc, the C++ runtime, the CUDA driver) stay out.
 system_re='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libstdc\+\+|libgcc_s|libcuda\.so|libnvidia)'

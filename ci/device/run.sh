@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device-side driver, copied into each bundle by ci/device/bundle.sh. Run from the repo root on
 # the GPU machine:
-#   bash .carry/NAME/run.sh [info] [tests] [sanitize] [bench] [bench-quick] [peers] [--filter S]
+#   bash .carry/NAME/run.sh [info] [tests] [sanitize] [bench] [bench-quick] [peers] [python]
+#                           [--filter S]
 # Our binaries run with the carried LLVM 19 runtime and OMP_TARGET_OFFLOAD=MANDATORY, so a
 # silent host fallback cannot pass for a GPU run. Python peers run with the machine's own python3
 # and PyTorch (without our LD_LIBRARY_PATH). Everything lands in /tmp/ompk-out and comes back as
@@ -140,6 +141,19 @@ for s in "${steps[@]}"; do
             echo "$n exit $?" >>"$res/$n.log"
             tail -30 "$res/$n.log" >>"$summary"
         done
+        ;;
+    python)
+        # python/tests (pytest, CPU and CUDA) with the machine's python3 and PyTorch on the
+        # checkout's python/ package and the bundle's libompk, then the stream-ordering cost
+        if ! python3 -c "import pytest" 2>/dev/null && [ -d "$B/wheels" ]; then
+            PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index --find-links "$B/wheels" pytest >"$res/python-pip.log" 2>&1
+        fi
+        pyenv=(OMPK_LIBRARY="$B/lib/libompk.so" PYTHONPATH="$repo/python" KMP_BLOCKTIME=0)
+        (cd /tmp && run_ompk env "${pyenv[@]}" python3 -m pytest -q -rs "$repo/python/tests" \
+            ${filter:+-k "$filter"}) >"$res/python.log" 2>&1
+        echo "python tests exit $?" >>"$res/python.log"
+        run_ompk env "${pyenv[@]}" python3 "$repo/python/tests/cuda_sync_cost.py" >>"$res/python.log" 2>&1
+        tail -30 "$res/python.log" >>"$summary"
         ;;
     *) echo "unknown step $s" | tee -a "$summary" ;;
     esac
