@@ -114,8 +114,9 @@ static void fwd(const net *n, const float *x, float *y) {
     cr_assert_eq(ompk_moe_forward(n->moe, &tx, &ti, &tw, &ty), OMPK_OK, "%s", ompk_last_error());
 }
 
-static const ompk_moe_isa ISAS[3] = {OMPK_MOE_ISA_PORTABLE, OMPK_MOE_ISA_AVX512BF16,
-                                     OMPK_MOE_ISA_AMX_EMULATED};
+#define NISA 4
+static const ompk_moe_isa ISAS[NISA] = {OMPK_MOE_ISA_PORTABLE, OMPK_MOE_ISA_AVX512BF16,
+                                        OMPK_MOE_ISA_AMX_EMULATED, OMPK_MOE_ISA_AMX};
 
 static int isa_ok(ompk_moe_isa isa) {
     if (ompk_moe_isa_available(isa)) return 1;
@@ -143,7 +144,7 @@ Test(moe_nonfinite, x_row) {
     routes();
     float *x = x_new(1.0), *y0 = malloc(T_ * H_ * 4), *y = malloc(T_ * H_ * 4);
     int kind[T_ * H_];
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NISA; i++) {
         if (!isa_ok(ISAS[i])) continue;
         for (int f = 0; f <= OMPK_MOE_INT4_ZP; f++) {
             net n;
@@ -183,7 +184,7 @@ Test(moe_nonfinite, weight_row) {
         int w, e, r, c;
         float v;
     } cases[3] = {{0, 1, 3, 10, NAN}, {2, 2, 4, 70, NAN}, {1, 0, 2, 66, INFINITY}};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NISA; i++) {
         if (!isa_ok(ISAS[i])) continue;
         for (int f = 0; f <= OMPK_MOE_INT4_ZP; f++) {
             net n0;
@@ -289,7 +290,7 @@ Test(moe_nonfinite, tiny_and_huge_rows) {
                   {1, 0x1p-6, 0x1p126, "down 1e38"}};
     float *y = malloc(T_ * H_ * 4);
     double *ref = malloc(T_ * H_ * 8);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NISA; i++) {
         if (!isa_ok(ISAS[i])) continue;
         for (int c = 0; c < 5; c++) {
             float *x = x_new(cases[c].x);
@@ -306,9 +307,16 @@ Test(moe_nonfinite, tiny_and_huge_rows) {
                     continue;
                 }
                 fwd(&n, x, y);
-                if (c == 1 && f == OMPK_MOE_BF16 && ISAS[i] == OMPK_MOE_ISA_AVX512BF16) {
-                    /* the bf16 dot-product instruction reads subnormal operands as zero (moe.h):
-                     * a subnormal x gives y = 0 exactly */
+                if (c == 1 && f == OMPK_MOE_BF16 && ISAS[i] == OMPK_MOE_ISA_AMX_EMULATED) {
+                    /* its small experts take the CPU's vector path, which flushes subnormals
+                     * where it is AVX-512 BF16 and not elsewhere: both rules are checked below */
+                    net_free(&n);
+                    continue;
+                }
+                if (c == 1 && f == OMPK_MOE_BF16 &&
+                    (ISAS[i] == OMPK_MOE_ISA_AVX512BF16 || ISAS[i] == OMPK_MOE_ISA_AMX)) {
+                    /* the bf16 dot-product instructions (AVX-512 BF16, AMX tiles) read subnormal
+                     * operands as zero (moe.h): a subnormal x gives y = 0 exactly */
                     for (int64_t e = 0; e < T_ * H_; e++)
                         cr_expect(y[e] == 0.0f, "%s: y[%lld] = %g, not flushed", what, (long long)e,
                                   y[e]);
