@@ -22,8 +22,7 @@ for p in $presets; do
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
     export LSAN_OPTIONS=suppressions=$PWD/ci/lsan.supp:print_suppressions=0
     log=$(mktemp)
-    ./ci/run-tests.sh "$dir" "$p" >"$log" 2>&1
-    cat "$log"
+    ./ci/run-tests.sh "$dir" "$p" 2>&1 | tee "$log"
     out=$(tail -1 "$log")
     rm -f "$log"
     read -r pp ff ss <<<"$(sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3/' <<<"$out")"
@@ -31,6 +30,15 @@ for p in $presets; do
         total_p=$((total_p + pp)) total_f=$((total_f + ff)) total_s=$((total_s + ss))
     else
         broken=1
+    fi
+    # install into a temporary prefix and build a consumer three ways (tests/install/run.sh)
+    if ctest --test-dir "$dir" -N -L install | grep -q 'install_consumer'; then
+        echo "=== install test: $p"
+        if ctest --test-dir "$dir" -L install --output-on-failure; then
+            total_p=$((total_p + 1))
+        else
+            total_f=$((total_f + 1))
+        fi
     fi
 done
 # the examples are ctest tests of the default build
