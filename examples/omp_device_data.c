@@ -98,28 +98,29 @@ int main(void) {
             ompk_tensor tid = ompk_tensor_make(ids, OMPK_I32, 2, sk, dev);
             st = ompk_router_topk_fwd(&tsx, &tsy, K, &tsc, &tid);
         }
-        if (st != OMPK_OK) return fail("ompk_router_topk_fwd", st);
-
-        /* gate weights: softmax over each token's K scores (best first), on the device */
+        if (st == OMPK_OK) { /* (a structured block cannot be left by return) */
+            /* gate weights: softmax over each token's K scores (best first), on the device */
 #pragma omp target teams distribute parallel for device(dev_id)
-        for (int t = 0; t < T; t++) {
-            float z = 0;
-            for (int k = 0; k < K; k++) z += expf(score[t * K + k] - score[t * K]);
-            for (int k = 0; k < K; k++) gate[t * K + k] = expf(score[t * K + k] - score[t * K]) / z;
-        }
+            for (int t = 0; t < T; t++) {
+                float z = 0;
+                for (int k = 0; k < K; k++) z += expf(score[t * K + k] - score[t * K]);
+                for (int k = 0; k < K; k++)
+                    gate[t * K + k] = expf(score[t * K + k] - score[t * K]) / z;
+            }
 
-        /* the experts, on device tensors: ompk stages them through the host */
+            /* the experts, on device tensors: ompk stages them through the host */
 #pragma omp target data use_device_ptr(x, ids, gate, y) device(dev_id)
-        {
-            ompk_tensor tx = ompk_tensor_make(x, OMPK_F32, 2, sh, dev);
-            ompk_tensor tid = ompk_tensor_make(ids, OMPK_I32, 2, sk, dev);
-            ompk_tensor tw = ompk_tensor_make(gate, OMPK_F32, 2, sk, dev);
-            ompk_tensor ty = ompk_tensor_make(y, OMPK_F32, 2, sh, dev);
-            st = ompk_moe_forward(moe, &tx, &tid, &tw, &ty);
+            {
+                ompk_tensor tx = ompk_tensor_make(x, OMPK_F32, 2, sh, dev);
+                ompk_tensor tid = ompk_tensor_make(ids, OMPK_I32, 2, sk, dev);
+                ompk_tensor tw = ompk_tensor_make(gate, OMPK_F32, 2, sk, dev);
+                ompk_tensor ty = ompk_tensor_make(y, OMPK_F32, 2, sh, dev);
+                st = ompk_moe_forward(moe, &tx, &tid, &tw, &ty);
+            }
         }
-        if (st != OMPK_OK) return fail("ompk_moe_forward", st);
 #pragma omp target update from(y[0 : T * H], ids[0 : T * K], gate[0 : T * K]) device(dev_id)
     }
+    if (st != OMPK_OK) return fail("ompk_router_topk_fwd or ompk_moe_forward", st);
     ompk_moe_stats stats;
     ompk_moe_get_stats(moe, &stats);
 

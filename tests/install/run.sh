@@ -19,7 +19,7 @@ for f in include/ompk/ompk.h include/ompk/tensor.h lib/cmake/ompk/ompkConfig.cma
     [ -e "$prefix/$f" ] || die "$f not installed"
 done
 soname=$(readelf -d "$prefix/lib/libompk.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-[ -n "$soname" ] && [ -e "$prefix/lib/$soname" ] || die "no SONAME or no $soname file"
+if [ -z "$soname" ] || [ ! -e "$prefix/lib/$soname" ]; then die "no SONAME or no $soname file"; fi
 for f in lib/libompk.so bin/ompk-info; do
     if readelf -d "$prefix/$f" | grep -q '(RPATH)'; then die "$f has DT_RPATH, not DT_RUNPATH"; fi
     if ldd "$prefix/$f" | grep -q 'not found'; then ldd "$prefix/$f"; die "$f misses libraries"; fi
@@ -44,6 +44,6 @@ line=$(sed -n 's/^ *\(cc my_prog\.c -I.*\)$/\1/p' "$src/README.md" | head -1)
 [ -n "$line" ] || die "README.md has no 'cc my_prog.c ...' line"
 mkdir "$tmp/plain"
 cp "$src/tests/install/consumer.c" "$tmp/plain/my_prog.c"
-(cd "$tmp/plain" && OMPK=$prefix && eval "$line") || die "README line: $line"
+(cd "$tmp/plain" && export OMPK=$prefix && eval "$line") || die "README line: $line"
 "$tmp/plain/my_prog" || die "README-line consumer"
 say "README compiler line ok: $line"
