@@ -61,6 +61,7 @@ endif()
 set(OMPK_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
 # ompk.pc finds the prefix from its own place, so `cmake --install --prefix P` may pick any P.
 file(RELATIVE_PATH OMPK_PC_UP "/root/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/root")
+string(REGEX REPLACE "/$" "" OMPK_PC_UP "${OMPK_PC_UP}")
 set(OMPK_PC_INCLUDEDIR "${CMAKE_INSTALL_INCLUDEDIR}")
 configure_file(cmake/ompk.pc.in ${PROJECT_BINARY_DIR}/ompk.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/ompk.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
