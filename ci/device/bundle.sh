@@ -29,7 +29,7 @@ fi
 if [ -f "$build/libompk.so" ]; then
     soname=$(readelf -d "$build/libompk.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
     cp -L "$build/libompk.so" "$out/lib/${soname:-libompk.so}"
-    [ -n "$soname" ] && ln -sf "$soname" "$out/lib/libompk.so"
+    if [ -n "$soname" ]; then ln -sf "$soname" "$out/lib/libompk.so"; fi
 fi
 cp "$here/run.sh" "$out/run.sh"
 rm -rf "$out/fixtures" && cp -r "$repo/tests/fixtures" "$out/fixtures"
