@@ -29,9 +29,14 @@ static int fail(const char *what, ompk_status st) {
 }
 
 int main(void) {
-    /* the device the program's own target regions use is the one the tensors name */
-    const int on_gpu = omp_get_num_devices() > 0;
-    const int dev_id = omp_get_default_device();
+    /* the device the program's own target regions use is the one the tensors name. Built
+     * without a GPU image of its own regions, the program keeps its data on the host. */
+    int dev_id = omp_get_default_device(), on_gpu = 0;
+    if (omp_get_num_devices() > 0) {
+#pragma omp target map(from : on_gpu) device(dev_id)
+        on_gpu = !omp_is_initial_device();
+        if (!on_gpu) dev_id = omp_get_initial_device();
+    }
     const ompk_device dev = on_gpu ? ompk_device_target(dev_id) : ompk_device_host();
     printf("omp_device_data: T=%d H=%d, %d experts, top-%d, data on %s\n", T, H, E, K,
            on_gpu ? "the GPU" : "the host");

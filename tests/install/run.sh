@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/install/run.sh BUILD_DIR SOURCE_DIR C_COMPILER: installs BUILD_DIR into a temporary
 # prefix, checks the layout and RUNPATHs, then builds and runs consumer.c three ways: CMake's
-# find_package, pkg-config, and the plain compiler line of README.md (taken from it verbatim).
+# find_package, pkg-config, and the plain compiler line of README.md (taken from it verbatim);
+# last, builds examples/ on its own against the install and runs it (ctest -L example).
 # None of it may need LD_LIBRARY_PATH.
 set -euo pipefail
 build=$(realpath "$1") src=$(realpath "$2") cc=$3
@@ -47,3 +48,9 @@ cp "$src/tests/install/consumer.c" "$tmp/plain/my_prog.c"
 (cd "$tmp/plain" && export OMPK=$prefix && eval "$line") || die "README line: $line"
 "$tmp/plain/my_prog" || die "README-line consumer"
 say "README compiler line ok: $line"
+
+cmake -S "$src/examples" -B "$tmp/ex" -G Ninja -DCMAKE_C_COMPILER="$cc" \
+      -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/ex.log" 2>&1 || { cat "$tmp/ex.log"; die "examples configure"; }
+cmake --build "$tmp/ex" >>"$tmp/ex.log" 2>&1 || { cat "$tmp/ex.log"; die "examples build"; }
+(cd "$tmp/ex" && ctest -L example --output-on-failure >>"$tmp/ex.log" 2>&1) || { cat "$tmp/ex.log"; die "examples run"; }
+say "examples/ built against the install and run ok"
