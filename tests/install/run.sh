@@ -10,7 +10,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 unset LD_LIBRARY_PATH
 prefix=$tmp/prefix
-say() { echo "install test: $*"; }
+say() { echo "install test: $* ($SECONDS s)"; }
 die() { echo "install test: FAILED: $*" >&2; exit 1; }
 
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; die "cmake --install"; }
