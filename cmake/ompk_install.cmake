@@ -21,7 +21,9 @@ if(OMPK_LLVM_LIBDIR)
   list(APPEND _ompk_rpath "${OMPK_LLVM_LIBDIR}")
   set(_ompk_lib_rpath "${OMPK_LLVM_LIBDIR}")
 endif()
-set_target_properties(ompk PROPERTIES INSTALL_RPATH "${_ompk_lib_rpath}")
+# libompk needs the same RUNPATH in the build tree as installed; one value leaves CMake no padding
+# to add (an empty RUNPATH entry, which means the current directory).
+set_target_properties(ompk PROPERTIES INSTALL_RPATH "${_ompk_lib_rpath}" BUILD_WITH_INSTALL_RPATH ON)
 set_target_properties(ompk-info ompk-bench PROPERTIES INSTALL_RPATH "${_ompk_rpath}")
 # DT_RUNPATH (not DT_RPATH), so LD_LIBRARY_PATH can still override a library when wanted.
 target_link_options(ompk PRIVATE "LINKER:--enable-new-dtags")
