@@ -2,7 +2,9 @@
 # The test command (README): set up, build and run every suite in three configurations:
 #   default (clang-19 with GPU images; on a machine without a GPU the same kernels run on the host),
 #   host-gcc (GCC 12, host only) and asan (clang-19 host only, AddressSanitizer + UBSan).
-# OMPK_TEST_PRESETS overrides the list. Then the fuzz harnesses for a few seconds each
+# OMPK_TEST_PRESETS overrides the list. Each preset with the install test (ctest -L install:
+# tests/install/run.sh) runs it as one more test; the default build's examples (ctest -L example)
+# run after the presets. Then the fuzz harnesses for a few seconds each
 # (ci/fuzz.sh; OMPK_FUZZ_IN_CI=0 skips them). Prints "tests: N passed, N failed, N skipped" last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
