@@ -1,5 +1,6 @@
 /* ompk-bench: runs the registered entries on the host and on each OpenMP device and writes JSON.
- *   ompk-bench [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--json FILE]
+ *   ompk-bench [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--json FILE] [--list]
+ *   (ompk-bench --help explains each flag)
  * Each pass first measures the copy bandwidth of its device (device-to-device copy on a GPU, a
  * parallel copy loop on the host), which every record is compared with. */
 #include <math.h>
@@ -18,6 +19,19 @@ static const ompk_bench_entry *entries[MAX_ENTRIES];
 static int nentries;
 static FILE *json;
 static int first_record = 1;
+
+/* what the closing summary counts */
+static int records_host, records_gpu, failed_entries;
+static double best_pct_bw[2] = {-1, -1}, best_tflops[2] = {-1, -1};
+static const char *best_bw_kernel[2], *best_tf_kernel[2];
+
+/* one column layout for the header and every record line */
+#define ROW_FMT "%-5s %-28s %-5s %-30s %-14s %10s %10s %9s %9s %9s\n"
+
+static void print_header(void) {
+    printf(ROW_FMT, "where", "kernel", "dtype", "shape", "variant", "median ms", "GB/s", "% copy",
+           "TFLOP/s", "% peak");
+}
 
 void ompk_bench_register(const ompk_bench_entry *e) {
     if (nentries < MAX_ENTRIES) entries[nentries++] = e;
@@ -81,11 +95,25 @@ void ompk_bench_emit(ompk_bench_ctx *ctx, const ompk_bench_record *r) {
     if (r->peak && strcmp(r->peak, "fp32") == 0) peak = ctx->peak_fp32_tflops;
     if (r->peak && strcmp(r->peak, "bf16") == 0) peak = ctx->peak_bf16_tflops;
     double pct_peak = peak > 0 && isfinite(tfs) ? 100.0 * tfs / peak : NAN;
-    printf("%-5s %-28s %-5s %-22s %-10s %9.4f ms  %8.1f GB/s (%5.1f%% of copy)", ctx->backend,
-           r->kernel, r->dtype, r->shape, r->variant ? r->variant : "-", r->ms, gbs, pct_bw);
-    if (isfinite(tfs)) printf("  %7.2f TFLOP/s", tfs);
-    if (isfinite(pct_peak)) printf(" (%4.1f%% of %s peak)", pct_peak, r->peak);
-    printf("\n");
+    char ms_s[32], gbs_s[32], bw_s[32], tfs_s[32], pk_s[32];
+    snprintf(ms_s, sizeof ms_s, "%.4f", r->ms);
+    snprintf(gbs_s, sizeof gbs_s, isfinite(gbs) ? "%.1f" : "-", gbs);
+    snprintf(bw_s, sizeof bw_s, isfinite(pct_bw) ? "%.1f" : "-", pct_bw);
+    snprintf(tfs_s, sizeof tfs_s, isfinite(tfs) ? "%.2f" : "-", tfs);
+    if (isfinite(pct_peak))
+        snprintf(pk_s, sizeof pk_s, "%.1f %s", pct_peak, r->peak);
+    else
+        snprintf(pk_s, sizeof pk_s, "-");
+    printf(ROW_FMT, ctx->backend, r->kernel, r->dtype, r->shape, r->variant ? r->variant : "-",
+           ms_s, gbs_s, bw_s, tfs_s, pk_s);
+    const int b = ctx->dev.type == OMPK_HOST ? 0 : 1;
+    if (b)
+        records_gpu++;
+    else
+        records_host++;
+    if (isfinite(pct_bw) && pct_bw > best_pct_bw[b])
+        best_pct_bw[b] = pct_bw, best_bw_kernel[b] = r->kernel;
+    if (isfinite(tfs) && tfs > best_tflops[b]) best_tflops[b] = tfs, best_tf_kernel[b] = r->kernel;
     if (!json) return;
     fputs(first_record ? "\n    {" : ",\n    {", json);
     first_record = 0;
@@ -188,14 +216,57 @@ static double env_double(const char *name, double dflt) {
 
 static void run_pass(ompk_bench_ctx *ctx) {
     ctx->copy_gbs = measure_copy(ctx);
-    printf("== %s pass: copy bandwidth %.1f GB/s (read+write), %d reps\n", ctx->backend,
-           ctx->copy_gbs, ctx->reps);
+    printf("== %s pass: copy bandwidth %.1f GB/s (read+write), %d reps (median reported)\n",
+           ctx->backend, ctx->copy_gbs, ctx->reps);
+    print_header();
     for (int i = 0; i < nentries; i++) {
         const ompk_bench_entry *e = entries[i];
         if (ctx->filter && !strstr(e->name, ctx->filter)) continue;
         if (ctx->dev.type == OMPK_HOST ? !e->host_ok : !e->gpu_ok) continue;
-        if (e->run(ctx) != 0) fprintf(stderr, "entry %s failed on %s\n", e->name, ctx->backend);
+        if (e->run(ctx) != 0) {
+            fprintf(stderr, "entry %s failed on %s\n", e->name, ctx->backend);
+            failed_entries++;
+        }
     }
+}
+
+static void usage(FILE *to, const char *argv0) {
+    fprintf(
+        to,
+        "usage: %s [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--json FILE] "
+        "[--list] [--help]\n"
+        "Times every benchmark entry on the host and on each OpenMP GPU device; each pass\n"
+        "first measures its device's copy bandwidth, which every record is compared with.\n"
+        "  --quick           small shapes and 2 warm-up + 7 timed calls (CI-sized); default\n"
+        "                    is the full shapes with 5 warm-up + 20 timed calls\n"
+        "  --backend B       host, gpu or all (default all); gpu with no device exits 1\n"
+        "  --filter S        only entries whose name contains S (see --list)\n"
+        "  --reps N          timed calls per record (the median is reported)\n"
+        "  --json FILE       also write every record to FILE (bench/report.py merges it with\n"
+        "                    the PyTorch peers of bench/peers/ and prints the peer ratios)\n"
+        "  --list            print the entry names and exit\n"
+        "  --help            this text\n"
+        "Environment: OMPK_HOST_PEAK_FP32_TFLOPS, OMPK_HOST_PEAK_BF16_TFLOPS (host peaks for\n"
+        "the %% of peak column, unset = not shown), OMPK_GPU_PEAK_FP32_TFLOPS,\n"
+        "OMPK_GPU_PEAK_BF16_TFLOPS (default 67 and 989, H100/H200 SXM), OMPK_GPU_NAME (JSON).\n",
+        argv0);
+}
+
+static void print_summary(double seconds) {
+    printf("== summary: %d host and %d gpu records in %.1f s", records_host, records_gpu, seconds);
+    if (failed_entries)
+        printf(", %d entr%s FAILED (see above)", failed_entries, failed_entries == 1 ? "y" : "ies");
+    printf("\n");
+    const char *names[2] = {"host", "gpu"};
+    for (int b = 0; b < 2; b++) {
+        if (best_pct_bw[b] >= 0)
+            printf("   %-4s best %% of copy bandwidth: %.1f (%s)\n", names[b], best_pct_bw[b],
+                   best_bw_kernel[b]);
+        if (best_tflops[b] >= 0)
+            printf("   %-4s best TFLOP/s: %.2f (%s)\n", names[b], best_tflops[b],
+                   best_tf_kernel[b]);
+    }
+    printf("   peer ratios: bench/report.py BENCH.json PEER.json... (bench/peers/*_peer.py)\n");
 }
 
 int main(int argc, char **argv) {
@@ -215,11 +286,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--list")) {
             for (int k = 0; k < nentries; k++) printf("%s\n", entries[k]->name);
             return 0;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout, argv[0]);
+            return 0;
         } else {
-            fprintf(stderr,
-                    "usage: %s [--quick] [--backend host|gpu|all] [--filter S] [--reps N] "
-                    "[--json FILE] [--list]\n",
-                    argv[0]);
+            usage(stderr, argv[0]);
             return 2;
         }
     }
@@ -263,6 +334,10 @@ int main(int argc, char **argv) {
     ctx.warmup = quick ? 2 : 5;
     ctx.reps = reps > 0 ? reps : (quick ? 7 : 20);
     int rc = 0;
+    const double t_start = omp_get_wtime();
+    printf("ompk-bench: ompk %s (%s), offload images: %s, %d OpenMP device(s), %d host threads%s\n",
+           ompk_version(), ompk_compiler(), ompk_offload_archs()[0] ? ompk_offload_archs() : "none",
+           ompk_device_count(), omp_get_max_threads(), quick ? ", --quick" : "");
     if (!strcmp(backend, "host") || !strcmp(backend, "all")) {
         ctx.dev = ompk_device_host();
         ctx.backend = "host";
@@ -288,5 +363,6 @@ int main(int argc, char **argv) {
         fputs("\n  ]\n}\n", json);
         fclose(json);
     }
+    print_summary(omp_get_wtime() - t_start);
     return rc;
 }

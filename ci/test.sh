@@ -2,8 +2,10 @@
 # The test command (README): set up, build and run every suite in three configurations:
 #   default (clang-19 with GPU images; on a machine without a GPU the same kernels run on the host),
 #   host-gcc (GCC 12, host only) and asan (clang-19 host only, AddressSanitizer + UBSan).
-# OMPK_TEST_PRESETS overrides the list. Then the Python package's tests (ci/python.sh;
-# OMPK_PYTHON_IN_CI=0 skips them) and the fuzz harnesses for a few seconds each
+# OMPK_TEST_PRESETS overrides the list. Each preset with the install test (ctest -L install:
+# tests/install/run.sh) runs it as one more test; the default build's examples (ctest -L example)
+# run after the presets. Then the Python package's tests (ci/python.sh; OMPK_PYTHON_IN_CI=0 skips
+# them) and the fuzz harnesses for a few seconds each
 # (ci/fuzz.sh; OMPK_FUZZ_IN_CI=0 skips them). Prints "tests: N passed, N failed, N skipped" last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +25,7 @@ for p in $presets; do
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
     export LSAN_OPTIONS=suppressions=$PWD/ci/lsan.supp:print_suppressions=0
     log=$(mktemp)
-    ./ci/run-tests.sh "$dir" "$p" >"$log" 2>&1
-    cat "$log"
+    ./ci/run-tests.sh "$dir" "$p" 2>&1 | tee "$log"
     out=$(tail -1 "$log")
     rm -f "$log"
     read -r pp ff ss <<<"$(sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3/' <<<"$out")"
@@ -32,6 +33,15 @@ for p in $presets; do
         total_p=$((total_p + pp)) total_f=$((total_f + ff)) total_s=$((total_s + ss))
     else
         broken=1
+    fi
+    # install into a temporary prefix and build a consumer three ways (tests/install/run.sh)
+    if ctest --test-dir "$dir" -N -L install | grep -q 'install_consumer'; then
+        echo "=== install test: $p"
+        if ctest --test-dir "$dir" -L install --output-on-failure; then
+            total_p=$((total_p + 1))
+        else
+            total_f=$((total_f + 1))
+        fi
     fi
 done
 # the examples are ctest tests of the default build

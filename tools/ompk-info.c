@@ -2,6 +2,7 @@
  *   ompk-info [--require-gpu] [--require-amx]
  * Exit status 1 when a requested capability is missing, or when any OpenMP device exists but the
  * offload image does not run on it (a silent host fallback is an error, not success). */
+#include <dlfcn.h>
 #include <hwloc.h>
 #include <omp.h>
 #include <stdio.h>
@@ -12,6 +13,25 @@
 #include "ompk/ompk.h"
 #include "gpu_wait.h"
 #include "probe.h"
+
+/* Why a GPU build sees no device: LLVM's offload runtime loads the CUDA driver itself and
+ * reports zero devices, without a word, when it cannot. */
+static void explain_no_device(const char *archs) {
+    if (!archs[0]) {
+        printf("note:      this libompk has no GPU images (host-only build); build the default "
+               "preset with a CUDA toolkit in /usr/local/cuda for GPU support\n");
+        return;
+    }
+    void *cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!cuda)
+        printf("note:      the NVIDIA driver (libcuda.so.1) cannot be loaded: no GPU runs here\n");
+    else {
+        printf("note:      the NVIDIA driver loads but the offload runtime found no device with a "
+               "usable image (%s); LIBOMPTARGET_INFO=-1 shows why\n",
+               archs);
+        dlclose(cuda);
+    }
+}
 
 static void print_topology(void) {
     hwloc_topology_t topo;
@@ -71,6 +91,7 @@ int main(int argc, char **argv) {
         ompk_gpu_wait_prepare(d);
         printf("           device %d waits by: %s (OMPK_GPU_WAIT)\n", d, ompk_gpu_wait_mode(d));
     }
+    if (ndev == 0) explain_no_device(archs);
     if (need_gpu && ndev == 0) {
         printf("ERROR: --require-gpu but no OpenMP device is visible\n");
         rc = 1;

@@ -25,7 +25,12 @@ if [ -d "$build/examples" ]; then
     find "$build/examples" -maxdepth 1 -type f -executable -exec cp {} "$out/bin/" \;
 fi
 # a gpu-static build (the compute-sanitizer bundle) has no libompk.so: its images are in each binary
-[ -f "$build/libompk.so" ] && cp -L "$build/libompk.so" "$out/lib/"
+# the binaries name libompk by its SONAME (libompk.so.<major.minor>)
+if [ -f "$build/libompk.so" ]; then
+    soname=$(readelf -d "$build/libompk.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+    cp -L "$build/libompk.so" "$out/lib/${soname:-libompk.so}"
+    if [ -n "$soname" ]; then ln -sf "$soname" "$out/lib/libompk.so"; fi
+fi
 cp "$here/run.sh" "$out/run.sh"
 rm -rf "$out/fixtures" && cp -r "$repo/tests/fixtures" "$out/fixtures"
 echo "$repo/tests/fixtures" >"$out/fixture_dir"
