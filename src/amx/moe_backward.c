@@ -13,8 +13,8 @@
  *     a NUMA partition (partitions are 64-aligned), so chunk order is partition order.
  *  3. per route: B_g^T dg, B_u^T du over all of I in ascending order; bf16: then the base dx
  *     rows into dxr.
- *  4. per (expert, 64-column chunk of H): per-route dx (base over all of I ascending, then the
- *     LoRA terms), dA_gate, dA_up columns, dB_down rows.
+ *  4. per (expert, 64-column chunk of H): per-route dx (int formats: base over all of I
+ *     ascending; then the LoRA terms), dA_gate, dA_up columns, dB_down rows.
  *  5. per token: dx = sum over its slots in slot order, rounded once; dw = chunk partials in
  *     chunk order + s <B_d^T dy, A_d a~>.
  * Every output element is produced by one thread in a fixed order: results are bit-identical
@@ -267,7 +267,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
         for (int64_t task = 0; task < E * nhc; task++) {
             const int64_t e = task / nhc, h0 = (task % nhc) * 64;
             const int64_t hw = H - h0 < 64 ? H - h0 : 64;
-            if (offs[e + 1] == offs[e]) continue;
+            if (offs[e + 1] == offs[e] || (tiles && !r)) continue;
             float *wg = tb, *wu = tb + 64 * I, *xv = wu + 64 * I;
             if (!tiles) deq_chunk_h(m, e, h0, (int)hw, wg, wu);
             if (!acc) {
