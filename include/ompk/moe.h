@@ -249,9 +249,10 @@ typedef struct ompk_moe_grads {
  * transposed packed copies of the weights, built once at the first backward after a load
  * (time: one pass over the weights; memory: backward_weight_bytes, the size of the base).
  * Repacking them at every backward would move about as many bytes as the GEMMs stream. Their
- * activation operands dy, dg and du are rounded to bf16 (fp32 sums), like x and a in the forward
- * (subnormals read as zero on AMX / AVX-512 BF16). The int formats keep fp32 products on their
- * dequantized weights (code * scale is not exact in bf16). */
+ * activation operands dy, dg and du enter as bf16 pairs hi = bf16(v), lo = bf16(v - hi), two tile
+ * products summed in fp32 (about 16 mantissa bits per operand: fp32-level gradients for twice
+ * the tile work; parts below 2^-126 read as zero on AMX / AVX-512 BF16). The int formats keep
+ * fp32 products on their dequantized weights (code * scale is not exact in bf16). */
 ompk_status ompk_moe_backward(ompk_moe *moe, const ompk_tensor *dy, const ompk_moe_grads *grads);
 
 #ifdef __cplusplus
