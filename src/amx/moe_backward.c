@@ -1,19 +1,19 @@
-/* The MoE backward engine (KERNELS.md section 3) on one saved entry. bf16 base: the data-gradient
- * GEMMs (down^T dy, gate^T dg + up^T du) run on the tile kernels against transposed packed copies
- * (moe_wt.c, moe_bwd_gemm.c). Int formats: each work item dequantizes its weight block from the
- * packed tiles (moe_get_deq_tile) into a thread-local fp32 block serving W and W^T products alike
- * (code * scale is not exact in bf16, so no bf16 transposed copy reproduces those weights).
+/* The MoE backward engine (KERNELS.md section 3) on one saved entry. bf16 and int8 bases: the
+ * data-gradient GEMMs (down^T dy, gate^T dg + up^T du) run on the tile kernels against transposed
+ * packed copies (moe_wt.c, moe_bwd_gemm.c). int4: each work item dequantizes its weight block from
+ * the packed tiles (moe_get_deq_tile) into a thread-local fp32 block serving W and W^T products
+ * alike (group scales vary along both dimensions, so no scale folding reproduces them).
  *
  * Phases (one parallel region, barriers between):
- *  1. per route: a~ recomputed from the saved g, u (the forward's function), B_d^T dy_t; bf16:
+ *  1. per route: a~ recomputed from the saved g, u (the forward's function), B_d^T dy_t; tiles:
  *     then down^T dy for every route into dG.
  *  2. per (expert, 64-column chunk c of I): down^T dy, da (LoRA included), dg, du; the chunk's
  *     partial of dw; the I-dimension gradients of the chunk (dB_gate, dB_up rows, dA_down and
  *     dW_down columns, dW_gate, dW_up rows), written by their chunk only. Chunks never straddle
  *     a NUMA partition (partitions are 64-aligned), so chunk order is partition order.
- *  3. per route: B_g^T dg, B_u^T du over all of I in ascending order; bf16: then the base dx
+ *  3. per route: B_g^T dg, B_u^T du over all of I in ascending order; tiles: then the base dx
  *     rows into dxr.
- *  4. per (expert, 64-column chunk of H): per-route dx (int formats: base over all of I
+ *  4. per (expert, 64-column chunk of H): per-route dx (int4: base over all of I
  *     ascending; then the LoRA terms), dA_gate, dA_up columns, dB_down rows.
  *  5. per token: dx = sum over its slots in slot order, rounded once; dw = chunk partials in
  *     chunk order + s <B_d^T dy, A_d a~>.
@@ -97,8 +97,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     for (int64_t t = 0; t < T; t++)
         for (int j = 0; j < k; j++)
             if (en->ids[t * k + j] >= 0) rroute[cur[en->ids[t * k + j]]++] = (int32_t)(t * k + j);
-    /* bf16 base: the data-gradient GEMMs run on the tile kernels against transposed copies */
-    const int tiles = m->fmt == OMPK_MOE_BF16;
+    /* bf16, int8 base: the data-gradient GEMMs run on the tile kernels against transposed
+     * copies */
+    const int tiles = m->fmt == OMPK_MOE_BF16 || m->fmt == OMPK_MOE_INT8;
     if (tiles) {
         const ompk_status st = moe_wt_build(m);
         if (st != OMPK_OK) return st;

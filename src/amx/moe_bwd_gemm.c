@@ -1,4 +1,4 @@
-/* The backward's data-gradient GEMMs on the forward's tile kernels (bf16 base), against the
+/* The backward's data-gradient GEMMs on the forward's tile kernels (bf16, int8 base), against the
  * transposed copies of moe_wt.c. Work item: (expert, chunk of MOE_NSTEPS 32-column n-steps);
  * the chunk's weights (at most 128 columns x K bf16) stay in L2 while the expert's routes pass
  * in blocks of 32 rows, each gathered and rounded to bf16 (the operand the tile instructions
@@ -20,8 +20,8 @@ typedef struct gemm {
 
 /* row r of the A blocks from route `route` (dh: dy of its token, dx: [dg | du]), split into
  * bf16 hi = bf16(v) and lo = bf16(v - hi) */
-typedef void (*gather_fn)(const ompk_moe *m, const void *ctx, int64_t route, uint16_t *hi,
-                          uint16_t *lo);
+typedef void (*gather_fn)(const ompk_moe *m, const void *ctx, int64_t e, int64_t route,
+                          uint16_t *hi, uint16_t *lo);
 
 static void split(float v, uint16_t *hi, uint16_t *lo) {
     *hi = ompk_f32_to_bf16(v);
@@ -36,19 +36,22 @@ typedef struct dx_ctx {
     const float *dg, *du;
 } dx_ctx;
 
-static void gather_dh(const ompk_moe *m, const void *ctx, int64_t route, uint16_t *hi,
+/* int8: the weight row scales (per k here) multiply the activations */
+static void gather_dh(const ompk_moe *m, const void *ctx, int64_t e, int64_t route, uint16_t *hi,
                       uint16_t *lo) {
     const float *y = ((const dh_ctx *)ctx)->dy + (route / m->k) * m->H;
-    for (int64_t h = 0; h < m->H; h++) split(y[h], hi + h, lo + h);
+    const float *sc = m->wt_scale ? m->wt_scale + e * (m->H + 2 * m->I) : NULL;
+    for (int64_t h = 0; h < m->H; h++) split(sc ? y[h] * sc[h] : y[h], hi + h, lo + h);
 }
 
-static void gather_dx(const ompk_moe *m, const void *ctx, int64_t route, uint16_t *hi,
+static void gather_dx(const ompk_moe *m, const void *ctx, int64_t e, int64_t route, uint16_t *hi,
                       uint16_t *lo) {
     const dx_ctx *c = ctx;
     const float *g = c->dg + route * m->I, *u = c->du + route * m->I;
+    const float *sg = m->wt_scale ? m->wt_scale + e * (m->H + 2 * m->I) + m->H : NULL;
     for (int64_t i = 0; i < m->I; i++) {
-        split(g[i], hi + i, lo + i);
-        split(u[i], hi + m->wt_ip + i, lo + m->wt_ip + i);
+        split(sg ? g[i] * sg[i] : g[i], hi + i, lo + i);
+        split(sg ? u[i] * sg[m->I + i] : u[i], hi + m->wt_ip + i, lo + m->wt_ip + i);
     }
 }
 
@@ -77,7 +80,7 @@ static void run(const ompk_moe *m, const gemm *G, const int64_t *offs, const int
             memset(A, 0, (size_t)rows * (size_t)K * 2);
             memset(A2, 0, (size_t)rows * (size_t)K * 2);
             for (int r = 0; r < mr; r++)
-                gat(m, ctx, rroute[offs[e] + r0 + r], A + r * K, A2 + r * K);
+                gat(m, ctx, e, rroute[offs[e] + r0 + r], A + r * K, A2 + r * K);
             for (int pass = 0; pass < 2; pass++)
                 for (int j = 0; j < ns; j += blk ? ns : 1) {
                     moe_kargs ka;

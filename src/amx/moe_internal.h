@@ -225,6 +225,7 @@ struct ompk_moe {
     int wt_dn_kt, wt_dn_nb; /* down^T [I,H]: k-tiles along H, 16-row blocks along I */
     int wt_gu_kt, wt_gu_nb; /* [gate^T; up^T] [H, 2 wt_ip]: k-tiles, 16-row blocks along H */
     size_t wt_dn_bytes, wt_gu_bytes; /* per expert */
+    float *wt_scale; /* INT8: [E][H + 2I] row scales of down, gate, up (folded into A) */
 };
 
 /* moe_pack.c */
@@ -241,6 +242,10 @@ float moe_get_deq(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k)
  * columns k0..k0+kc-1 (k0 a multiple of the k-tile, kc <= it) into out[nn*ldo + kk]. */
 void moe_get_deq_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64_t k0, int nr,
                       int kc, float *out, int64_t ldo);
+
+/* INT8: the codes of the same block (as floats) and the scales of its rows, scale[0..nr) */
+void moe_get_code_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64_t k0, int nr,
+                       int kc, float *out, int64_t ldo, float *scale);
 
 /* moe_forward.c */
 ompk_status moe_arena_create(ompk_moe *m);
