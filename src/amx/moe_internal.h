@@ -291,15 +291,15 @@ void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_
 void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy,
                          const ompk_moe_grads *gr, const void *dx, const float *dw);
 
-/* moe_wt.c: the transposed copies (bf16 and int8 bases), built at the first backward after a load
- */
+/* moe_wt.c: the transposed copies (bf16, int8 bases), built at the first backward after a load */
 void moe_wt_layout(ompk_moe *m);
 ompk_status moe_wt_build(ompk_moe *m);
 void moe_wt_free(ompk_moe *m);
-/* Backward GEMMs on the tile kernels (bf16 and int8 bases), orphaned worksharing: called by every
- * thread of the backward's parallel region, tb the thread's scratch (moe_wt_scratch_floats). dh:
- * q[route][0..I) = bf16(dy_t) down[e] (before the routing weight). dx: o[route][0..H) = bf16(dg)
- * gate[e] + bf16(du) up[e] (one GEMM over K = [gate; up]). */
+/* moe_bwd_gemm.c: backward GEMMs on the tile kernels (bf16, int8 bases), orphaned worksharing:
+ * called by every thread of the backward's parallel region, tb the thread's scratch
+ * (moe_wt_scratch_floats floats). Activations enter as bf16 hi + lo pairs.
+ * dh: q[route][0..I) = dy_t down[e] (before the routing weight).
+ * dx: o[route][0..H) = dg gate[e] + du up[e] (one GEMM over K = [gate; up]). */
 size_t moe_wt_scratch_floats(const ompk_moe *m);
 void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, const int64_t *offs, const int32_t *rroute,
                      float *q, float *tb);
