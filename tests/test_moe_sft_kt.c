@@ -315,3 +315,27 @@ Test(moe_sft_kt, gradients_independent_of_split) {
     }
     for (int i = 0; i < 3; i++) sft_out_free(&o[i]);
 }
+
+/* the bf16 backward's transposed weight copies are rebuilt after a load: a step after replacing
+ * the weights (negated) matches the reference of the new weights, not the old copy */
+Test(moe_sft_kt, transposed_copy_follows_reload) {
+    sft_shape s = shape(OMPK_MOE_BF16, OMPK_MOE_ISA_AMX_EMULATED, 8);
+    sft_layer L;
+    cr_assert(sft_new(&L, s));
+    sft_batch b = sft_batch_new(&L.sh, s.T, 11);
+    check_step("before reload", &L, &b);
+    ompk_moe_info info;
+    ompk_moe_get_info(L.moe, &info);
+    cr_expect_gt(info.backward_weight_bytes, 0);
+    int64_t s1[3] = {s.E, s.I, s.H}, s2[3] = {s.E, s.H, s.I};
+    ompk_tensor t[3];
+    for (int p = 0; p < 3; p++) {
+        for (int64_t i = 0; i < s.E * s.H * s.I; i++) L.W[p][i] = -L.W[p][i];
+        t[p] = ompk_tensor_make(L.W[p], OMPK_F32, 3, p < 2 ? s1 : s2, ompk_device_host());
+    }
+    cr_assert_eq(ompk_moe_load_weights(L.moe, &t[0], &t[1], &t[2]), OMPK_OK, "%s",
+                 ompk_last_error());
+    check_step("after reload", &L, &b);
+    sft_batch_free(&b);
+    sft_free(&L);
+}

@@ -134,6 +134,11 @@ typedef struct ompk_moe_info {
     size_t cache_bytes;           /* forward-cache arena (all cache_depth entries) */
     size_t cache_bytes_per_token; /* of one saved token at top_k routes and lora_max_rank */
     int cache_entries;            /* entries on the stack now */
+    /* bf16 and int8 bases: transposed packed copies of the weights for the backward
+     * (E * 3*H*I bf16 at tile padding: the size of a bf16 base, twice an int8 one, plus the int8
+     * row scales), allocated at the first backward and kept until destroy; 0 before it and for
+     * the int4 formats */
+    size_t backward_weight_bytes;
 } ompk_moe_info;
 
 /* Name of an ISA ("amx", "avx512bf16", "portable", "amx-emulated", "auto"). */
@@ -239,7 +244,18 @@ typedef struct ompk_moe_grads {
 /* dy [T,H] (T of the top entry), f32 or bf16, on the device of the saved forward's x. Pops the
  * top entry. OMPK_ERR_CACHE_EMPTY with nothing saved; every other error leaves the stack and
  * all outputs untouched. The gradients are those of the forward that ran: the dequantized
- * weights it used, the operand roundings of x and a (bf16 or int8) counted as identity. */
+ * weights it used, the operand roundings of x and a (bf16 or int8) counted as identity.
+ * bf16 and int8 bases: the data-gradient products down^T dy and gate^T dg + up^T du run on the
+ * forward's tile kernels (AMX, AVX-512 BF16, portable, per expert from its routed row count)
+ * against transposed packed copies of the weights, built once at the first backward after a load
+ * (time: one pass over the weights; memory: backward_weight_bytes, the size of the base).
+ * Repacking them at every backward would move about as many bytes as the GEMMs stream. Their
+ * activation operands dy, dg and du enter as bf16 pairs hi = bf16(v), lo = bf16(v - hi), two tile
+ * products summed in fp32 (about 16 mantissa bits per operand: fp32-level gradients for twice
+ * the tile work; parts below 2^-126 read as zero on AMX / AVX-512 BF16). int8: the copies hold
+ * the codes (exact in bf16) and each weight row's scale multiplies the activation it meets
+ * (code * scale itself is not exact in bf16). The int4 formats keep fp32 products on their
+ * dequantized weights (their group scales vary along both dimensions of the products). */
 ompk_status ompk_moe_backward(ompk_moe *moe, const ompk_tensor *dy, const ompk_moe_grads *grads);
 
 #ifdef __cplusplus

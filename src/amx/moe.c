@@ -231,6 +231,7 @@ ompk_status ompk_moe_get_info(const ompk_moe *m, ompk_moe_info *info) {
     info->cache_bytes = m->cache_bytes;
     info->cache_bytes_per_token = m->cache_tok_bytes;
     info->cache_entries = m->ncache;
+    info->backward_weight_bytes = m->wt_bytes;
     return OMPK_OK;
 }
 
@@ -255,6 +256,7 @@ static ompk_status check_no_entries(const ompk_moe *m, const char *fn) {
 static void clear_weights(ompk_moe *m) {
     for (int p = 0; p < m->P; p++) memset(m->part[p].mem, 0, m->part[p].mem_bytes);
     m->loaded = 0;
+    m->wt_ready = 0;
 }
 
 static int64_t mat_n(const ompk_moe *m, int which) {

@@ -1,18 +1,20 @@
-/* The MoE backward engine (KERNELS.md section 3) on one saved entry, fp32 on the dequantized
- * weights the forward's kernels used. Each work item dequantizes its weight block from the
- * packed tiles (moe_get_deq_tile) into a thread-local fp32 block, which serves W and W^T
- * products alike: no transposed packed copy is kept (no memory at load; the dequantization is
- * a small share of the backward's time on the vector paths).
+/* The MoE backward engine (KERNELS.md section 3) on one saved entry. bf16 and int8 bases: the
+ * data-gradient GEMMs (down^T dy, gate^T dg + up^T du) run on the tile kernels against transposed
+ * packed copies (moe_wt.c, moe_bwd_gemm.c). int4: each work item dequantizes its weight block from
+ * the packed tiles (moe_get_deq_tile) into a thread-local fp32 block serving W and W^T products
+ * alike (group scales vary along both dimensions, so no scale folding reproduces them).
  *
  * Phases (one parallel region, barriers between):
- *  1. per route: a~ recomputed from the saved g, u (the forward's function), B_d^T dy_t.
+ *  1. per route: a~ recomputed from the saved g, u (the forward's function), B_d^T dy_t; tiles:
+ *     then down^T dy for every route into dG.
  *  2. per (expert, 64-column chunk c of I): down^T dy, da (LoRA included), dg, du; the chunk's
  *     partial of dw; the I-dimension gradients of the chunk (dB_gate, dB_up rows, dA_down and
  *     dW_down columns, dW_gate, dW_up rows), written by their chunk only. Chunks never straddle
  *     a NUMA partition (partitions are 64-aligned), so chunk order is partition order.
- *  3. per route: B_g^T dg, B_u^T du over all of I in ascending order.
- *  4. per (expert, 64-column chunk of H): per-route dx (base over all of I ascending, then the
- *     LoRA terms), dA_gate, dA_up columns, dB_down rows.
+ *  3. per route: B_g^T dg, B_u^T du over all of I in ascending order; tiles: then the base dx
+ *     rows into dxr.
+ *  4. per (expert, 64-column chunk of H): per-route dx (int4: base over all of I
+ *     ascending; then the LoRA terms), dA_gate, dA_up columns, dB_down rows.
  *  5. per token: dx = sum over its slots in slot order, rounded once; dw = chunk partials in
  *     chunk order + s <B_d^T dy, A_d a~>.
  * Every output element is produced by one thread in a fixed order: results are bit-identical
@@ -34,23 +36,15 @@ static float x_at(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h) 
     return (float)((const int8_t *)en->xq)[t * m->H + h] * en->xs[t];
 }
 
-/* Dequantized blocks of one work item, tile by tile: wd[h][ii] = down[e][h][i0+ii],
- * wg/wu[ii][h] = gate/up[e][i0+ii][h] for the 64-column chunk i0 of I */
-static void deq_chunk_i(const ompk_moe *m, int64_t e, int64_t i0, int cw, float *wd, float *wg,
-                        float *wu) {
+/* Dequantized down block of one work item, tile by tile: wd[h][ii] = down[e][h][i0+ii] for the
+ * 64-column chunk i0 of I */
+static void deq_chunk_i(const ompk_moe *m, int64_t e, int64_t i0, int cw, float *wd) {
     const int64_t H = m->H, kte = m->kte;
     for (int64_t n0 = 0; n0 < H; n0 += 16)
         for (int64_t k0 = i0; k0 < i0 + cw; k0 += kte)
             moe_get_deq_tile(m, 2, e, n0, k0, (int)(H - n0 < 16 ? H - n0 : 16),
                              (int)(i0 + cw - k0 < kte ? i0 + cw - k0 : kte),
                              wd + n0 * 64 + (k0 - i0), 64);
-    for (int64_t n0 = i0; n0 < i0 + cw; n0 += 16)
-        for (int64_t k0 = 0; k0 < H; k0 += kte) {
-            const int nr = (int)(i0 + cw - n0 < 16 ? i0 + cw - n0 : 16),
-                      kc = (int)(H - k0 < kte ? H - k0 : kte);
-            moe_get_deq_tile(m, 0, e, n0, k0, nr, kc, wg + (n0 - i0) * H + k0, H);
-            moe_get_deq_tile(m, 1, e, n0, k0, nr, kc, wu + (n0 - i0) * H + k0, H);
-        }
 }
 
 /* wg/wu[i][hh] = gate/up[e][i][h0+hh] for the 64-column chunk h0 of H, all of I */
@@ -103,6 +97,13 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     for (int64_t t = 0; t < T; t++)
         for (int j = 0; j < k; j++)
             if (en->ids[t * k + j] >= 0) rroute[cur[en->ids[t * k + j]]++] = (int32_t)(t * k + j);
+    /* bf16, int8 base: the data-gradient GEMMs run on the tile kernels against transposed
+     * copies */
+    const int tiles = m->fmt == OMPK_MOE_BF16 || m->fmt == OMPK_MOE_INT8;
+    if (tiles) {
+        const ompk_status st = moe_wt_build(m);
+        if (st != OMPK_OK) return st;
+    }
     if (r) moe_lora_stage(m, offs);
     const float *la[3] = {NULL, NULL, NULL}, *lb[3] = {NULL, NULL, NULL};
     for (int p = 0; p < 3 && r; p++) {
@@ -134,17 +135,21 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             float sc;
             moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I, (uint8_t *)tb,
                           &sc);
-            for (int q = 0; q < r; q++) {
+            if (r) {
+                /* h outer, rank inner: each sum still runs over h in ascending order */
                 const float *B = lb[2] + e * H * r;
-                float a = 0.0f;
-                for (int64_t h = 0; h < H; h++) a += B[h * r + q] * dy[t * H + h];
-                bv[(route * 3 + 2) * rm + q] = a;
+                float *o = bv + (route * 3 + 2) * rm;
+                for (int q = 0; q < r; q++) o[q] = 0.0f;
+                for (int64_t h = 0; h < H; h++)
+                    for (int q = 0; q < r; q++) o[q] += B[h * r + q] * dy[t * H + h];
             }
             /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
              * phase 4 reuse the buffer) */
             if (dW[0] || dW[1])
                 for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
         }
+        /* down^T dy per route into dG (phase 2 reads it before writing dg there) */
+        if (tiles) moe_bwd_gemm_dh(m, dy, offs, rroute, dG, tb);
         /* 2: per (expert, chunk of I) */
 #pragma omp master
         tm[1] = omp_get_wtime();
@@ -153,9 +158,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             const int64_t e = task / nch, c = task % nch, i0 = c * 64;
             const int64_t cw = I - i0 < 64 ? I - i0 : 64;
             if (offs[e + 1] == offs[e]) continue;
-            float *wd = tb, *wg = tb + 64 * H, *wu = wg + 64 * H, *q = wu + 64 * H;
-            float *tq = q + 64;
-            deq_chunk_i(m, e, i0, (int)cw, wd, wg, wu);
+            float *wd = tb, *q = tb + 64 * H, *tq = q + 64;
+            if (!tiles) deq_chunk_i(m, e, i0, (int)cw, wd);
             if (!acc) {
                 for (int p = 0; p < 3; p++) {
                     if (p < 2 && dB[p]) memset(dB[p] + (e * I + i0) * r, 0, (size_t)(cw * r) * 4);
@@ -171,9 +175,13 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 const float wt = en->w[route], *dyt = dy + t * H, *ar = at + route * I + i0;
                 const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
                 const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
-                for (int64_t ii = 0; ii < 64; ii++) q[ii] = 0.0f;
-                for (int64_t h = 0; h < H; h++)
-                    for (int64_t ii = 0; ii < cw; ii++) q[ii] += wd[h * 64 + ii] * dyt[h];
+                if (tiles) {
+                    memcpy(q, dG + route * I + i0, (size_t)cw * 4);
+                } else {
+                    for (int64_t ii = 0; ii < 64; ii++) q[ii] = 0.0f;
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t ii = 0; ii < cw; ii++) q[ii] += wd[h * 64 + ii] * dyt[h];
+                }
                 float d = 0.0f;
                 for (int64_t ii = 0; ii < cw; ii++) d += q[ii] * ar[ii];
                 dwp[route * nch + c] = d;
@@ -184,8 +192,11 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         for (int64_t ii = 0; ii < cw; ii++) tq[ii] += A[qq * I + i0 + ii] * bq[qq];
                 }
                 float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
+                float *km = tq + 64; /* the dropout mask of the chunk, once per route */
+                for (int64_t ii = 0; ii < cw && r; ii++)
+                    km[ii] = ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop);
                 for (int64_t ii = 0; ii < cw; ii++) {
-                    const float keep = r ? ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop) : 0.0f;
+                    const float keep = r ? km[ii] : 0.0f;
                     const float da = wt * (q[ii] + s * keep * tq[ii]);
                     const float sg = 1.0f / (1.0f + expf(-g[ii]));
                     dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
@@ -203,8 +214,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                     for (int qq = 0; qq < r; qq++) {
                         float *o = dA[2] + (e * r + qq) * I + i0;
                         const float b = s * wt * bq[qq];
-                        for (int64_t ii = 0; ii < cw; ii++)
-                            o[ii] += b * (ar[ii] * ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop));
+                        for (int64_t ii = 0; ii < cw; ii++) o[ii] += b * (ar[ii] * km[ii]);
                     }
             }
             /* full-weight gradients as GEMMs with the routes as K: an output block stays in
@@ -249,6 +259,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                     for (int qq = 0; qq < r; qq++) o[qq] += B[i * r + qq] * dv[i];
             }
         }
+        /* base part of the per-route dx rows (phase 2 is done with x in dxr) */
+        if (tiles) moe_bwd_gemm_dx(m, offs, rroute, dG, dU, dxr, tb);
         /* 4: per (expert, chunk of H) */
 #pragma omp master
         tm[3] = omp_get_wtime();
@@ -256,9 +268,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
         for (int64_t task = 0; task < E * nhc; task++) {
             const int64_t e = task / nhc, h0 = (task % nhc) * 64;
             const int64_t hw = H - h0 < 64 ? H - h0 : 64;
-            if (offs[e + 1] == offs[e]) continue;
+            if (offs[e + 1] == offs[e] || (tiles && !r)) continue;
             float *wg = tb, *wu = tb + 64 * I, *xv = wu + 64 * I;
-            deq_chunk_h(m, e, h0, (int)hw, wg, wu);
+            if (!tiles) deq_chunk_h(m, e, h0, (int)hw, wg, wu);
             if (!acc) {
                 for (int p = 0; p < 2 && r; p++)
                     for (int qq = 0; qq < r && dA[p]; qq++)
@@ -269,21 +281,29 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 const int64_t route = rroute[rr], t = route / k;
                 const float *dgr = dG + route * I, *dur = dU + route * I;
                 float *o = dxr + route * H + h0;
-                for (int64_t hh = 0; hh < hw; hh++) xv[hh] = 0.0f;
-                for (int64_t i = 0; i < I; i++)
-                    for (int64_t hh = 0; hh < hw; hh++)
-                        xv[hh] += wg[i * 64 + hh] * dgr[i] + wu[i * 64 + hh] * dur[i];
+                if (tiles) {
+                    memcpy(xv, o, (size_t)hw * 4);
+                } else {
+                    for (int64_t hh = 0; hh < hw; hh++) xv[hh] = 0.0f;
+                    for (int64_t i = 0; i < I; i++)
+                        for (int64_t hh = 0; hh < hw; hh++)
+                            xv[hh] += wg[i * 64 + hh] * dgr[i] + wu[i * 64 + hh] * dur[i];
+                }
+                /* rank-outer loops over contiguous h: each element's sums keep their order */
+                float *av = xv + 64, *kp = av + 64, *xk = kp + 64;
                 for (int p = 0; p < 2 && r; p++) {
                     const float *A = la[p] + e * r * H, *b = bv + (route * 3 + p) * rm;
                     for (int64_t hh = 0; hh < hw; hh++) {
-                        float a = 0.0f;
-                        for (int qq = 0; qq < r; qq++) a += A[qq * H + h0 + hh] * b[qq];
-                        const float keep = ompk_moe_lora_keep(seed, p, t, h0 + hh, drop);
-                        xv[hh] += s * keep * a;
-                        if (dA[p])
-                            for (int qq = 0; qq < r; qq++)
-                                dA[p][(e * r + qq) * H + h0 + hh] +=
-                                    s * b[qq] * (x_at(m, en, t, h0 + hh) * keep);
+                        av[hh] = 0.0f;
+                        kp[hh] = ompk_moe_lora_keep(seed, p, t, h0 + hh, drop);
+                        xk[hh] = x_at(m, en, t, h0 + hh) * kp[hh];
+                    }
+                    for (int qq = 0; qq < r; qq++)
+                        for (int64_t hh = 0; hh < hw; hh++) av[hh] += A[qq * H + h0 + hh] * b[qq];
+                    for (int64_t hh = 0; hh < hw; hh++) xv[hh] += s * kp[hh] * av[hh];
+                    for (int qq = 0; qq < r && dA[p]; qq++) {
+                        float *d = dA[p] + (e * r + qq) * H + h0;
+                        for (int64_t hh = 0; hh < hw; hh++) d[hh] += s * b[qq] * xk[hh];
                     }
                 }
                 for (int64_t hh = 0; hh < hw; hh++) o[hh] = xv[hh];

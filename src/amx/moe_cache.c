@@ -22,6 +22,7 @@ void moe_train_free(ompk_moe *m) {
     free(m->cache);
     free(m->tr);
     m->cache = m->tr = NULL;
+    moe_wt_free(m);
 }
 
 ompk_status moe_train_create(ompk_moe *m) {
@@ -63,7 +64,10 @@ ompk_status moe_train_create(ompk_moe *m) {
     m->ncache = 0;
     /* training scratch */
     const size_t P = (size_t)m->P, Hn = (size_t)m->Hn, nch = (size_t)(m->Ipad / 64);
+    moe_wt_layout(m);
     m->tdeq_floats = (3 * 64 + 3) * (H > I ? H : I) + 256;
+    if (m->tdeq_floats < moe_wt_scratch_floats(m)) m->tdeq_floats = moe_wt_scratch_floats(m);
+    m->tdeq_floats = (m->tdeq_floats + 15) / 16 * 16; /* 64-byte aligned per thread */
     m->tr_len[TB_RROUTE] = R * 4;
     m->tr_len[TB_EOFFS] = (E + 1) * 8;
     m->tr_len[TB_ZP] = P * R * Hn * 4;

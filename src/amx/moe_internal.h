@@ -217,6 +217,15 @@ struct ompk_moe {
     int ncache;
     uint8_t *tr;
     size_t tr_off[TB_COUNT_], tr_len[TB_COUNT_], tr_bytes, tdeq_floats;
+    /* bf16 and int8 bases: transposed packed copies for the backward's dx GEMMs (moe_wt.c) */
+    uint8_t *wt;
+    size_t wt_bytes;
+    int wt_ready;
+    int64_t wt_ip;          /* I padded to 32 */
+    int wt_dn_kt, wt_dn_nb; /* down^T [I,H]: k-tiles along H, 16-row blocks along I */
+    int wt_gu_kt, wt_gu_nb; /* [gate^T; up^T] [H, 2 wt_ip]: k-tiles, 16-row blocks along H */
+    size_t wt_dn_bytes, wt_gu_bytes; /* per expert */
+    float *wt_scale; /* INT8: [E][H + 2I] row scales of down, gate, up (folded into A) */
 };
 
 /* moe_pack.c */
@@ -233,6 +242,10 @@ float moe_get_deq(const ompk_moe *m, int which, int64_t e, int64_t n, int64_t k)
  * columns k0..k0+kc-1 (k0 a multiple of the k-tile, kc <= it) into out[nn*ldo + kk]. */
 void moe_get_deq_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64_t k0, int nr,
                       int kc, float *out, int64_t ldo);
+
+/* INT8: the codes of the same block (as floats) and the scales of its rows, scale[0..nr) */
+void moe_get_code_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64_t k0, int nr,
+                       int kc, float *out, int64_t ldo, float *scale);
 
 /* moe_forward.c */
 ompk_status moe_arena_create(ompk_moe *m);
@@ -277,6 +290,21 @@ void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_
                       const float *w, float *const W[3], double *y);
 void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy,
                          const ompk_moe_grads *gr, const void *dx, const float *dw);
+
+/* moe_wt.c: the transposed copies (bf16, int8 bases), built at the first backward after a load */
+void moe_wt_layout(ompk_moe *m);
+ompk_status moe_wt_build(ompk_moe *m);
+void moe_wt_free(ompk_moe *m);
+/* moe_bwd_gemm.c: backward GEMMs on the tile kernels (bf16, int8 bases), orphaned worksharing:
+ * called by every thread of the backward's parallel region, tb the thread's scratch
+ * (moe_wt_scratch_floats floats). Activations enter as bf16 hi + lo pairs.
+ * dh: q[route][0..I) = dy_t down[e] (before the routing weight).
+ * dx: o[route][0..H) = dg gate[e] + du up[e] (one GEMM over K = [gate; up]). */
+size_t moe_wt_scratch_floats(const ompk_moe *m);
+void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, const int64_t *offs, const int32_t *rroute,
+                     float *q, float *tb);
+void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int32_t *rroute, const float *dg,
+                     const float *du, float *o, float *tb);
 
 /* moe_backward.c */
 ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,

@@ -261,3 +261,20 @@ void moe_get_deq_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64
         }
     }
 }
+
+void moe_get_code_tile(const ompk_moe *m, int which, int64_t e, int64_t n0, int64_t k0, int nr,
+                       int kc, float *out, int64_t ldo, float *scale) {
+    loc l;
+    if (!locate(m, which, e, n0, k0, &l)) {
+        for (int nn = 0; nn < nr; nn++) {
+            scale[nn] = 0.0f;
+            for (int kk = 0; kk < kc; kk++) out[nn * ldo + kk] = 0.0f;
+        }
+        return;
+    }
+    for (int nn = 0; nn < nr; nn++) {
+        scale[nn] = l.scale[nn];
+        for (int kk = 0; kk < kc; kk++)
+            out[nn * ldo + kk] = (float)(int8_t)l.tile[(kk >> 2) * 64 + nn * 4 + (kk & 3)];
+    }
+}
