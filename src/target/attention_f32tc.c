@@ -306,7 +306,8 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
     l0 += attt_xor(l0, 2);
     l1 += attt_xor(l1, 1);
     l1 += attt_xor(l1, 2);
-    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    /* 0 / -inf only for a row that sees no key; a NaN sum (a NaN score) stays NaN */
+    const float i0 = lim0 > 0 ? 1.f / l0 : 0.f, i1 = lim1 > 0 ? 1.f / l1 : 0.f;
     float *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
     float *o1 = out + b * g->os[0] + h * g->os[1] + r1 * g->os[2];
     ATTT_UNROLL
@@ -321,8 +322,14 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
     }
     if (lse && t4 == 0) {
         const int64_t lb = b * g->ls[0] + h * g->ls[1];
-        if (r0 < N) lse[lb + r0 * g->ls[2]] = l0 > 0.f ? (m0 + log2f(l0)) * ATTT_LN2 : -INFINITY;
-        if (r1 < N) lse[lb + r1 * g->ls[2]] = l1 > 0.f ? (m1 + log2f(l1)) * ATTT_LN2 : -INFINITY;
+        if (r0 < N)
+            lse[lb + r0 * g->ls[2]] = lim0 == 0  ? -INFINITY
+                                      : l0 > 0.f ? (m0 + log2f(l0)) * ATTT_LN2
+                                                 : NAN;
+        if (r1 < N)
+            lse[lb + r1 * g->ls[2]] = lim1 == 0  ? -INFINITY
+                                      : l1 > 0.f ? (m1 + log2f(l1)) * ATTT_LN2
+                                                 : NAN;
     }
 }
 

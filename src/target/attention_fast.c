@@ -217,7 +217,8 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     l0 += attf_xor(l0, 2);
     l1 += attf_xor(l1, 1);
     l1 += attf_xor(l1, 2);
-    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    /* 0 / -inf only for a row that sees no key; a NaN sum (a NaN score) stays NaN */
+    const float i0 = lim0 > 0 ? 1.f / l0 : 0.f, i1 = lim1 > 0 ? 1.f / l1 : 0.f;
     uint16_t *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
     uint16_t *o1 = out + b * g->os[0] + h * g->os[1] + r1 * g->os[2];
     ATTF_UNROLL
@@ -228,8 +229,14 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     }
     if (lse && t4 == 0) {
         const int64_t lb = b * g->ls[0] + h * g->ls[1];
-        if (r0 < N) lse[lb + r0 * g->ls[2]] = l0 > 0.f ? (m0 + log2f(l0)) * ATTF_LN2 : -INFINITY;
-        if (r1 < N) lse[lb + r1 * g->ls[2]] = l1 > 0.f ? (m1 + log2f(l1)) * ATTF_LN2 : -INFINITY;
+        if (r0 < N)
+            lse[lb + r0 * g->ls[2]] = lim0 == 0  ? -INFINITY
+                                      : l0 > 0.f ? (m0 + log2f(l0)) * ATTF_LN2
+                                                 : NAN;
+        if (r1 < N)
+            lse[lb + r1 * g->ls[2]] = lim1 == 0  ? -INFINITY
+                                      : l1 > 0.f ? (m1 + log2f(l1)) * ATTF_LN2
+                                                 : NAN;
     }
 }
 
@@ -371,7 +378,8 @@ ATTF_INLINE void attf_dkdv_team(const ompk_attn_geom *g, const uint16_t *q, cons
                     const int vis = (e < 2 ? kl0 : kl1) < slim[col];
                     const float p = vis ? attf_ex2(st[nt][e] * sl2 - sl[col]) : 0.f;
                     st[nt][e] = p;
-                    dpt[nt][e] = p * (dpt[nt][e] - sd[col]);
+                    /* a select: a masked pair's dS is 0 even where dP or D is NaN */
+                    dpt[nt][e] = vis ? p * (dpt[nt][e] - sd[col]) : 0.f;
                 }
             }
             attf_mm_acc(adv, st, sdo, lane, DH);
@@ -436,7 +444,7 @@ ATTF_INLINE void attf_dq_team(const ompk_attn_geom *g, const uint16_t *q, const 
                 const int key = nt * 8 + t4 * 2 + (e & 1);
                 const int vis = key < (e < 2 ? c0 : c1);
                 const float p = vis ? attf_ex2(s[nt][e] * sl2 - (e < 2 ? l0 : l1)) : 0.f;
-                s[nt][e] = p * (dp[nt][e] - (e < 2 ? d0 : d1));
+                s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? d0 : d1)) : 0.f;
             }
         }
         attf_mm_acc(adq, s, sk, lane, DH);

@@ -23,7 +23,8 @@ void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *q
 /* dsum[(b*Hq + h)*N + i] = <dout_i, out_i> (fp32), the backward's row term. */
 void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *out,
                       float *dsum);
-/* dsum: B*Hq*N f32 workspace on ex's device. */
+/* dsum: 2*B*Hq*N f32 workspace on ex's device (the GPU form keeps the rows' lse in the second
+ * half). */
 void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
                             const void *k, const void *v, const void *out, const float *lse,
                             void *dq, void *dk, void *dv, float *dsum);
