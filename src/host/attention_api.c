@@ -152,6 +152,22 @@ static void fwd_verify(const ompk_tensor *q, const ompk_tensor *k, const ompk_te
     for (int i = 0; i < 5; i++) ompk_host_view_free(own[i]);
 }
 
+/* Under a causal mask the tensor-core kernels multiply a masked pair's P = 0 (or dS = 0) with
+ * the operand inside an mma, where 0 * inf or 0 * NaN would reach rows that do not see it: a
+ * non-finite operand there (v in the forward; q, k, dout in the backward) goes to the portable
+ * kernel, which selects. */
+static int tc_fwd_safe(ompk_exec ex, const ompk_attn_geom *g, const void *v) {
+    return g->mask == 0 || ompk_attn_all_finite(ex, v, g->bf16, g->B, g->Hkv, g->M, g->dh, g->vs);
+}
+
+static int tc_bwd_safe(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                       const void *dout) {
+    return g->mask == 0 ||
+           (ompk_attn_all_finite(ex, q, g->bf16, g->B, g->Hq, g->N, g->dh, g->qs) &&
+            ompk_attn_all_finite(ex, k, g->bf16, g->B, g->Hkv, g->M, g->dh, g->ks) &&
+            ompk_attn_all_finite(ex, dout, g->bf16, g->B, g->Hq, g->N, g->dh, g->dos));
+}
+
 ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const ompk_tensor *v,
                                ompk_tensor *out, ompk_tensor *lse,
                                const ompk_attention_params *params) {
@@ -171,15 +187,16 @@ ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const
     ompk_exec ex = ompk_exec_for(c.device);
     float *lsep = lse ? (float *)lse->data : NULL;
     int bf16_p = 0;
-    if (fwd_variant_fast() && ompk_attn_host_ok(ex, &g, 0)) {
+    const int fast = fwd_variant_fast();
+    if (fast && ompk_attn_host_ok(ex, &g, 0)) {
         ompk_attn_fwd_host(&g, q->data, k->data, v->data, out->data, lsep);
         bf16_p = g.bf16;
-    } else if (fwd_variant_fast() &&
-               ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data)) {
+    } else if (fast && ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data) &&
+               tc_fwd_safe(ex, &g, v->data)) {
         ompk_attn_fwd_fast(ex, &g, q->data, k->data, v->data, out->data, lsep);
         bf16_p = 1;
-    } else if (fwd_variant_fast() &&
-               ompk_attn_fwd_f32tc_ok(ex, &g, q->data, k->data, v->data, out->data))
+    } else if (fast && ompk_attn_fwd_f32tc_ok(ex, &g, q->data, k->data, v->data, out->data) &&
+               tc_fwd_safe(ex, &g, v->data))
         ompk_attn_fwd_f32tc(ex, &g, q->data, k->data, v->data, out->data, lsep);
     else
         ompk_attn_fwd_portable(ex, &g, q->data, k->data, v->data, out->data, lsep);
@@ -269,7 +286,8 @@ ompk_status ompk_attention_bwd(const ompk_tensor *dout, const ompk_tensor *q, co
                                dq->data, dk->data, dv->data, dsum) == 0;
         bf16_p = done && g.bf16;
     }
-    if (!done && bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs)) {
+    if (!done && bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs) &&
+        tc_bwd_safe(ex, &g, q->data, k->data, dout->data)) {
         ompk_attn_bwd_fast(ex, &g, dout->data, q->data, k->data, v->data, out->data,
                            (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
         bf16_p = 1;

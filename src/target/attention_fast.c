@@ -67,6 +67,8 @@
 #define attf_cp_wait0 ptx_cp_async_wait0
 #define attf_cp_wait1 ptx_cp_async_wait1
 #define attf_ex2 ptx_ex2
+/* NaN-safe: the GPU's NaN is 0x7fffffff, which plain rounding would carry into -0 */
+#define attf_pack ptx_pack_bf16x2
 
 #ifdef ATTF_EMULATE
 static int64_t attf_emu_block;
@@ -80,19 +82,6 @@ static uint16_t attf_emu_sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
 typedef struct attf_u4 {
     uint32_t w[4];
 } __attribute__((aligned(16))) attf_u4;
-
-/* Round two floats to bf16 (nearest even) and pack them, lo in the low half. */
-ATTF_INLINE uint32_t attf_pack(float lo, float hi) {
-    union {
-        float f;
-        uint32_t u;
-    } a, b;
-    a.f = lo;
-    b.f = hi;
-    a.u += 0x7fffu + ((a.u >> 16) & 1u);
-    b.u += 0x7fffu + ((b.u >> 16) & 1u);
-    return (a.u >> 16) | (b.u & 0xffff0000u);
-}
 
 ATTF_INLINE int64_t attf_limit(int mask, int64_t i, int64_t n, int64_t m) {
     int64_t lim = m;

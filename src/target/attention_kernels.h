@@ -29,6 +29,11 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *d
                             const void *k, const void *v, const void *out, const float *lse,
                             void *dq, void *dk, void *dv, float *dsum);
 
+/* Whether the [B,H,L,dh] operand x (strides s, bf16 or f32, on ex's device) is all finite
+ * (attention_finite.c). */
+int ompk_attn_all_finite(ompk_exec ex, const void *x, int bf16, int64_t B, int64_t H, int64_t L,
+                         int64_t dh, const int64_t s[3]);
+
 /* GPU forward on tensor cores (attention_fast.c): whether it can serve this call (target
  * tensors, bf16, dh in {32, 64, 80, 96, 128}, 16-byte aligned rows), and the kernel. */
 int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
