@@ -411,15 +411,13 @@ ATT_INLINE void att_tile_accum_vis(float (*restrict accT)[ATT_LANES],
     }
 }
 
-/* n rows of a [.., L, dh] tensor from row r0 (row stride rs, offset base) as fp32 rows:
- * f32 rows are used in place (*ors = rs), bf16 rows widened into dst (*ors = ATT_DMAX). */
+/* n rows of a [.., L, dh] tensor from row r0 (row stride rs, offset base) as fp32 rows in dst
+ * (*ors = ATT_DMAX), f32 rows copied too: the tile loops below read a row's four elements at a
+ * time, which GCC may widen into a load that reaches into the next row (dead, but past the
+ * tensor's end after its last row); here that lands inside dst. */
 ATT_INLINE const float *att_stage_rows(float (*restrict dst)[ATT_DMAX], const void *src,
                                        int64_t base, int64_t rs, int64_t r0, const int n,
                                        const int DH, const int bf, int64_t *ors) {
-    if (!bf) {
-        *ors = rs;
-        return (const float *)src + base + r0 * rs;
-    }
     for (int t = 0; t < n; t++)
         for (int d = 0; d < DH; d++) dst[t][d] = att_ld(src, base + (r0 + t) * rs + d, bf);
     *ors = ATT_DMAX;
@@ -467,19 +465,12 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
         for (int r = 0; r < L; r++) accT[d][r] = 0.f;
     for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
         const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
-        if (bf) {
-            for (int jj = 0; jj < jn; jj++) {
-                int64_t ko = att_row(g->ks, b, hk, j0 + jj);
-                for (int d = 0; d < DH; d++) kr[jj][d] = att_ld(k, ko + d, bf);
-            }
-        }
+        int64_t krs;
+        att_stage_rows(kr, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, jn, DH, bf, &krs);
         /* scores, four keys at a time */
         for (int jj = 0; jj < jn; jj += 4) {
             const float *k4[4];
-            for (int u = 0; u < 4; u++) {
-                int j = jj + u < jn ? jj + u : jj;
-                k4[u] = bf ? kr[j] : (const float *)k + att_row(g->ks, b, hk, j0 + j);
-            }
+            for (int u = 0; u < 4; u++) k4[u] = kr[jj + u < jn ? jj + u : jj];
             float s0[L], s1[L], s2[L], s3[L];
             for (int r = 0; r < L; r++) s0[r] = s1[r] = s2[r] = s3[r] = 0.f;
             for (int d = 0; d < DH; d++) {
@@ -530,43 +521,17 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
             lrow[r] = lrow[r] * alpha[r] + sum[r];
             mrow[r] = lrow[r] > 0.f ? mx[r] : -INFINITY;
         }
-        /* P * V, four d at a time */
-        if (cut) {
-            /* the staged keys are spent: their buffer takes the values */
-            for (int d = 0; d < DH; d++)
-                for (int r = 0; r < L; r++) accT[d][r] *= alpha[r];
-            int64_t vrs;
-            const float *vp =
-                att_stage_rows(kr, v, att_row(g->vs, b, hk, 0), g->vs[2], j0, jn, DH, bf, &vrs);
+        /* P * V, four d at a time; the staged keys are spent: their buffer takes the values */
+        for (int d = 0; d < DH; d++)
+            for (int r = 0; r < L; r++) accT[d][r] *= alpha[r];
+        int64_t vrs;
+        const float *vp =
+            att_stage_rows(kr, v, att_row(g->vs, b, hk, 0), g->vs[2], j0, jn, DH, bf, &vrs);
+        if (cut)
             att_tile_accum_vis(accT, (const float(*)[L])st, (const float(*)[L])vis, vp, vrs, jn,
                                DH);
-        }
-        for (int d = 0; d < DH && !cut; d += 4) {
-            float c0[L], c1[L], c2[L], c3[L];
-            for (int r = 0; r < L; r++) {
-                c0[r] = accT[d][r] * alpha[r];
-                c1[r] = accT[d + 1][r] * alpha[r];
-                c2[r] = accT[d + 2][r] * alpha[r];
-                c3[r] = accT[d + 3][r] * alpha[r];
-            }
-            for (int jj = 0; jj < jn; jj++) {
-                int64_t vo = att_row(g->vs, b, hk, j0 + jj) + d;
-                const float v0 = att_ld(v, vo, bf), v1 = att_ld(v, vo + 1, bf);
-                const float v2 = att_ld(v, vo + 2, bf), v3 = att_ld(v, vo + 3, bf);
-                for (int r = 0; r < L; r++) {
-                    c0[r] += st[jj][r] * v0;
-                    c1[r] += st[jj][r] * v1;
-                    c2[r] += st[jj][r] * v2;
-                    c3[r] += st[jj][r] * v3;
-                }
-            }
-            for (int r = 0; r < L; r++) {
-                accT[d][r] = c0[r];
-                accT[d + 1][r] = c1[r];
-                accT[d + 2][r] = c2[r];
-                accT[d + 3][r] = c3[r];
-            }
-        }
+        else
+            att_tile_accum(accT, (const float(*)[L])st, vp, vrs, jn, DH);
     }
     for (int r = 0; r < rb; r++) {
         float inv = att_inv_l(limf[r] > 0.f, lrow[r]);
