@@ -414,7 +414,7 @@ ATT_INLINE void att_tile_accum_vis(float (*restrict accT)[ATT_LANES],
 /* n rows of a [.., L, dh] tensor from row r0 (row stride rs, offset base) as fp32 rows in dst
  * (*ors = ATT_DMAX), f32 rows copied too: the tile loops below read a row's four elements at a
  * time, which GCC may widen into a load that reaches into the next row (dead, but past the
- * tensor's end after its last row); here that lands inside dst. */
+ * tensor's end after its last row); from dst it stays in the caller's stack frame. */
 ATT_INLINE const float *att_stage_rows(float (*restrict dst)[ATT_DMAX], const void *src,
                                        int64_t base, int64_t rs, int64_t r0, const int n,
                                        const int DH, const int bf, int64_t *ors) {
