@@ -190,7 +190,8 @@ ATH_INLINE int ath_pair_masks(const __mmask16 *vm, int n, int lanes, __mmask16 *
  * the low bits of large logits, and the one-hot p = 1 with them). */
 ATH_INLINE __m512 ath_p_of(__m512 s, __m512 scale, __m512 lse) {
     const __m512 l2e = _mm512_set1_ps(ATH_LOG2E);
-    return ath_exp2(_mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(s, scale), lse), l2e));
+    const __m512 x = ATT_ROUNDED(_mm512_mul_ps(s, scale));
+    return ath_exp2(_mm512_mul_ps(_mm512_sub_ps(x, lse), l2e));
 }
 
 /* The forward's row results (see att_lse in attention_portable.c): o = 0, lse = -inf only for a

@@ -7,6 +7,16 @@
 
 #include "route.h"
 
+/* x rounded to fp32 before its next use: a score s = dot * scale must not fuse into the
+ * subtraction s - lse (the forward rounds s; a fused backward then misses p = 1 on one-hot rows).
+ * GCC (-ffp-contract=fast) fuses across statements, which the barrier stops; clang fuses only
+ * within one expression, so the product there must stay a statement or function of its own. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define ATT_ROUNDED(x) __builtin_assoc_barrier(x)
+#else
+#define ATT_ROUNDED(x) (x)
+#endif
+
 /* Shape, strides (elements, order b, h, n; dh has stride 1) and options of one call. */
 typedef struct ompk_attn_geom {
     int64_t B, Hq, Hkv, N, M, dh;

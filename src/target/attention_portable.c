@@ -59,6 +59,11 @@ ATT_INLINE float att_exp2(float x0) {
     return x0 == x0 ? p * e.f : x0;
 }
 
+/* A score in natural units, rounded to fp32 on every compiler (see ATT_ROUNDED). */
+ATT_INLINE float att_score(float dot, float scale) {
+    return ATT_ROUNDED(dot * scale);
+}
+
 ATT_INLINE float att_ld(const void *p, int64_t i, const int bf) {
     return bf ? ompk_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
@@ -148,7 +153,8 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
                 kr = kf;
             }
             for (int r = 0; r < rb; r++)
-                s[r][jj] = j0 + jj < lim[r] ? att_dot(qf[r], kr, dh) * g->scale : -INFINITY;
+                s[r][jj] =
+                    j0 + jj < lim[r] ? att_score(att_dot(qf[r], kr, dh), g->scale) : -INFINITY;
         }
         for (int r = 0; r < rb; r++) {
             float mx = mrow[r];
@@ -206,7 +212,7 @@ ATT_INLINE float att_row_lse(const ompk_attn_geom *g, const void *q, const void 
             att_load_row(kf, k, koff, dh, 1.f, bf);
             kr = kf;
         }
-        const float x = att_dot(qf, kr, dh) * g->scale;
+        const float x = att_score(att_dot(qf, kr, dh), g->scale);
         if (x > m) { /* a NaN score leaves m alone and turns l into NaN below */
             l *= att_exp2((m - x) * ATT_LOG2E);
             m = x;
@@ -250,7 +256,8 @@ ATT_INLINE void att_dq_block(const ompk_attn_geom *g, const void *dout, const vo
         }
         for (int r = 0; r < rb; r++) {
             if (j >= lim[r]) continue;
-            float p = att_exp2((att_dot(qf[r], kr, dh) * g->scale - l2[r]) * ATT_LOG2E);
+            float s = att_score(att_dot(qf[r], kr, dh), g->scale);
+            float p = att_exp2((s - l2[r]) * ATT_LOG2E);
             float ds = p * (att_dot(dof[r], vr, dh) - Di[r]);
             float *restrict a = acc[r];
             for (int64_t d = 0; d < dh; d++) a[d] += ds * kr[d];
@@ -289,7 +296,8 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
             float Di = dsum[(b * g->Hq + h) * N + i];
             for (int c = 0; c < cb; c++) {
                 if (j0 + c >= lim) break;
-                float p = att_exp2((att_dot(qf, kf[c], dh) * g->scale - l) * ATT_LOG2E);
+                float s = att_score(att_dot(qf, kf[c], dh), g->scale);
+                float p = att_exp2((s - l) * ATT_LOG2E);
                 float ds = p * (att_dot(dof, vf[c], dh) - Di);
                 float *restrict a = dka[c], *restrict e = dva[c];
                 for (int64_t d = 0; d < dh; d++) {
@@ -466,29 +474,11 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
     for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
         const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
         int64_t krs;
-        att_stage_rows(kr, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, jn, DH, bf, &krs);
-        /* scores, four keys at a time */
-        for (int jj = 0; jj < jn; jj += 4) {
-            const float *k4[4];
-            for (int u = 0; u < 4; u++) k4[u] = kr[jj + u < jn ? jj + u : jj];
-            float s0[L], s1[L], s2[L], s3[L];
-            for (int r = 0; r < L; r++) s0[r] = s1[r] = s2[r] = s3[r] = 0.f;
-            for (int d = 0; d < DH; d++) {
-                const float a0 = k4[0][d], a1 = k4[1][d], a2 = k4[2][d], a3 = k4[3][d];
-                for (int r = 0; r < L; r++) {
-                    s0[r] += qT[d][r] * a0;
-                    s1[r] += qT[d][r] * a1;
-                    s2[r] += qT[d][r] * a2;
-                    s3[r] += qT[d][r] * a3;
-                }
-            }
-            for (int r = 0; r < L; r++) {
-                st[jj][r] = s0[r];
-                if (jj + 1 < BK) st[jj + 1][r] = s1[r];
-                if (jj + 2 < BK) st[jj + 2][r] = s2[r];
-                if (jj + 3 < BK) st[jj + 3][r] = s3[r];
-            }
-        }
+        const float *kp =
+            att_stage_rows(kr, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, jn, DH, bf, &krs);
+        /* the scores as both backward passes form them (same FMA chain on every compiler), so
+         * their p = exp(s - lse) is exactly 1 where this softmax is one-hot */
+        att_tile_dot(st, (const float(*)[L])qT, kp, krs, jn, DH);
         /* online softmax, lane-wise */
         float mx[L];
         for (int r = 0; r < L; r++) mx[r] = mrow[r];
@@ -496,7 +486,7 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
         for (int jj = 0; jj < jn; jj++) {
             const float jf = (float)(j0 + jj);
             for (int r = 0; r < L; r++) {
-                float x = jf < limf[r] ? st[jj][r] * sc : -INFINITY;
+                float x = jf < limf[r] ? att_score(st[jj][r], sc) : -INFINITY;
                 st[jj][r] = x;
                 mx[r] = x > mx[r] ? x : mx[r];
             }
@@ -579,7 +569,7 @@ ATT_INLINE void att_dq_block_h(const ompk_attn_geom *g, const void *dout, const 
         for (int jj = 0; jj < jn; jj++) {
             const float jf = (float)(j0 + jj);
             for (int r = 0; r < L; r++) {
-                float p = att_exp2((st[jj][r] * sc - l2[r]) * ATT_LOG2E);
+                float p = att_exp2((att_score(st[jj][r], sc) - l2[r]) * ATT_LOG2E);
                 st[jj][r] = jf < limf[r] ? p * (pt[jj][r] - Di[r]) : 0.f;
                 pt[jj][r] = jf < limf[r] ? 1.f : 0.f;
             }
@@ -637,7 +627,7 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
             att_tile_dot(pt, vT, dp, drs, in, DH);
             for (int t = 0; t < in; t++)
                 for (int c = 0; c < L; c++) {
-                    float p = att_exp2((st[t][c] * sc - l2[t]) * ATT_LOG2E);
+                    float p = att_exp2((att_score(st[t][c], sc) - l2[t]) * ATT_LOG2E);
                     st[t][c] = jf[c] < limf[t] ? p : 0.f;
                     pt[t][c] = jf[c] < limf[t] ? p * (pt[t][c] - Di[t]) : 0.f;
                     vis[t][c] = jf[c] < limf[t] ? 1.f : 0.f;
