@@ -325,13 +325,12 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
 #define ATT_LANES 16
 
 ATT_INLINE void att_tile_dot(float (*restrict out)[ATT_LANES],
-                             const float (*restrict xT)[ATT_LANES], const float *restrict rows,
-                             const int64_t rs, const int n, const int DH) {
+                             const float (*restrict xT)[ATT_LANES],
+                             const float (*restrict rows)[ATT_DMAX], const int n, const int DH) {
     enum { L = ATT_LANES };
     for (int t = 0; t < n; t += 4) {
-        const float *r0 = rows + t * rs, *r1 = rows + (t + 1 < n ? t + 1 : t) * rs;
-        const float *r2 = rows + (t + 2 < n ? t + 2 : t) * rs;
-        const float *r3 = rows + (t + 3 < n ? t + 3 : t) * rs;
+        const float *r0 = rows[t], *r1 = rows[t + 1 < n ? t + 1 : t];
+        const float *r2 = rows[t + 2 < n ? t + 2 : t], *r3 = rows[t + 3 < n ? t + 3 : t];
         float s0[L], s1[L], s2[L], s3[L];
         for (int l = 0; l < L; l++) s0[l] = s1[l] = s2[l] = s3[l] = 0.f;
         for (int d = 0; d < DH; d++) {
@@ -353,8 +352,8 @@ ATT_INLINE void att_tile_dot(float (*restrict out)[ATT_LANES],
 }
 
 ATT_INLINE void att_tile_accum(float (*restrict accT)[ATT_LANES],
-                               const float (*restrict w)[ATT_LANES], const float *restrict rows,
-                               const int64_t rs, const int n, const int DH) {
+                               const float (*restrict w)[ATT_LANES],
+                               const float (*restrict rows)[ATT_DMAX], const int n, const int DH) {
     enum { L = ATT_LANES };
     for (int d = 0; d < DH; d += 4) {
         float c0[L], c1[L], c2[L], c3[L];
@@ -365,7 +364,7 @@ ATT_INLINE void att_tile_accum(float (*restrict accT)[ATT_LANES],
             c3[l] = accT[d + 3][l];
         }
         for (int t = 0; t < n; t++) {
-            const float *rt = rows + t * rs + d;
+            const float *rt = rows[t] + d;
             const float v0 = rt[0], v1 = rt[1], v2 = rt[2], v3 = rt[3];
             for (int l = 0; l < L; l++) {
                 c0[l] += w[t][l] * v0;
@@ -388,7 +387,7 @@ ATT_INLINE void att_tile_accum(float (*restrict accT)[ATT_LANES],
 ATT_INLINE void att_tile_accum_vis(float (*restrict accT)[ATT_LANES],
                                    const float (*restrict w)[ATT_LANES],
                                    const float (*restrict vis)[ATT_LANES],
-                                   const float *restrict rows, const int64_t rs, const int n,
+                                   const float (*restrict rows)[ATT_DMAX], const int n,
                                    const int DH) {
     enum { L = ATT_LANES };
     for (int d = 0; d < DH; d += 4) {
@@ -400,7 +399,7 @@ ATT_INLINE void att_tile_accum_vis(float (*restrict accT)[ATT_LANES],
             c3[l] = accT[d + 3][l];
         }
         for (int t = 0; t < n; t++) {
-            const float *rt = rows + t * rs + d;
+            const float *rt = rows[t] + d;
             const float v0 = rt[0], v1 = rt[1], v2 = rt[2], v3 = rt[3];
             for (int l = 0; l < L; l++) {
                 const int on = vis[t][l] != 0.f;
@@ -419,17 +418,16 @@ ATT_INLINE void att_tile_accum_vis(float (*restrict accT)[ATT_LANES],
     }
 }
 
-/* n rows of a [.., L, dh] tensor from row r0 (row stride rs, offset base) as fp32 rows in dst
- * (*ors = ATT_DMAX), f32 rows copied too: the tile loops below read a row's four elements at a
- * time, which GCC may widen into a load that reaches into the next row (dead, but past the
- * tensor's end after its last row); from dst it stays in the caller's stack frame. */
-ATT_INLINE const float *att_stage_rows(float (*restrict dst)[ATT_DMAX], const void *src,
-                                       int64_t base, int64_t rs, int64_t r0, const int n,
-                                       const int DH, const int bf, int64_t *ors) {
+/* n rows of a [.., L, dh] tensor from row r0 (row stride rs, offset base) as fp32 rows in dst,
+ * f32 rows copied too: the tile loops below read a row's four elements at a time, which GCC may
+ * widen into a load that reaches into the next row (dead, but past the tensor's end after its
+ * last row); from dst it stays in the caller's stack frame. */
+ATT_INLINE const float (*att_stage_rows(float (*restrict dst)[ATT_DMAX], const void *src,
+                                        int64_t base, int64_t rs, int64_t r0, const int n,
+                                        const int DH, const int bf))[ATT_DMAX] {
     for (int t = 0; t < n; t++)
         for (int d = 0; d < DH; d++) dst[t][d] = att_ld(src, base + (r0 + t) * rs + d, bf);
-    *ors = ATT_DMAX;
-    return dst[0];
+    return (const float(*)[ATT_DMAX])dst;
 }
 
 /* xT[d][lane] = row (r0 + lane) * mul, zero lanes past n. */
@@ -473,12 +471,11 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
         for (int r = 0; r < L; r++) accT[d][r] = 0.f;
     for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
         const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
-        int64_t krs;
-        const float *kp =
-            att_stage_rows(kr, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, jn, DH, bf, &krs);
+        const float(*kp)[ATT_DMAX] =
+            att_stage_rows(kr, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, jn, DH, bf);
         /* the scores as both backward passes form them (same FMA chain on every compiler), so
          * their p = exp(s - lse) is exactly 1 where this softmax is one-hot */
-        att_tile_dot(st, (const float(*)[L])qT, kp, krs, jn, DH);
+        att_tile_dot(st, (const float(*)[L])qT, kp, jn, DH);
         /* online softmax, lane-wise */
         float mx[L];
         for (int r = 0; r < L; r++) mx[r] = mrow[r];
@@ -514,14 +511,12 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
         /* P * V, four d at a time; the staged keys are spent: their buffer takes the values */
         for (int d = 0; d < DH; d++)
             for (int r = 0; r < L; r++) accT[d][r] *= alpha[r];
-        int64_t vrs;
-        const float *vp =
-            att_stage_rows(kr, v, att_row(g->vs, b, hk, 0), g->vs[2], j0, jn, DH, bf, &vrs);
+        const float(*vp)[ATT_DMAX] =
+            att_stage_rows(kr, v, att_row(g->vs, b, hk, 0), g->vs[2], j0, jn, DH, bf);
         if (cut)
-            att_tile_accum_vis(accT, (const float(*)[L])st, (const float(*)[L])vis, vp, vrs, jn,
-                               DH);
+            att_tile_accum_vis(accT, (const float(*)[L])st, (const float(*)[L])vis, vp, jn, DH);
         else
-            att_tile_accum(accT, (const float(*)[L])st, vp, vrs, jn, DH);
+            att_tile_accum(accT, (const float(*)[L])st, vp, jn, DH);
     }
     for (int r = 0; r < rb; r++) {
         float inv = att_inv_l(limf[r] > 0.f, lrow[r]);
@@ -561,11 +556,10 @@ ATT_INLINE void att_dq_block_h(const ompk_attn_geom *g, const void *dout, const 
     const int64_t kb = att_row(g->ks, b, hk, 0), vb = att_row(g->vs, b, hk, 0);
     for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
         const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
-        int64_t krs, vrs;
-        const float *kp = att_stage_rows(kr, k, kb, g->ks[2], j0, jn, DH, bf, &krs);
-        const float *vp = att_stage_rows(vr, v, vb, g->vs[2], j0, jn, DH, bf, &vrs);
-        att_tile_dot(st, qT, kp, krs, jn, DH);
-        att_tile_dot(pt, doT, vp, vrs, jn, DH);
+        const float(*kp)[ATT_DMAX] = att_stage_rows(kr, k, kb, g->ks[2], j0, jn, DH, bf);
+        const float(*vp)[ATT_DMAX] = att_stage_rows(vr, v, vb, g->vs[2], j0, jn, DH, bf);
+        att_tile_dot(st, qT, kp, jn, DH);
+        att_tile_dot(pt, doT, vp, jn, DH);
         for (int jj = 0; jj < jn; jj++) {
             const float jf = (float)(j0 + jj);
             for (int r = 0; r < L; r++) {
@@ -575,9 +569,9 @@ ATT_INLINE void att_dq_block_h(const ompk_attn_geom *g, const void *dout, const 
             }
         }
         if (j0 + jn > jmin) /* a mask cuts the tile: pt holds which pairs are visible */
-            att_tile_accum_vis(dqT, (const float(*)[L])st, (const float(*)[L])pt, kp, krs, jn, DH);
+            att_tile_accum_vis(dqT, (const float(*)[L])st, (const float(*)[L])pt, kp, jn, DH);
         else
-            att_tile_accum(dqT, (const float(*)[L])st, kp, krs, jn, DH);
+            att_tile_accum(dqT, (const float(*)[L])st, kp, jn, DH);
     }
     for (int r = 0; r < rb; r++) {
         int64_t off = att_row(g->dqs, b, h, i0 + r);
@@ -620,11 +614,10 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
             }
             /* some row of the tile cannot see some key of the block */
             const int cut = lmin < (float)(j0 + cb);
-            int64_t qrs, drs;
-            const float *qp = att_stage_rows(qr, q, qb, g->qs[2], ii0, in, DH, bf, &qrs);
-            const float *dp = att_stage_rows(dr, dout, ob, g->dos[2], ii0, in, DH, bf, &drs);
-            att_tile_dot(st, kT, qp, qrs, in, DH);
-            att_tile_dot(pt, vT, dp, drs, in, DH);
+            const float(*qp)[ATT_DMAX] = att_stage_rows(qr, q, qb, g->qs[2], ii0, in, DH, bf);
+            const float(*dp)[ATT_DMAX] = att_stage_rows(dr, dout, ob, g->dos[2], ii0, in, DH, bf);
+            att_tile_dot(st, kT, qp, in, DH);
+            att_tile_dot(pt, vT, dp, in, DH);
             for (int t = 0; t < in; t++)
                 for (int c = 0; c < L; c++) {
                     float p = att_exp2((att_score(st[t][c], sc) - l2[t]) * ATT_LOG2E);
@@ -633,13 +626,11 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
                     vis[t][c] = jf[c] < limf[t] ? 1.f : 0.f;
                 }
             if (cut) {
-                att_tile_accum_vis(dvT, (const float(*)[L])st, (const float(*)[L])vis, dp, drs, in,
-                                   DH);
-                att_tile_accum_vis(dkT, (const float(*)[L])pt, (const float(*)[L])vis, qp, qrs, in,
-                                   DH);
+                att_tile_accum_vis(dvT, (const float(*)[L])st, (const float(*)[L])vis, dp, in, DH);
+                att_tile_accum_vis(dkT, (const float(*)[L])pt, (const float(*)[L])vis, qp, in, DH);
             } else {
-                att_tile_accum(dvT, (const float(*)[L])st, dp, drs, in, DH);
-                att_tile_accum(dkT, (const float(*)[L])pt, qp, qrs, in, DH);
+                att_tile_accum(dvT, (const float(*)[L])st, dp, in, DH);
+                att_tile_accum(dkT, (const float(*)[L])pt, qp, in, DH);
             }
         }
     }
