@@ -6,7 +6,6 @@
 #                (commit what grew).
 # Fails when any harness crashes, hits a sanitizer report or a contract check; the reproducer
 # is left in build-fuzz/artifacts/ (rerun: build-fuzz/tests/fuzz/<name> <file>).
-# OMPK_FUZZ_AVOID=known keeps the inputs away from the known-defect classes (tests/fuzz/fuzz_common.h).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 secs=${OMPK_FUZZ_SECONDS:-6} long=0
@@ -33,11 +32,7 @@ for n in "${names[@]}"; do
     mkdir -p "$corpus"
     scratch=$(mktemp -d)
     log=build-fuzz/artifacts/$n.log
-    # the attention kernels still convert NaN scores to int (issue 15, defect 1; its reproducers
-    # wait in tests/fuzz/known-open/): their harnesses keep to finite inputs until that lands
-    avoid=${OMPK_FUZZ_AVOID:-}
-    case $n in fuzz_attention_*) [ -n "$avoid" ] || avoid=extreme ;; esac
-    OMPK_FUZZ_AVOID=$avoid "$bin/$n" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
+    "$bin/$n" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=2048 \
         -artifact_prefix="build-fuzz/artifacts/$n-" -print_final_stats=1 \
         "$scratch" "$corpus" >"$log" 2>&1
     rc=$?

@@ -76,6 +76,18 @@ static void check(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int6
     att_case_free(&c);
 }
 
+/* NaN and +-inf in q, k or v (the sweep in test_attention_common.h): the emulated instructions
+ * return the GPU's NaN, so NaN handling on bit patterns is checked as the GPU runs it. v runs
+ * unmasked only: in a tile that a causal mask cuts, a masked P = 0 still meets it in the mma,
+ * and the entry points send such calls to the portable kernel (tc_fwd_safe). */
+Test(attention_f32tc_emu, nonfinite_rows) {
+    att_emu_nonfinite(OMPK_F32, emu_run);
+}
+
+Test(attention_f32tc_emu, huge_scale) {
+    att_emu_huge_scale(OMPK_F32, emu_run);
+}
+
 Test(attention_f32tc_emu, head_dims) {
     const int64_t dhs[5] = {32, 64, 80, 96, 128};
     for (int i = 0; i < 5; i++)
@@ -97,7 +109,9 @@ Test(attention_f32tc_emu, fully_masked_rows_and_large_logits) {
     check(1, 1, 1, 65, 80, 128, OMPK_ATTN_MASK_NONE, 0, 30.0, 20.0, 33);
 }
 
-/* The split itself: hi + lo reproduces x to 2^-21 of |x|, and both halves are tf32 values. */
+/* The split itself: hi + lo reproduces x to 2^-20 of |x|, both halves are tf32 values, and lo
+ * is nonzero with the sign of x for x != 0, so that against an infinite operand the three
+ * products give sign * inf, never inf - inf or 0 * inf; inf and NaN keep hi. */
 Test(attention_f32tc_emu, operand_split) {
     tu_rng r = tu_rng_make(5);
     for (int i = 0; i < 100000; i++) {
@@ -107,6 +121,20 @@ Test(attention_f32tc_emu, operand_split) {
         cr_assert_eq(hi & 0x1fffu, 0u);
         cr_assert_eq(lo & 0x1fffu, 0u);
         const double e = fabs((double)attt_float(hi) + (double)attt_float(lo) - (double)x);
-        cr_assert(e <= ldexp(fabs((double)x), -21), "x %.9g: hi + lo off by %g", (double)x, e);
+        cr_assert(e <= ldexp(fabs((double)x), -20), "x %.9g: hi + lo off by %g", (double)x, e);
+        cr_assert(x == 0.f || (attt_float(lo) != 0.f && (attt_float(lo) < 0.f) == (x < 0.f)),
+                  "x %.9g: lo %g", (double)x, (double)attt_float(lo));
     }
+    const float odd[4] = {INFINITY, -INFINITY, 1.0f, -0.5f};
+    for (int i = 0; i < 4; i++) {
+        uint32_t hi, lo;
+        attt_split(odd[i], &hi, &lo);
+        cr_assert(attt_float(hi) == odd[i] && attt_float(lo) != 0.f &&
+                      (attt_float(lo) < 0.f) == (odd[i] < 0.f),
+                  "x %g: hi %g lo %g", (double)odd[i], (double)attt_float(hi),
+                  (double)attt_float(lo));
+    }
+    uint32_t hi, lo;
+    attt_split(NAN, &hi, &lo);
+    cr_assert(isnan(attt_float(hi)));
 }

@@ -122,10 +122,13 @@ Test(attention_fwd, large_logits_stay_finite) {
                 char label[64];
                 snprintf(label, sizeof label, "x30 %s %s", att_mask_name(att_mask(m)),
                          ompk_dtype_name(c.dt));
-                /* Logits of std ~900 carry an fp32 rounding of ~1e-4 absolute before the
-                 * exponential (the inputs' precision, not the kernel's): a 20x wider band,
-                 * still far below what a missing rescale or overflow would give. */
-                c.tol_mult = bf ? 1.0 : 20.0;
+                /* Logits of std ~900: a score sums 128 products of |q k| ~ 600, so its fp32
+                 * rounding is eps * scale * sum |q k| ~ 6e-8 * 6800 ~ 4e-4 absolute before the
+                 * exponential (the inputs' precision, not the kernel's), and an out element
+                 * moves by about twice that times |v| ~ 1 with the two competing scores: a
+                 * 50x wider band (1e-3), still far below what a missing rescale or overflow
+                 * would give. The summation order decides where in it a compiler lands. */
+                c.tol_mult = bf ? 1.0 : 50.0;
                 double w = att_check_fwd(&c, label);
                 cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
                 att_case_free(&c);

@@ -118,10 +118,11 @@ static int host_views(int n, const ompk_tensor *const *ts, ompk_tensor *h, void 
     return ok;
 }
 
-/* Scores are O(|q||k| scale) and outputs are convex combinations of v rows (forward) or sums
- * over up to M rows (backward): tolerances scale with sqrt(dh) for the dot products. */
+/* Verify bands come from ompk_tol_attention, as the suites' do; bf16_p: the kernel that ran
+ * rounds P (and dS) to bf16 before its second product. */
 static void fwd_verify(const ompk_tensor *q, const ompk_tensor *k, const ompk_tensor *v,
-                       const ompk_tensor *out, const ompk_tensor *lse, const ompk_attn_geom *g) {
+                       const ompk_tensor *out, const ompk_tensor *lse, const ompk_attn_geom *g,
+                       int bf16_p) {
     static const char fn[] = "attention_fwd";
     const ompk_tensor *ts[5] = {q, k, v, out, lse};
     const char *names[5] = {"q", "k", "v", "out", "lse"};
@@ -139,16 +140,32 @@ static void fwd_verify(const ompk_tensor *q, const ompk_tensor *k, const ompk_te
                 ompk_attention_ref_fwd(&h[0], &h[1], &h[2], g->scale, (ompk_attention_mask)g->mask,
                                        ro, rl);
                 ompk_verify_report(fn, "out", NULL, &h[3], ro, 0, -1,
-                                   ompk_tol_for(out->dtype, 1.0));
+                                   ompk_tol_attention(out->dtype, OMPK_TOL_ATT_OUT, 1, bf16_p));
                 if (lse)
                     ompk_verify_report(fn, "lse", NULL, &h[4], rl, 0, -1,
-                                       ompk_tol_for(OMPK_F32, 1.0));
+                                       ompk_tol_attention(OMPK_F32, OMPK_TOL_ATT_LSE, 1, 0));
             }
             free(ro);
             free(rl);
         }
     }
     for (int i = 0; i < 5; i++) ompk_host_view_free(own[i]);
+}
+
+/* Under a causal mask the tensor-core kernels multiply a masked pair's P = 0 (or dS = 0) with
+ * the operand inside an mma, where 0 * inf or 0 * NaN would reach rows that do not see it: a
+ * non-finite operand there (v in the forward; q, k, dout in the backward) goes to the portable
+ * kernel, which selects. */
+static int tc_fwd_safe(ompk_exec ex, const ompk_attn_geom *g, const void *v) {
+    return g->mask == 0 || ompk_attn_all_finite(ex, v, g->bf16, g->B, g->Hkv, g->M, g->dh, g->vs);
+}
+
+static int tc_bwd_safe(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                       const void *dout) {
+    return g->mask == 0 ||
+           (ompk_attn_all_finite(ex, q, g->bf16, g->B, g->Hq, g->N, g->dh, g->qs) &&
+            ompk_attn_all_finite(ex, k, g->bf16, g->B, g->Hkv, g->M, g->dh, g->ks) &&
+            ompk_attn_all_finite(ex, dout, g->bf16, g->B, g->Hq, g->N, g->dh, g->dos));
 }
 
 ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const ompk_tensor *v,
@@ -169,24 +186,29 @@ ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const
 
     ompk_exec ex = ompk_exec_for(c.device);
     float *lsep = lse ? (float *)lse->data : NULL;
-    if (fwd_variant_fast() && ompk_attn_host_ok(ex, &g, 0))
+    int bf16_p = 0;
+    const int fast = fwd_variant_fast();
+    if (fast && ompk_attn_host_ok(ex, &g, 0)) {
         ompk_attn_fwd_host(&g, q->data, k->data, v->data, out->data, lsep);
-    else if (fwd_variant_fast() &&
-             ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data))
+        bf16_p = g.bf16;
+    } else if (fast && ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data) &&
+               tc_fwd_safe(ex, &g, v->data)) {
         ompk_attn_fwd_fast(ex, &g, q->data, k->data, v->data, out->data, lsep);
-    else if (fwd_variant_fast() &&
-             ompk_attn_fwd_f32tc_ok(ex, &g, q->data, k->data, v->data, out->data))
+        bf16_p = 1;
+    } else if (fast && ompk_attn_fwd_f32tc_ok(ex, &g, q->data, k->data, v->data, out->data) &&
+               tc_fwd_safe(ex, &g, v->data))
         ompk_attn_fwd_f32tc(ex, &g, q->data, k->data, v->data, out->data, lsep);
     else
         ompk_attn_fwd_portable(ex, &g, q->data, k->data, v->data, out->data, lsep);
 
-    if (ompk_verify_enabled() || ompk_trace_enabled()) fwd_verify(q, k, v, out, lse, &g);
+    if (ompk_verify_enabled() || ompk_trace_enabled()) fwd_verify(q, k, v, out, lse, &g, bf16_p);
     return OMPK_OK;
 }
 
 static void bwd_verify(const ompk_tensor *dout, const ompk_tensor *q, const ompk_tensor *k,
                        const ompk_tensor *v, const ompk_tensor *dq, const ompk_tensor *dk,
-                       const ompk_tensor *dv, const ompk_tensor *out, const ompk_attn_geom *g) {
+                       const ompk_tensor *dv, const ompk_tensor *out, const ompk_attn_geom *g,
+                       int bf16_p) {
     static const char fn[] = "attention_bwd";
     const ompk_tensor *ts[8] = {dout, q, k, v, dq, dk, dv, out};
     const char *names[8] = {"dout", "q", "k", "v", "dq", "dk", "dv", "out"};
@@ -203,10 +225,13 @@ static void bwd_verify(const ompk_tensor *dout, const ompk_tensor *q, const ompk
             if (rq && rk && rv) {
                 ompk_attention_ref_bwd(&h[0], &h[1], &h[2], &h[3], &h[7], g->scale,
                                        (ompk_attention_mask)g->mask, rq, rk, rv);
-                double sc = sqrt((double)(g->Hq / g->Hkv));
-                ompk_verify_report(fn, "dq", NULL, &h[4], rq, 0, -1, ompk_tol_for(dq->dtype, 1.0));
-                ompk_verify_report(fn, "dk", NULL, &h[5], rk, 0, -1, ompk_tol_for(dk->dtype, sc));
-                ompk_verify_report(fn, "dv", NULL, &h[6], rv, 0, -1, ompk_tol_for(dv->dtype, sc));
+                const int64_t G = g->Hq / g->Hkv;
+                ompk_verify_report(fn, "dq", NULL, &h[4], rq, 0, -1,
+                                   ompk_tol_attention(dq->dtype, OMPK_TOL_ATT_DQ, G, bf16_p));
+                ompk_verify_report(fn, "dk", NULL, &h[5], rk, 0, -1,
+                                   ompk_tol_attention(dk->dtype, OMPK_TOL_ATT_DKV, G, bf16_p));
+                ompk_verify_report(fn, "dv", NULL, &h[6], rv, 0, -1,
+                                   ompk_tol_attention(dv->dtype, OMPK_TOL_ATT_DKV, G, bf16_p));
             }
             free(rq);
             free(rk);
@@ -245,29 +270,33 @@ ompk_status ompk_attention_bwd(const ompk_tensor *dout, const ompk_tensor *q, co
     const int64_t rows = g.B * g.Hq * g.N;
     if (rows == 0 && ompk_tensor_numel(k) == 0) return OMPK_OK;
 
-    float *dsum = ompk_malloc(c.device, sizeof(float) * (size_t)(rows > 0 ? rows : 1));
+    /* D = rowsum(dout * out), and the portable kernel's lse on a GPU (ompk_attn_bwd_portable) */
+    float *dsum = ompk_malloc(c.device, sizeof(float) * (size_t)(rows > 0 ? 2 * rows : 1));
     if (!dsum)
         return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_attention_bwd", "workspace of %lld floats",
                          (long long)rows);
     ompk_exec ex = ompk_exec_for(c.device);
     const void *ptrs[8] = {q->data,    k->data,  v->data,  out->data,
                            dout->data, dq->data, dk->data, dv->data};
-    int done = 0;
+    int done = 0, bf16_p = 0;
     if (bwd_variant_fast() && ompk_attn_host_ok(ex, &g, 1)) {
         ompk_attn_rowsum(ex, &g, dout->data, out->data, dsum);
         done =
             ompk_attn_bwd_host(&g, dout->data, q->data, k->data, v->data, (const float *)lse->data,
                                dq->data, dk->data, dv->data, dsum) == 0;
+        bf16_p = done && g.bf16;
     }
-    if (!done && bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs))
+    if (!done && bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs) &&
+        tc_bwd_safe(ex, &g, q->data, k->data, dout->data)) {
         ompk_attn_bwd_fast(ex, &g, dout->data, q->data, k->data, v->data, out->data,
                            (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
-    else if (!done)
+        bf16_p = 1;
+    } else if (!done)
         ompk_attn_bwd_portable(ex, &g, dout->data, q->data, k->data, v->data, out->data,
                                (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
     ompk_free(c.device, dsum);
 
     if (ompk_verify_enabled() || ompk_trace_enabled())
-        bwd_verify(dout, q, k, v, dq, dk, dv, out, &g);
+        bwd_verify(dout, q, k, v, dq, dk, dv, out, &g, bf16_p);
     return OMPK_OK;
 }

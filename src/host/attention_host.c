@@ -43,10 +43,11 @@ ATH_INLINE __m512i ath_bcast_pair(const ath_bf *p) {
     return _mm512_set1_epi32((int)u);
 }
 
-/* 2^x, lane-wise, for x <= 127; underflows to (nearly) 0 below -126. */
+/* 2^x, lane-wise, for x <= 127; underflows to (nearly) 0 below -126; NaN stays NaN (vmaxps and
+ * vminps return their second operand when either is NaN). */
 ATH_INLINE __m512 ath_exp2(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-150.f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(127.f));
+    x = _mm512_max_ps(_mm512_set1_ps(-150.f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(127.f), x);
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(1.5403530e-4f);
@@ -138,6 +139,70 @@ ATH_INLINE void ath_accum(float (*restrict acc)[ATH_L], const __m512i *restrict 
     }
 }
 
+/* The same for a tile that a mask cuts through: for pair tp, lanes in both[tp] take both
+ * products, lanes in lo[tp] (hi[tp]) only the first (second) one, the other half of the row pair
+ * zeroed, and other lanes nothing, so a masked pair adds exactly 0 even against inf or NaN. */
+ATH_INLINE void ath_accum_vis(float (*restrict acc)[ATH_L], const __m512i *restrict w,
+                              const uint32_t (*restrict rows)[ATH_DMAX], int np, const int DH,
+                              const __mmask16 *both, const __mmask16 *lo, const __mmask16 *hi) {
+    for (int d = 0; d < DH; d += 16) {
+        __m512 c[16];
+        for (int u = 0; u < 16; u++) c[u] = _mm512_loadu_ps(acc[d + u]);
+        for (int tp = 0; tp < np; tp++) {
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(&w[tp]);
+            for (int u = 0; u < 16; u++)
+                c[u] = _mm512_mask_dpbf16_ps(c[u], both[tp], wv,
+                                             (__m512bh)_mm512_set1_epi32((int)rows[tp][d + u]));
+            if (lo[tp])
+                for (int u = 0; u < 16; u++)
+                    c[u] = _mm512_mask_dpbf16_ps(
+                        c[u], lo[tp], wv,
+                        (__m512bh)_mm512_set1_epi32((int)(rows[tp][d + u] & 0xFFFFu)));
+            if (hi[tp])
+                for (int u = 0; u < 16; u++)
+                    c[u] = _mm512_mask_dpbf16_ps(
+                        c[u], hi[tp], wv,
+                        (__m512bh)_mm512_set1_epi32((int)(rows[tp][d + u] & 0xFFFF0000u)));
+        }
+        for (int u = 0; u < 16; u++) _mm512_storeu_ps(acc[d + u], c[u]);
+    }
+}
+
+/* Pair masks of ath_accum_vis from vm[t], the lanes that see row (or key) t of a tile of n;
+ * returns whether some lane among the first `lanes` misses some t (the tile is cut). The
+ * padding row of an odd tail is zero and goes with its partner. */
+ATH_INLINE int ath_pair_masks(const __mmask16 *vm, int n, int lanes, __mmask16 *both, __mmask16 *lo,
+                              __mmask16 *hi) {
+    const __mmask16 all = (__mmask16)(lanes >= 16 ? 0xFFFF : (1u << lanes) - 1u);
+    int cut = 0;
+    for (int tp = 0; tp < (n + 1) / 2; tp++) {
+        const __mmask16 a = vm[2 * tp], b = 2 * tp + 1 < n ? vm[2 * tp + 1] : a;
+        both[tp] = a & b;
+        lo[tp] = a & (__mmask16)~b;
+        hi[tp] = b & (__mmask16)~a;
+        cut |= ((a & b & all) != all);
+    }
+    return cut;
+}
+
+/* p = exp(s * scale - lse) for raw dot products s: scores rounded as the forward rounds them,
+ * the difference taken in natural units before the scaling to log2 e (scaling first would lose
+ * the low bits of large logits, and the one-hot p = 1 with them). */
+ATH_INLINE __m512 ath_p_of(__m512 s, __m512 scale, __m512 lse) {
+    const __m512 l2e = _mm512_set1_ps(ATH_LOG2E);
+    const __m512 x = ATT_ROUNDED(_mm512_mul_ps(s, scale));
+    return ath_exp2(_mm512_mul_ps(_mm512_sub_ps(x, lse), l2e));
+}
+
+/* The forward's row results (see att_lse in attention_portable.c): o = 0, lse = -inf only for a
+ * row that sees no key; NaN where the float math gives it. */
+static inline float ath_inv_l(int sees, float l) {
+    return sees ? 1.f / l : 0.f;
+}
+static inline float ath_lse(int sees, float m, float l) {
+    return !sees ? -INFINITY : l > 0.f ? m + log2f(l) * ATH_LN2 : NAN;
+}
+
 /* s[t] = sum_p xT[p] . row(t) pair p for t < n (8 rows at a time; tails repeat the last row). */
 ATH_INLINE void ath_scores(__m512 *restrict s, const uint32_t (*restrict xT)[ATH_L],
                            const ath_bf *base, int64_t rs, int n, const int DH) {
@@ -167,6 +232,7 @@ ATH_INLINE void ath_fwd_block(const ompk_attn_geom *g, const ath_bf *q, const at
     uint32_t vp[BK / 2][ATH_DMAX];
     __m512 s[BK];
     __m512i pp[BK / 2];
+    __mmask16 vm[BK], both[BK / 2], lo[BK / 2], hi[BK / 2];
     float limf_a[L];
     int64_t jmax = 0;
     for (int r = 0; r < L; r++) {
@@ -177,7 +243,8 @@ ATH_INLINE void ath_fwd_block(const ompk_attn_geom *g, const ath_bf *q, const at
     const __m512 limf = _mm512_loadu_ps(limf_a);
     ath_stage_T(qT, q + ath_row(g->qs, b, h, 0), g->qs[2], i0, rb, DH);
     memset(acc, 0, sizeof(float) * DH * L);
-    const __m512 qs = _mm512_set1_ps(g->scale * ATH_LOG2E), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 sc = _mm512_set1_ps(g->scale), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 l2e = _mm512_set1_ps(ATH_LOG2E);
     __m512 m = ninf, l = _mm512_setzero_ps();
     const ath_bf *kb = k + ath_row(g->ks, b, hk, 0), *vb = v + ath_row(g->vs, b, hk, 0);
     for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
@@ -185,23 +252,24 @@ ATH_INLINE void ath_fwd_block(const ompk_attn_geom *g, const ath_bf *q, const at
         ath_scores(s, qT, kb + j0 * g->ks[2], g->ks[2], jn, DH);
         __m512 mx = m;
         for (int jj = 0; jj < jn; jj++) {
-            __mmask16 vis = _mm512_cmp_ps_mask(_mm512_set1_ps((float)(j0 + jj)), limf, _CMP_LT_OQ);
-            s[jj] = _mm512_mask_mul_ps(ninf, vis, s[jj], qs);
-            mx = _mm512_max_ps(mx, s[jj]);
+            vm[jj] = _mm512_cmp_ps_mask(_mm512_set1_ps((float)(j0 + jj)), limf, _CMP_LT_OQ);
+            s[jj] = _mm512_mask_mul_ps(ninf, vm[jj], s[jj], sc);
+            mx = _mm512_max_ps(s[jj], mx); /* a NaN score stays out of the max */
         }
-        /* rows with nothing visible yet keep m = -inf; their p and alpha come out 0 */
+        /* rows with nothing visible yet keep m = -inf; their p and alpha come out 0 (NaN for a
+         * NaN score) */
         __mmask16 live = _mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_OQ);
         __m512 msafe = _mm512_maskz_mov_ps(live, mx);
         __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_OQ),
-                                           ath_exp2(_mm512_sub_ps(m, msafe)));
+                                           ath_exp2(_mm512_mul_ps(_mm512_sub_ps(m, msafe), l2e)));
         __m512 sum = _mm512_setzero_ps();
         for (int jj = 0; jj < jn; jj += 2) {
-            __m512 p0 = ath_exp2(_mm512_sub_ps(s[jj], msafe));
-            p0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[jj], ninf, _CMP_NEQ_OQ), p0);
+            __m512 p0 = ath_exp2(_mm512_mul_ps(_mm512_sub_ps(s[jj], msafe), l2e));
+            p0 = _mm512_maskz_mov_ps(vm[jj], p0);
             __m512 p1 = _mm512_setzero_ps();
             if (jj + 1 < jn) {
-                p1 = ath_exp2(_mm512_sub_ps(s[jj + 1], msafe));
-                p1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[jj + 1], ninf, _CMP_NEQ_OQ), p1);
+                p1 = ath_exp2(_mm512_mul_ps(_mm512_sub_ps(s[jj + 1], msafe), l2e));
+                p1 = _mm512_maskz_mov_ps(vm[jj + 1], p1);
             }
             sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
             pp[jj / 2] = ath_pack_pair(p0, p1);
@@ -211,18 +279,19 @@ ATH_INLINE void ath_fwd_block(const ompk_attn_geom *g, const ath_bf *q, const at
         for (int d = 0; d < DH; d++)
             _mm512_storeu_ps(acc[d], _mm512_mul_ps(_mm512_loadu_ps(acc[d]), alpha));
         ath_stage_pairs(vp, vb + j0 * g->vs[2], g->vs[2], 0, jn, DH);
-        ath_accum(acc, pp, (const uint32_t(*)[ATH_DMAX])vp, (jn + 1) / 2, DH);
+        if (ath_pair_masks(vm, jn, rb, both, lo, hi))
+            ath_accum_vis(acc, pp, (const uint32_t(*)[ATH_DMAX])vp, (jn + 1) / 2, DH, both, lo, hi);
+        else
+            ath_accum(acc, pp, (const uint32_t(*)[ATH_DMAX])vp, (jn + 1) / 2, DH);
     }
     float la[L], ma[L];
     _mm512_storeu_ps(la, l);
     _mm512_storeu_ps(ma, m);
     for (int r = 0; r < rb; r++) {
-        float inv = la[r] > 0.f ? 1.f / la[r] : 0.f;
+        float inv = ath_inv_l(limf_a[r] > 0.f, la[r]);
         ath_bf *o = out + ath_row(g->os, b, h, i0 + r);
         for (int d = 0; d < DH; d++) o[d] = ompk_f32_to_bf16(acc[d][r] * inv);
-        if (lse)
-            lse[ath_row(g->ls, b, h, i0 + r)] =
-                la[r] > 0.f ? (ma[r] + log2f(la[r])) * ATH_LN2 : -INFINITY;
+        if (lse) lse[ath_row(g->ls, b, h, i0 + r)] = ath_lse(limf_a[r] > 0.f, ma[r], la[r]);
     }
 }
 
@@ -238,6 +307,7 @@ ATH_INLINE void ath_dq_block(const ompk_attn_geom *g, const ath_bf *dout, const 
     uint32_t kp[BK / 2][ATH_DMAX];
     __m512 s[BK], dp[BK];
     __m512i w[BK / 2];
+    __mmask16 vm[BK], both[BK / 2], lo[BK / 2], hi[BK / 2];
     float limf_a[L], l2_a[L], di_a[L];
     int64_t jmax = 0;
     for (int r = 0; r < L; r++) {
@@ -246,11 +316,11 @@ ATH_INLINE void ath_dq_block(const ompk_attn_geom *g, const ath_bf *dout, const 
         int64_t lim = lv == -INFINITY ? 0 : ath_key_limit(g->mask, i, N, M);
         limf_a[r] = (float)lim;
         jmax = lim > jmax ? lim : jmax;
-        l2_a[r] = lv == -INFINITY ? 0.f : lv * ATH_LOG2E;
+        l2_a[r] = lv == -INFINITY ? 0.f : lv;
         di_a[r] = r < rb ? dsum[(b * g->Hq + h) * N + i] : 0.f;
     }
     const __m512 limf = _mm512_loadu_ps(limf_a), l2 = _mm512_loadu_ps(l2_a);
-    const __m512 di = _mm512_loadu_ps(di_a), qs = _mm512_set1_ps(g->scale * ATH_LOG2E);
+    const __m512 di = _mm512_loadu_ps(di_a), sc = _mm512_set1_ps(g->scale);
     ath_stage_T(qT, q + ath_row(g->qs, b, h, 0), g->qs[2], i0, rb, DH);
     ath_stage_T(doT, dout + ath_row(g->dos, b, h, 0), g->dos[2], i0, rb, DH);
     memset(acc, 0, sizeof(float) * DH * L);
@@ -264,16 +334,20 @@ ATH_INLINE void ath_dq_block(const ompk_attn_geom *g, const ath_bf *dout, const 
             for (int u = 0; u < 2; u++) {
                 d2[u] = _mm512_setzero_ps();
                 if (jj + u < jn) {
-                    __mmask16 vis =
+                    const __mmask16 vis =
                         _mm512_cmp_ps_mask(_mm512_set1_ps((float)(j0 + jj + u)), limf, _CMP_LT_OQ);
-                    __m512 p = ath_exp2(_mm512_fmsub_ps(s[jj + u], qs, l2));
+                    vm[jj + u] = vis;
+                    __m512 p = ath_p_of(s[jj + u], sc, l2);
                     d2[u] = _mm512_maskz_mul_ps(vis, p, _mm512_sub_ps(dp[jj + u], di));
                 }
             }
             w[jj / 2] = ath_pack_pair(d2[0], d2[1]);
         }
         ath_stage_pairs(kp, kb + j0 * g->ks[2], g->ks[2], 0, jn, DH);
-        ath_accum(acc, w, (const uint32_t(*)[ATH_DMAX])kp, (jn + 1) / 2, DH);
+        if (ath_pair_masks(vm, jn, rb, both, lo, hi))
+            ath_accum_vis(acc, w, (const uint32_t(*)[ATH_DMAX])kp, (jn + 1) / 2, DH, both, lo, hi);
+        else
+            ath_accum(acc, w, (const uint32_t(*)[ATH_DMAX])kp, (jn + 1) / 2, DH);
     }
     for (int r = 0; r < rb; r++) {
         ath_bf *o = dq + ath_row(g->dqs, b, h, i0 + r);
@@ -295,6 +369,7 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
     uint32_t qp[BQ / 2][ATH_DMAX], dop[BQ / 2][ATH_DMAX];
     __m512 s[BQ], dp[BQ];
     __m512i pw[BQ / 2], dw[BQ / 2];
+    __mmask16 vm[BQ], both[BQ / 2], lo[BQ / 2], hi[BQ / 2];
     float jf_a[L];
     ath_stage_T(kT, k + ath_row(g->ks, b, hk, 0), g->ks[2], j0, cb, DH);
     ath_stage_T(vT, v + ath_row(g->vs, b, hk, 0), g->vs[2], j0, cb, DH);
@@ -302,7 +377,7 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
     memset(dva, 0, sizeof(float) * DH * L);
     /* lanes past the last key get an index no row sees */
     for (int c = 0; c < L; c++) jf_a[c] = c < cb ? (float)(j0 + c) : (float)M + 1.f;
-    const __m512 jf = _mm512_loadu_ps(jf_a), qs = _mm512_set1_ps(g->scale * ATH_LOG2E);
+    const __m512 jf = _mm512_loadu_ps(jf_a), sc = _mm512_set1_ps(g->scale);
     const int64_t ifirst = ath_first_row(g->mask, j0, N, M);
     for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
         const ath_bf *qb = q + ath_row(g->qs, b, h, 0), *ob = dout + ath_row(g->dos, b, h, 0);
@@ -318,13 +393,15 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
                         int64_t i = ii0 + t + u;
                         float lv = lse[ath_row(g->ls, b, h, i)];
                         float lim = lv == -INFINITY ? 0.f : (float)ath_key_limit(g->mask, i, N, M);
-                        float l2 = lv == -INFINITY ? 0.f : lv * ATH_LOG2E;
+                        float l2 = lv == -INFINITY ? 0.f : lv;
                         __mmask16 vis = _mm512_cmp_ps_mask(jf, _mm512_set1_ps(lim), _CMP_LT_OQ);
-                        __m512 p = ath_exp2(_mm512_fmsub_ps(s[t + u], qs, _mm512_set1_ps(l2)));
+                        vm[t + u] = vis;
+                        __m512 p = ath_p_of(s[t + u], sc, _mm512_set1_ps(l2));
                         p2[u] = _mm512_maskz_mov_ps(vis, p);
-                        d2[u] = _mm512_mul_ps(
-                            p2[u], _mm512_sub_ps(dp[t + u],
-                                                 _mm512_set1_ps(dsum[(b * g->Hq + h) * N + i])));
+                        d2[u] = _mm512_maskz_mul_ps(
+                            vis, p,
+                            _mm512_sub_ps(dp[t + u],
+                                          _mm512_set1_ps(dsum[(b * g->Hq + h) * N + i])));
                     }
                 }
                 pw[t / 2] = ath_pack_pair(p2[0], p2[1]);
@@ -332,8 +409,15 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
             }
             ath_stage_pairs(dop, ob + ii0 * g->dos[2], g->dos[2], 0, in, DH);
             ath_stage_pairs(qp, qb + ii0 * g->qs[2], g->qs[2], 0, in, DH);
-            ath_accum(dva, pw, (const uint32_t(*)[ATH_DMAX])dop, (in + 1) / 2, DH);
-            ath_accum(dka, dw, (const uint32_t(*)[ATH_DMAX])qp, (in + 1) / 2, DH);
+            const uint32_t(*dopc)[ATH_DMAX] = (const uint32_t(*)[ATH_DMAX])dop;
+            const uint32_t(*qpc)[ATH_DMAX] = (const uint32_t(*)[ATH_DMAX])qp;
+            if (ath_pair_masks(vm, in, cb, both, lo, hi)) {
+                ath_accum_vis(dva, pw, dopc, (in + 1) / 2, DH, both, lo, hi);
+                ath_accum_vis(dka, dw, qpc, (in + 1) / 2, DH, both, lo, hi);
+            } else {
+                ath_accum(dva, pw, dopc, (in + 1) / 2, DH);
+                ath_accum(dka, dw, qpc, (in + 1) / 2, DH);
+            }
         }
     }
     for (int c = 0; c < cb; c++) {
@@ -341,6 +425,58 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
         for (int d = 0; d < DH; d++) {
             ko[d] = ompk_f32_to_bf16(dka[d][c] * g->scale);
             vo[d] = ompk_f32_to_bf16(dva[d][c]);
+        }
+    }
+}
+
+/* Keys kept of pair 2cp, 2cp+1 for a row that sees nv keys of the block: both, the first, none. */
+static inline int ath_pair_keep(int cp, int nv) {
+    return 2 * cp + 1 < nv ? -1 : 2 * cp < nv ? 0xFFFF : 0;
+}
+
+/* dq rows += dS row . K block for the n rows of dqr: head dim in lanes, key pairs, two rows at
+ * a time. With nv (a tile a mask cuts through), row t takes only its nv[t] visible keys: the
+ * others' k (maybe inf or NaN) is zeroed, not multiplied by their zero dS. */
+ATH_INLINE void ath_dq_pairs(float *restrict dqr, const uint32_t (*restrict dsb)[ATH_L / 2],
+                             const uint32_t (*restrict kp)[ATH_DMAX], int in, int np, const int *nv,
+                             const int DH) {
+    for (int t = 0; t < in; t += 2) {
+        const int two = t + 1 < in;
+        for (int d0 = 0; d0 < DH; d0 += 64) {
+            __m512 a0[4], a1[4];
+            for (int z = 0; z < 4; z++) a0[z] = a1[z] = _mm512_setzero_ps();
+            for (int z = 0; z < 4; z++)
+                if (d0 + 16 * z < DH) {
+                    a0[z] = _mm512_loadu_ps(dqr + t * DH + d0 + 16 * z);
+                    a1[z] = two ? _mm512_loadu_ps(dqr + (t + 1) * DH + d0 + 16 * z)
+                                : _mm512_setzero_ps();
+                }
+            for (int cp = 0; cp < np; cp++) {
+                const __m512i w0 = _mm512_set1_epi32((int)dsb[t][cp]);
+                const __m512i w1 = _mm512_set1_epi32((int)dsb[t + 1][cp]);
+                if (nv) {
+                    const __m512i m0 = _mm512_set1_epi32(ath_pair_keep(cp, nv[t]));
+                    const __m512i m1 = _mm512_set1_epi32(two ? ath_pair_keep(cp, nv[t + 1]) : 0);
+                    for (int z = 0; z < 4; z++)
+                        if (d0 + 16 * z < DH) {
+                            const __m512i kv = _mm512_loadu_si512(&kp[cp][d0 + 16 * z]);
+                            a0[z] = ath_dp(a0[z], _mm512_and_si512(kv, m0), w0);
+                            a1[z] = ath_dp(a1[z], _mm512_and_si512(kv, m1), w1);
+                        }
+                } else {
+                    for (int z = 0; z < 4; z++)
+                        if (d0 + 16 * z < DH) {
+                            const __m512i kv = _mm512_loadu_si512(&kp[cp][d0 + 16 * z]);
+                            a0[z] = ath_dp(a0[z], kv, w0);
+                            a1[z] = ath_dp(a1[z], kv, w1);
+                        }
+                }
+            }
+            for (int z = 0; z < 4; z++)
+                if (d0 + 16 * z < DH) {
+                    _mm512_storeu_ps(dqr + t * DH + d0 + 16 * z, a0[z]);
+                    if (two) _mm512_storeu_ps(dqr + (t + 1) * DH + d0 + 16 * z, a1[z]);
+                }
         }
     }
 }
@@ -360,8 +496,10 @@ ATH_INLINE void ath_bwd_head(const ompk_attn_geom *g, const ath_bf *dout, const 
     __m512 s[BQ], dp[BQ];
     __m512i pw[BQ / 2], dw[BQ / 2];
     uint32_t dsb[BQ][L / 2];
+    __mmask16 vm[BQ], both[BQ / 2], lo[BQ / 2], hi[BQ / 2];
+    int nv[BQ];
     float jf_a[L];
-    const __m512 qs = _mm512_set1_ps(g->scale * ATH_LOG2E);
+    const __m512 sc = _mm512_set1_ps(g->scale);
     memset(dqa, 0, sizeof(float) * (size_t)(G * N * DH));
     const ath_bf *kb = k + ath_row(g->ks, b, hk, 0), *vb = v + ath_row(g->vs, b, hk, 0);
     for (int64_t j0 = 0; j0 < M; j0 += L) {
@@ -389,14 +527,16 @@ ATH_INLINE void ath_bwd_head(const ompk_attn_geom *g, const ath_bf *dout, const 
                         if (t + u < in) {
                             int64_t i = ii0 + t + u;
                             float lv = lse[ath_row(g->ls, b, h, i)];
-                            float lim =
-                                lv == -INFINITY ? 0.f : (float)ath_key_limit(g->mask, i, N, M);
-                            float l2 = lv == -INFINITY ? 0.f : lv * ATH_LOG2E;
-                            __mmask16 vis = _mm512_cmp_ps_mask(jf, _mm512_set1_ps(lim), _CMP_LT_OQ);
-                            __m512 p = ath_exp2(_mm512_fmsub_ps(s[t + u], qs, _mm512_set1_ps(l2)));
+                            int64_t lim = lv == -INFINITY ? 0 : ath_key_limit(g->mask, i, N, M);
+                            float l2 = lv == -INFINITY ? 0.f : lv;
+                            __mmask16 vis =
+                                _mm512_cmp_ps_mask(jf, _mm512_set1_ps((float)lim), _CMP_LT_OQ);
+                            vm[t + u] = vis;
+                            nv[t + u] = (int)(lim <= j0 ? 0 : lim - j0 < cb ? lim - j0 : cb);
+                            __m512 p = ath_p_of(s[t + u], sc, _mm512_set1_ps(l2));
                             p2[u] = _mm512_maskz_mov_ps(vis, p);
                             __m512 di = _mm512_set1_ps(dsum[(b * g->Hq + h) * N + i]);
-                            d2[u] = _mm512_mul_ps(p2[u], _mm512_sub_ps(dp[t + u], di));
+                            d2[u] = _mm512_maskz_mul_ps(vis, p, _mm512_sub_ps(dp[t + u], di));
                         }
                         _mm256_storeu_si256((__m256i *)dsb[t + u],
                                             (__m256i)_mm512_cvtneps_pbh(d2[u]));
@@ -406,37 +546,18 @@ ATH_INLINE void ath_bwd_head(const ompk_attn_geom *g, const ath_bf *dout, const 
                 }
                 ath_stage_pairs(dop, ob, g->dos[2], ii0, in, DH);
                 ath_stage_pairs(qp, qb, g->qs[2], ii0, in, DH);
-                ath_accum(dva, pw, (const uint32_t(*)[ATH_DMAX])dop, (in + 1) / 2, DH);
-                ath_accum(dka, dw, (const uint32_t(*)[ATH_DMAX])qp, (in + 1) / 2, DH);
-                /* dq rows += dS row . K block: head dim in lanes, key pairs, two rows at a time */
+                const uint32_t(*dopc)[ATH_DMAX] = (const uint32_t(*)[ATH_DMAX])dop;
+                const uint32_t(*qpc)[ATH_DMAX] = (const uint32_t(*)[ATH_DMAX])qp;
+                const uint32_t(*kpc)[ATH_DMAX] = (const uint32_t(*)[ATH_DMAX])kp;
                 float *dqr = dqa + (hh * N + ii0) * DH;
-                for (int t = 0; t < in; t += 2) {
-                    const int two = t + 1 < in;
-                    for (int d0 = 0; d0 < DH; d0 += 64) {
-                        __m512 a0[4], a1[4];
-                        for (int z = 0; z < 4; z++) a0[z] = a1[z] = _mm512_setzero_ps();
-                        for (int z = 0; z < 4; z++)
-                            if (d0 + 16 * z < DH) {
-                                a0[z] = _mm512_loadu_ps(dqr + t * DH + d0 + 16 * z);
-                                a1[z] = two ? _mm512_loadu_ps(dqr + (t + 1) * DH + d0 + 16 * z)
-                                            : _mm512_setzero_ps();
-                            }
-                        for (int cp = 0; cp < (cb + 1) / 2; cp++) {
-                            const __m512i w0 = _mm512_set1_epi32((int)dsb[t][cp]);
-                            const __m512i w1 = _mm512_set1_epi32((int)dsb[t + 1][cp]);
-                            for (int z = 0; z < 4; z++)
-                                if (d0 + 16 * z < DH) {
-                                    const __m512i kv = _mm512_loadu_si512(&kp[cp][d0 + 16 * z]);
-                                    a0[z] = ath_dp(a0[z], kv, w0);
-                                    a1[z] = ath_dp(a1[z], kv, w1);
-                                }
-                        }
-                        for (int z = 0; z < 4; z++)
-                            if (d0 + 16 * z < DH) {
-                                _mm512_storeu_ps(dqr + t * DH + d0 + 16 * z, a0[z]);
-                                if (two) _mm512_storeu_ps(dqr + (t + 1) * DH + d0 + 16 * z, a1[z]);
-                            }
-                    }
+                if (ath_pair_masks(vm, in, cb, both, lo, hi)) {
+                    ath_accum_vis(dva, pw, dopc, (in + 1) / 2, DH, both, lo, hi);
+                    ath_accum_vis(dka, dw, qpc, (in + 1) / 2, DH, both, lo, hi);
+                    ath_dq_pairs(dqr, dsb, kpc, in, (cb + 1) / 2, nv, DH);
+                } else {
+                    ath_accum(dva, pw, dopc, (in + 1) / 2, DH);
+                    ath_accum(dka, dw, qpc, (in + 1) / 2, DH);
+                    ath_dq_pairs(dqr, dsb, kpc, in, (cb + 1) / 2, NULL, DH);
                 }
             }
         }
@@ -487,16 +608,21 @@ ATH_INLINE void ath_scores_f(__m512 *restrict s, const float (*restrict xT)[ATH_
     }
 }
 
-/* acc[d][l] += sum_{t < n} w[t][l] * row(t)[d], 16 d at a time in registers. */
+/* acc[d][l] += sum_{t < n} w[t][l] * row(t)[d] for the lanes in vm[t], 16 d at a time in
+ * registers: a masked pair adds exactly 0 even against an inf or NaN row element (the masked
+ * FMA costs what the plain one does). */
 ATH_INLINE void ath_accum_f(float (*restrict acc)[ATH_L], const __m512 *restrict w,
-                            const float *base, int64_t rs, int n, const int DH) {
+                            const __mmask16 *vm, const float *base, int64_t rs, int n,
+                            const int DH) {
     for (int d = 0; d < DH; d += 16) {
         __m512 c[16];
         for (int u = 0; u < 16; u++) c[u] = _mm512_loadu_ps(acc[d + u]);
         for (int t = 0; t < n; t++) {
             const __m512 wv = w[t];
             const float *r = base + t * rs + d;
-            for (int u = 0; u < 16; u++) c[u] = _mm512_fmadd_ps(wv, _mm512_set1_ps(r[u]), c[u]);
+            const __mmask16 k = vm[t];
+            for (int u = 0; u < 16; u++)
+                c[u] = _mm512_mask3_fmadd_ps(wv, _mm512_set1_ps(r[u]), c[u], k);
         }
         for (int u = 0; u < 16; u++) _mm512_storeu_ps(acc[d + u], c[u]);
     }
@@ -518,9 +644,11 @@ ATH_INLINE void ath_fwd_block_f(const ompk_attn_geom *g, const float *q, const f
         jmax = lim > jmax ? lim : jmax;
     }
     const __m512 limf = _mm512_loadu_ps(limf_a);
-    ath_stage_Tf(qT, q + ath_row(g->qs, b, h, 0), g->qs[2], i0, rb, DH, g->scale * ATH_LOG2E);
+    __mmask16 vm[BK];
+    ath_stage_Tf(qT, q + ath_row(g->qs, b, h, 0), g->qs[2], i0, rb, DH, 1.f);
     memset(acc, 0, sizeof(float) * DH * L);
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sc = _mm512_set1_ps(g->scale);
+    const __m512 l2e = _mm512_set1_ps(ATH_LOG2E);
     __m512 m = ninf, l = _mm512_setzero_ps();
     const float *kb = k + ath_row(g->ks, b, hk, 0), *vb = v + ath_row(g->vs, b, hk, 0);
     for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
@@ -528,36 +656,34 @@ ATH_INLINE void ath_fwd_block_f(const ompk_attn_geom *g, const float *q, const f
         ath_scores_f(s, qT, kb + j0 * g->ks[2], g->ks[2], jn, DH);
         __m512 mx = m;
         for (int jj = 0; jj < jn; jj++) {
-            __mmask16 vis = _mm512_cmp_ps_mask(_mm512_set1_ps((float)(j0 + jj)), limf, _CMP_LT_OQ);
-            s[jj] = _mm512_mask_mov_ps(ninf, vis, s[jj]);
-            mx = _mm512_max_ps(mx, s[jj]);
+            vm[jj] = _mm512_cmp_ps_mask(_mm512_set1_ps((float)(j0 + jj)), limf, _CMP_LT_OQ);
+            s[jj] = _mm512_mask_mul_ps(ninf, vm[jj], s[jj], sc);
+            mx = _mm512_max_ps(s[jj], mx); /* a NaN score stays out of the max */
         }
         __mmask16 live = _mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_OQ);
         __m512 msafe = _mm512_maskz_mov_ps(live, mx);
         __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_OQ),
-                                           ath_exp2(_mm512_sub_ps(m, msafe)));
+                                           ath_exp2(_mm512_mul_ps(_mm512_sub_ps(m, msafe), l2e)));
         __m512 sum = _mm512_setzero_ps();
         for (int jj = 0; jj < jn; jj++) {
-            __m512 p = ath_exp2(_mm512_sub_ps(s[jj], msafe));
-            s[jj] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[jj], ninf, _CMP_NEQ_OQ), p);
+            __m512 p = ath_exp2(_mm512_mul_ps(_mm512_sub_ps(s[jj], msafe), l2e));
+            s[jj] = _mm512_maskz_mov_ps(vm[jj], p);
             sum = _mm512_add_ps(sum, s[jj]);
         }
         l = _mm512_fmadd_ps(l, alpha, sum);
         m = _mm512_mask_mov_ps(ninf, live, mx);
         for (int d = 0; d < DH; d++)
             _mm512_storeu_ps(acc[d], _mm512_mul_ps(_mm512_loadu_ps(acc[d]), alpha));
-        ath_accum_f(acc, s, vb + j0 * g->vs[2], g->vs[2], jn, DH);
+        ath_accum_f(acc, s, vm, vb + j0 * g->vs[2], g->vs[2], jn, DH);
     }
     float la[L], ma[L];
     _mm512_storeu_ps(la, l);
     _mm512_storeu_ps(ma, m);
     for (int r = 0; r < rb; r++) {
-        float inv = la[r] > 0.f ? 1.f / la[r] : 0.f;
+        float inv = ath_inv_l(limf_a[r] > 0.f, la[r]);
         float *o = out + ath_row(g->os, b, h, i0 + r);
         for (int d = 0; d < DH; d++) o[d] = acc[d][r] * inv;
-        if (lse)
-            lse[ath_row(g->ls, b, h, i0 + r)] =
-                la[r] > 0.f ? (ma[r] + log2f(la[r])) * ATH_LN2 : -INFINITY;
+        if (lse) lse[ath_row(g->ls, b, h, i0 + r)] = ath_lse(limf_a[r] > 0.f, ma[r], la[r]);
     }
 }
 
@@ -574,11 +700,14 @@ ATH_INLINE void ath_bwd_head_f(const ompk_attn_geom *g, const float *dout, const
     float kT[ATH_DMAX][L], vT[ATH_DMAX][L], dka[ATH_DMAX][L], dva[ATH_DMAX][L];
     __m512 s[BQ], dp[BQ];
     float dsm[BQ][L], jf_a[L];
+    __mmask16 vm[BQ];
+    int nv[BQ];
+    const __m512 sc = _mm512_set1_ps(g->scale);
     memset(dqa, 0, sizeof(float) * (size_t)(G * N * DH));
     const float *kb = k + ath_row(g->ks, b, hk, 0), *vb = v + ath_row(g->vs, b, hk, 0);
     for (int64_t j0 = 0; j0 < M; j0 += L) {
         const int cb = (int)(M - j0 < L ? M - j0 : L);
-        ath_stage_Tf(kT, kb, g->ks[2], j0, cb, DH, g->scale * ATH_LOG2E);
+        ath_stage_Tf(kT, kb, g->ks[2], j0, cb, DH, 1.f);
         ath_stage_Tf(vT, vb, g->vs[2], j0, cb, DH, 1.f);
         memset(dka, 0, sizeof(float) * DH * L);
         memset(dva, 0, sizeof(float) * DH * L);
@@ -595,18 +724,21 @@ ATH_INLINE void ath_bwd_head_f(const ompk_attn_geom *g, const float *dout, const
                 for (int t = 0; t < in; t++) {
                     int64_t i = ii0 + t;
                     float lv = lse[ath_row(g->ls, b, h, i)];
-                    float lim = lv == -INFINITY ? 0.f : (float)ath_key_limit(g->mask, i, N, M);
-                    float l2 = lv == -INFINITY ? 0.f : lv * ATH_LOG2E;
-                    __mmask16 vis = _mm512_cmp_ps_mask(jf, _mm512_set1_ps(lim), _CMP_LT_OQ);
-                    __m512 p = ath_exp2(_mm512_sub_ps(s[t], _mm512_set1_ps(l2)));
+                    int64_t lim = lv == -INFINITY ? 0 : ath_key_limit(g->mask, i, N, M);
+                    float l2 = lv == -INFINITY ? 0.f : lv;
+                    __mmask16 vis = _mm512_cmp_ps_mask(jf, _mm512_set1_ps((float)lim), _CMP_LT_OQ);
+                    vm[t] = vis;
+                    nv[t] = (int)(lim <= j0 ? 0 : lim - j0 < cb ? lim - j0 : cb);
+                    __m512 p = ath_p_of(s[t], sc, _mm512_set1_ps(l2));
                     s[t] = _mm512_maskz_mov_ps(vis, p);
                     __m512 di = _mm512_set1_ps(dsum[(b * g->Hq + h) * N + i]);
-                    dp[t] = _mm512_mul_ps(s[t], _mm512_sub_ps(dp[t], di));
+                    dp[t] = _mm512_maskz_mul_ps(vis, p, _mm512_sub_ps(dp[t], di));
                     _mm512_storeu_ps(dsm[t], dp[t]);
                 }
-                ath_accum_f(dva, s, ob + ii0 * g->dos[2], g->dos[2], in, DH);
-                ath_accum_f(dka, dp, qb + ii0 * g->qs[2], g->qs[2], in, DH);
-                /* dq rows += dS row . K block: head dim in lanes, two rows at a time */
+                ath_accum_f(dva, s, vm, ob + ii0 * g->dos[2], g->dos[2], in, DH);
+                ath_accum_f(dka, dp, vm, qb + ii0 * g->qs[2], g->qs[2], in, DH);
+                /* dq rows += dS row . K block: head dim in lanes, two rows at a time; row t
+                 * takes its nv[t] visible keys only (masked FMAs) */
                 float *dqr = dqa + (hh * N + ii0) * DH;
                 for (int t = 0; t < in; t += 2) {
                     const int two = t + 1 < in;
@@ -623,11 +755,13 @@ ATH_INLINE void ath_bwd_head_f(const ompk_attn_geom *g, const float *dout, const
                             const float *kr = kb + (j0 + c) * g->ks[2] + d0;
                             const __m512 w0 = _mm512_set1_ps(dsm[t][c]);
                             const __m512 w1 = _mm512_set1_ps(two ? dsm[t + 1][c] : 0.f);
+                            const __mmask16 k0 = c < nv[t] ? 0xFFFF : 0;
+                            const __mmask16 k1 = two && c < nv[t + 1] ? 0xFFFF : 0;
                             for (int z = 0; z < 4; z++)
                                 if (d0 + 16 * z < DH) {
                                     const __m512 kv = _mm512_loadu_ps(kr + 16 * z);
-                                    a0[z] = _mm512_fmadd_ps(w0, kv, a0[z]);
-                                    a1[z] = _mm512_fmadd_ps(w1, kv, a1[z]);
+                                    a0[z] = _mm512_mask3_fmadd_ps(w0, kv, a0[z], k0);
+                                    a1[z] = _mm512_mask3_fmadd_ps(w1, kv, a1[z], k1);
                                 }
                         }
                         for (int z = 0; z < 4; z++)
@@ -717,7 +851,9 @@ static int ath_heads_even(const ompk_attn_geom *g) {
 }
 
 int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g, int bwd) {
-    if (ex.on_target || g->dh % 16 != 0 || g->dh > ATH_DMAX) return 0;
+    /* empty q or k/v go to the portable kernel: these kernels form row pointers from the
+     * tensors' data, which may be NULL when empty */
+    if (ex.on_target || g->dh % 16 != 0 || g->dh > ATH_DMAX || g->N == 0 || g->M == 0) return 0;
     if (bwd && !g->bf16 && !ath_heads_even(g)) return 0;
     const ompk_cpu_features *f = ompk_cpu_get();
     return f->avx512f && f->avx512bw && f->avx512vl && (f->avx512_bf16 || !g->bf16);

@@ -85,6 +85,13 @@ double ompk_host_get(const ompk_tensor *t, int64_t linear) {
     }
 }
 
+/* Per thread: a call's verify lines come from the thread that made the call. */
+static _Thread_local int64_t verify_mismatches;
+
+int64_t ompk_verify_mismatches(void) {
+    return verify_mismatches;
+}
+
 int64_t ompk_verify_report(const char *fn, const char *output, const char *section,
                            const ompk_tensor *out, const double *ref, int64_t col_lo,
                            int64_t col_hi, ompk_tol tol) {
@@ -115,6 +122,7 @@ int64_t ompk_verify_report(const char *fn, const char *output, const char *secti
             fn, output, section ? "[" : "", section ? section : "", section ? "]" : "",
             (long long)count, max_abs, max_rel, (long long)mism, tol.atol, tol.rtol,
             mism ? "MISMATCH" : "OK");
+    verify_mismatches += mism;
     return mism;
 }
 

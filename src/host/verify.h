@@ -39,6 +39,10 @@ int64_t ompk_verify_report(const char *fn, const char *output, const char *secti
                            const ompk_tensor *out, const double *ref, int64_t col_lo,
                            int64_t col_hi, ompk_tol tol);
 
+/* MISMATCH elements reported so far by ompk_verify_report on the calling thread (tests read it
+ * around a call). */
+int64_t ompk_verify_mismatches(void);
+
 /* Print the norms of a host view (trace mode). */
 void ompk_trace_tensor(const char *fn, const char *stage, const ompk_tensor *host);
 

@@ -1,10 +1,10 @@
 /* Fast GPU forward for f32 attention: the FlashAttention-2 shape of attention_fast.c on the
  * tensor cores through 3xTF32.
  *
- * Each f32 operand x is split into x_hi = tf32(x) (rounded to nearest) and x_lo = x - x_hi
+ * Each f32 operand x is split into x_hi = tf32(x) (truncated) and x_lo = x - x_hi
  * (exact in f32, then truncated to tf32), and a product a*b runs as three
  * mma.sync.m16n8k8 tf32 with fp32 accumulation: a_lo*b_hi + a_hi*b_lo + a_hi*b_hi. The dropped
- * a_lo*b_lo and the truncation of the lo parts leave a relative error of about 2^-21 per
+ * a_lo*b_lo and the truncation of the lo parts leave a relative error of about 2^-20 per
  * product, fp32 level (a single TF32 product errs by 2^-11, which the f32 tolerances reject).
  * Both Q K^T and P V run this way; the online softmax is fp32, as in the bf16 kernel.
  *
@@ -138,12 +138,18 @@ ATTT_INLINE float attt_float(uint32_t u) {
     return c.f;
 }
 
-/* x = hi + lo: hi is x rounded to tf32 (nearest, ties away from zero: adding half a tf32 ulp
- * to the magnitude bits), lo the exact remainder (|lo| <= 2^-11 |x|) truncated to tf32. */
+/* x = hi + lo: hi is x truncated to tf32, lo the exact remainder (|lo| < 2^-10 |x|, the sign
+ * of x) truncated to tf32. An infinite operand b meets a_lo * b_hi + a_hi * b_hi (+ a_hi * b_lo)
+ * and must give sign(a) * inf, as one product would: so lo never has the opposite sign of hi
+ * (rounding hi would allow it, and inf - inf), and a nonzero x never has lo = 0 (0 * inf): lo is
+ * then the smallest normal with x's sign, whose products are negligible or flushed. NaN stays
+ * NaN in hi (truncation could turn a NaN with a small payload into inf). */
 ATTT_INLINE void attt_split(float x, uint32_t *hi, uint32_t *lo) {
-    const uint32_t h = (attt_bits(x) + 0x1000u) & 0xffffe000u;
+    const uint32_t u = attt_bits(x), mag = u & 0x7fffffffu, tiny = (u & 0x80000000u) | 0x00800000u;
+    const uint32_t h = mag > 0x7f800000u ? 0x7fffffffu : u & 0xffffe000u;
+    const uint32_t l = attt_bits(x - attt_float(h)) & 0xffffe000u;
     *hi = h;
-    *lo = attt_bits(x - attt_float(h)) & 0xffffe000u;
+    *lo = mag == 0u ? 0u : mag >= 0x7f800000u || (l & 0x7fffffffu) == 0u ? tiny : l;
 }
 
 /* c += a * b in 3xTF32: the two small cross terms first, then the large one. */
@@ -306,7 +312,8 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
     l0 += attt_xor(l0, 2);
     l1 += attt_xor(l1, 1);
     l1 += attt_xor(l1, 2);
-    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    /* 0 / -inf only for a row that sees no key; a NaN sum (a NaN score) stays NaN */
+    const float i0 = lim0 > 0 ? 1.f / l0 : 0.f, i1 = lim1 > 0 ? 1.f / l1 : 0.f;
     float *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
     float *o1 = out + b * g->os[0] + h * g->os[1] + r1 * g->os[2];
     ATTT_UNROLL
@@ -321,8 +328,14 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
     }
     if (lse && t4 == 0) {
         const int64_t lb = b * g->ls[0] + h * g->ls[1];
-        if (r0 < N) lse[lb + r0 * g->ls[2]] = l0 > 0.f ? (m0 + log2f(l0)) * ATTT_LN2 : -INFINITY;
-        if (r1 < N) lse[lb + r1 * g->ls[2]] = l1 > 0.f ? (m1 + log2f(l1)) * ATTT_LN2 : -INFINITY;
+        if (r0 < N)
+            lse[lb + r0 * g->ls[2]] = lim0 == 0  ? -INFINITY
+                                      : l0 > 0.f ? (m0 + log2f(l0)) * ATTT_LN2
+                                                 : NAN;
+        if (r1 < N)
+            lse[lb + r1 * g->ls[2]] = lim1 == 0  ? -INFINITY
+                                      : l1 > 0.f ? (m1 + log2f(l1)) * ATTT_LN2
+                                                 : NAN;
     }
 }
 

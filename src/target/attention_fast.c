@@ -67,6 +67,8 @@
 #define attf_cp_wait0 ptx_cp_async_wait0
 #define attf_cp_wait1 ptx_cp_async_wait1
 #define attf_ex2 ptx_ex2
+/* NaN-safe: the GPU's NaN is 0x7fffffff, which plain rounding would carry into -0 */
+#define attf_pack ptx_pack_bf16x2
 
 #ifdef ATTF_EMULATE
 static int64_t attf_emu_block;
@@ -80,19 +82,6 @@ static uint16_t attf_emu_sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
 typedef struct attf_u4 {
     uint32_t w[4];
 } __attribute__((aligned(16))) attf_u4;
-
-/* Round two floats to bf16 (nearest even) and pack them, lo in the low half. */
-ATTF_INLINE uint32_t attf_pack(float lo, float hi) {
-    union {
-        float f;
-        uint32_t u;
-    } a, b;
-    a.f = lo;
-    b.f = hi;
-    a.u += 0x7fffu + ((a.u >> 16) & 1u);
-    b.u += 0x7fffu + ((b.u >> 16) & 1u);
-    return (a.u >> 16) | (b.u & 0xffff0000u);
-}
 
 ATTF_INLINE int64_t attf_limit(int mask, int64_t i, int64_t n, int64_t m) {
     int64_t lim = m;
@@ -217,7 +206,8 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     l0 += attf_xor(l0, 2);
     l1 += attf_xor(l1, 1);
     l1 += attf_xor(l1, 2);
-    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    /* 0 / -inf only for a row that sees no key; a NaN sum (a NaN score) stays NaN */
+    const float i0 = lim0 > 0 ? 1.f / l0 : 0.f, i1 = lim1 > 0 ? 1.f / l1 : 0.f;
     uint16_t *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
     uint16_t *o1 = out + b * g->os[0] + h * g->os[1] + r1 * g->os[2];
     ATTF_UNROLL
@@ -228,8 +218,14 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     }
     if (lse && t4 == 0) {
         const int64_t lb = b * g->ls[0] + h * g->ls[1];
-        if (r0 < N) lse[lb + r0 * g->ls[2]] = l0 > 0.f ? (m0 + log2f(l0)) * ATTF_LN2 : -INFINITY;
-        if (r1 < N) lse[lb + r1 * g->ls[2]] = l1 > 0.f ? (m1 + log2f(l1)) * ATTF_LN2 : -INFINITY;
+        if (r0 < N)
+            lse[lb + r0 * g->ls[2]] = lim0 == 0  ? -INFINITY
+                                      : l0 > 0.f ? (m0 + log2f(l0)) * ATTF_LN2
+                                                 : NAN;
+        if (r1 < N)
+            lse[lb + r1 * g->ls[2]] = lim1 == 0  ? -INFINITY
+                                      : l1 > 0.f ? (m1 + log2f(l1)) * ATTF_LN2
+                                                 : NAN;
     }
 }
 
@@ -371,7 +367,8 @@ ATTF_INLINE void attf_dkdv_team(const ompk_attn_geom *g, const uint16_t *q, cons
                     const int vis = (e < 2 ? kl0 : kl1) < slim[col];
                     const float p = vis ? attf_ex2(st[nt][e] * sl2 - sl[col]) : 0.f;
                     st[nt][e] = p;
-                    dpt[nt][e] = p * (dpt[nt][e] - sd[col]);
+                    /* a select: a masked pair's dS is 0 even where dP or D is NaN */
+                    dpt[nt][e] = vis ? p * (dpt[nt][e] - sd[col]) : 0.f;
                 }
             }
             attf_mm_acc(adv, st, sdo, lane, DH);
@@ -436,7 +433,7 @@ ATTF_INLINE void attf_dq_team(const ompk_attn_geom *g, const uint16_t *q, const 
                 const int key = nt * 8 + t4 * 2 + (e & 1);
                 const int vis = key < (e < 2 ? c0 : c1);
                 const float p = vis ? attf_ex2(s[nt][e] * sl2 - (e < 2 ? l0 : l1)) : 0.f;
-                s[nt][e] = p * (dp[nt][e] - (e < 2 ? d0 : d1));
+                s[nt][e] = vis ? p * (dp[nt][e] - (e < 2 ? d0 : d1)) : 0.f;
             }
         }
         attf_mm_acc(adq, s, sk, lane, DH);

@@ -7,6 +7,16 @@
 
 #include "route.h"
 
+/* x rounded to fp32 before its next use: a score s = dot * scale must not fuse into the
+ * subtraction s - lse (the forward rounds s; a fused backward then misses p = 1 on one-hot rows).
+ * GCC (-ffp-contract=fast) fuses across statements, which the barrier stops; clang fuses only
+ * within one expression, so the product there must stay a statement or function of its own. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define ATT_ROUNDED(x) __builtin_assoc_barrier(x)
+#else
+#define ATT_ROUNDED(x) (x)
+#endif
+
 /* Shape, strides (elements, order b, h, n; dh has stride 1) and options of one call. */
 typedef struct ompk_attn_geom {
     int64_t B, Hq, Hkv, N, M, dh;
@@ -23,10 +33,16 @@ void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *q
 /* dsum[(b*Hq + h)*N + i] = <dout_i, out_i> (fp32), the backward's row term. */
 void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *out,
                       float *dsum);
-/* dsum: B*Hq*N f32 workspace on ex's device. */
+/* dsum: 2*B*Hq*N f32 workspace on ex's device (the GPU form keeps the rows' lse in the second
+ * half). */
 void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
                             const void *k, const void *v, const void *out, const float *lse,
                             void *dq, void *dk, void *dv, float *dsum);
+
+/* Whether the [B,H,L,dh] operand x (strides s, bf16 or f32, on ex's device) is all finite
+ * (attention_finite.c). */
+int ompk_attn_all_finite(ompk_exec ex, const void *x, int bf16, int64_t B, int64_t H, int64_t L,
+                         int64_t dh, const int64_t s[3]);
 
 /* GPU forward on tensor cores (attention_fast.c): whether it can serve this call (target
  * tensors, bf16, dh in {32, 64, 80, 96, 128}, 16-byte aligned rows), and the kernel. */

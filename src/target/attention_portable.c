@@ -6,9 +6,13 @@
  * Backward (FlashAttention-2 recompute): D_i = rowsum(dout_i * out_i), then one pass parallel over
  * key blocks (each owns its dk/dv rows and visits the group's query heads and rows in a fixed
  * order: deterministic, no atomics) and one pass parallel over query rows for dq.
- * Softmax runs in the log2 domain (scores pre-multiplied by scale * log2 e) with a polynomial
- * exp2 that vectorizes on the host. The host regions work on ATT_RB rows at a time so one key
- * row, converted once, feeds several rows from L1; GPU regions give each thread one row. */
+ * Scores are s = <q, k> * scale in natural units, computed the same way in the forward and both
+ * backward passes, so the backward's p = exp(s - lse) is exactly 1 where the forward's softmax
+ * was one-hot, at any logit size. Differences s - m or s - lse are taken before the scaling to
+ * log2 e for the polynomial exp2 (vectorizes on the host): scaling first loses the low bits of
+ * large logits. A masked pair adds exactly 0 (never 0 * NaN); a NaN score propagates. The host
+ * regions work on ATT_RB rows at a time so one key row, converted once, feeds several rows from L1;
+ * GPU regions give each thread one row. */
 #include <math.h>
 #include <stdint.h>
 
@@ -33,11 +37,12 @@
 
 #pragma omp declare target
 
-/* 2^x for x <= 127, exact 0 below -126.5 (masked and underflowing terms). Degree-6 Taylor on
- * the rounded-off fraction in [-0.5, 0.5]: relative error about 1e-7. */
-ATT_INLINE float att_exp2(float x) {
-    x = x > 127.f ? 127.f : x;
-    x = x < -127.f ? -127.f : x;
+/* 2^x for x <= 127, exact 0 below -126.5 (masked and underflowing terms), NaN for NaN. Degree-6
+ * Taylor on the rounded-off fraction in [-0.5, 0.5]: relative error about 1e-7. The clamps are
+ * written so that NaN becomes 127 before the integer conversion (converting NaN is undefined). */
+ATT_INLINE float att_exp2(float x0) {
+    float x = x0 < 127.f ? x0 : 127.f;
+    x = x > -127.f ? x : -127.f;
     /* round to nearest by the 1.5 * 2^23 shift: plain arithmetic, so the loop around a call
      * vectorizes with every compiler (floorf stays a libm call in some builds) */
     float n = (x + 12582912.f) - 12582912.f;
@@ -51,7 +56,12 @@ ATT_INLINE float att_exp2(float x) {
     p = p * f + 1.0f;
     ompk_f32_bits e;
     e.u = (uint32_t)((int32_t)n + 127) << 23;
-    return p * e.f;
+    return x0 == x0 ? p * e.f : x0;
+}
+
+/* A score in natural units, rounded to fp32 on every compiler (see ATT_ROUNDED). */
+ATT_INLINE float att_score(float dot, float scale) {
+    return ATT_ROUNDED(dot * scale);
 }
 
 ATT_INLINE float att_ld(const void *p, int64_t i, const int bf) {
@@ -63,6 +73,18 @@ ATT_INLINE void att_st(void *p, int64_t i, float v, const int bf) {
         ((uint16_t *)p)[i] = ompk_f32_to_bf16(v);
     else
         ((float *)p)[i] = v;
+}
+
+/* The forward's row results from its running max m (natural units) and sum l. A row that sees
+ * no key gives o = 0 and lse = -inf; a row that sees keys gives whatever the float math gives,
+ * NaN included: a NaN sum stays NaN, and l = 0 (every visible score -inf, or only NaN seen
+ * before) is NaN rather than the fully masked row's 0 / -inf. */
+ATT_INLINE float att_inv_l(int sees, float l) {
+    return sees ? 1.f / l : 0.f;
+}
+
+ATT_INLINE float att_lse(int sees, float m, float l) {
+    return !sees ? -INFINITY : l > 0.f ? m + log2f(l) * ATT_LN2 : NAN;
 }
 
 /* Row n of head (b, h) of a [B,H,L,dh] tensor with strides s. */
@@ -114,7 +136,7 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
     int64_t lim[RB];
     int64_t jmax = 0;
     for (int r = 0; r < rb; r++) {
-        att_load_row(qf[r], q, att_row(g->qs, b, h, i0 + r), dh, g->scale * ATT_LOG2E, bf);
+        att_load_row(qf[r], q, att_row(g->qs, b, h, i0 + r), dh, 1.f, bf);
         for (int64_t d = 0; d < dh; d++) acc[r][d] = 0.f;
         mrow[r] = -INFINITY;
         lrow[r] = 0.f;
@@ -131,16 +153,18 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
                 kr = kf;
             }
             for (int r = 0; r < rb; r++)
-                s[r][jj] = j0 + jj < lim[r] ? att_dot(qf[r], kr, dh) : -INFINITY;
+                s[r][jj] =
+                    j0 + jj < lim[r] ? att_score(att_dot(qf[r], kr, dh), g->scale) : -INFINITY;
         }
         for (int r = 0; r < rb; r++) {
             float mx = mrow[r];
             for (int jj = 0; jj < jn; jj++) mx = s[r][jj] > mx ? s[r][jj] : mx;
-            if (mx == -INFINITY) continue; /* nothing visible yet in this row */
-            float alpha = att_exp2(mrow[r] - mx), sum = 0.f;
+            /* nothing visible (or only NaN) yet: exponentials against 0 give p = 0 or NaN */
+            const float base = mx == -INFINITY ? 0.f : mx;
+            float alpha = att_exp2((mrow[r] - base) * ATT_LOG2E), sum = 0.f;
             ATT_SIMD_SUM(sum)
             for (int jj = 0; jj < jn; jj++) {
-                float p = att_exp2(s[r][jj] - mx);
+                float p = att_exp2((s[r][jj] - base) * ATT_LOG2E);
                 s[r][jj] = p;
                 sum += p;
             }
@@ -158,20 +182,44 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
             }
             for (int r = 0; r < rb; r++) {
                 float p = s[r][jj];
-                if (mrow[r] == -INFINITY || p == 0.f) continue;
+                if (j0 + jj >= lim[r]) continue;
                 float *restrict a = acc[r];
                 for (int64_t d = 0; d < dh; d++) a[d] += p * vr[d];
             }
         }
     }
     for (int r = 0; r < rb; r++) {
-        float inv = lrow[r] > 0.f ? 1.f / lrow[r] : 0.f;
         int64_t ooff = att_row(g->os, b, h, i0 + r);
+        float inv = att_inv_l(lim[r] > 0, lrow[r]);
         for (int64_t d = 0; d < dh; d++) att_st(out, ooff + d, acc[r][d] * inv, bf);
-        if (lse)
-            lse[att_row(g->ls, b, h, i0 + r)] =
-                lrow[r] > 0.f ? (mrow[r] + log2f(lrow[r])) * ATT_LN2 : -INFINITY;
+        if (lse) lse[att_row(g->ls, b, h, i0 + r)] = att_lse(lim[r] > 0, mrow[r], lrow[r]);
     }
+}
+
+/* lse of row i of head (b, h) from this kernel's own fp32 scores (att_dot * scale, as the
+ * backward recomputes them); -inf for a row that sees no key, NaN for a NaN score. */
+ATT_INLINE float att_row_lse(const ompk_attn_geom *g, const void *q, const void *k, int64_t b,
+                             int64_t h, int64_t i, const int bf) {
+    const int64_t dh = g->dh, hk = h / (g->Hq / g->Hkv);
+    const int64_t lim = att_key_limit(g->mask, i, g->N, g->M);
+    float qf[ATT_DMAX], kf[ATT_DMAX];
+    att_load_row(qf, q, att_row(g->qs, b, h, i), dh, 1.f, bf);
+    float m = -INFINITY, l = 0.f;
+    for (int64_t j = 0; j < lim; j++) {
+        int64_t koff = att_row(g->ks, b, hk, j);
+        const float *kr = (const float *)k + koff;
+        if (bf) {
+            att_load_row(kf, k, koff, dh, 1.f, bf);
+            kr = kf;
+        }
+        const float x = att_score(att_dot(qf, kr, dh), g->scale);
+        if (x > m) { /* a NaN score leaves m alone and turns l into NaN below */
+            l *= att_exp2((m - x) * ATT_LOG2E);
+            m = x;
+        }
+        l += att_exp2((x - (m == -INFINITY ? 0.f : m)) * ATT_LOG2E);
+    }
+    return att_lse(lim > 0, m, l);
 }
 
 /* dq for rows i0 .. i0+rb-1 of head (b, h). */
@@ -188,11 +236,11 @@ ATT_INLINE void att_dq_block(const ompk_attn_geom *g, const void *dout, const vo
     int64_t jmax = 0;
     for (int r = 0; r < rb; r++) {
         int64_t i = i0 + r;
-        att_load_row(qf[r], q, att_row(g->qs, b, h, i), dh, g->scale * ATT_LOG2E, bf);
+        att_load_row(qf[r], q, att_row(g->qs, b, h, i), dh, 1.f, bf);
         att_load_row(dof[r], dout, att_row(g->dos, b, h, i), dh, 1.f, bf);
         for (int64_t d = 0; d < dh; d++) acc[r][d] = 0.f;
         float l = lse[att_row(g->ls, b, h, i)];
-        l2[r] = l * ATT_LOG2E;
+        l2[r] = l;
         Di[r] = dsum[(b * g->Hq + h) * N + i];
         lim[r] = l == -INFINITY ? 0 : att_key_limit(g->mask, i, N, M);
         jmax = lim[r] > jmax ? lim[r] : jmax;
@@ -208,7 +256,8 @@ ATT_INLINE void att_dq_block(const ompk_attn_geom *g, const void *dout, const vo
         }
         for (int r = 0; r < rb; r++) {
             if (j >= lim[r]) continue;
-            float p = att_exp2(att_dot(qf[r], kr, dh) - l2[r]);
+            float s = att_score(att_dot(qf[r], kr, dh), g->scale);
+            float p = att_exp2((s - l2[r]) * ATT_LOG2E);
             float ds = p * (att_dot(dof[r], vr, dh) - Di[r]);
             float *restrict a = acc[r];
             for (int64_t d = 0; d < dh; d++) a[d] += ds * kr[d];
@@ -230,9 +279,8 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
     int cb = (int)(M - j0 < CB ? M - j0 : CB);
     float kf[CB][ATT_DMAX], vf[CB][ATT_DMAX], dka[CB][ATT_DMAX], dva[CB][ATT_DMAX];
     float qf[ATT_DMAX], dof[ATT_DMAX];
-    const float s2 = g->scale * ATT_LOG2E;
     for (int c = 0; c < cb; c++) {
-        att_load_row(kf[c], k, att_row(g->ks, b, hk, j0 + c), dh, s2, bf);
+        att_load_row(kf[c], k, att_row(g->ks, b, hk, j0 + c), dh, 1.f, bf);
         att_load_row(vf[c], v, att_row(g->vs, b, hk, j0 + c), dh, 1.f, bf);
         for (int64_t d = 0; d < dh; d++) dka[c][d] = dva[c][d] = 0.f;
     }
@@ -245,10 +293,11 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
             if (lim <= j0) continue;
             att_load_row(qf, q, att_row(g->qs, b, h, i), dh, 1.f, bf);
             att_load_row(dof, dout, att_row(g->dos, b, h, i), dh, 1.f, bf);
-            float l2 = l * ATT_LOG2E, Di = dsum[(b * g->Hq + h) * N + i];
+            float Di = dsum[(b * g->Hq + h) * N + i];
             for (int c = 0; c < cb; c++) {
                 if (j0 + c >= lim) break;
-                float p = att_exp2(att_dot(qf, kf[c], dh) - l2);
+                float s = att_score(att_dot(qf, kf[c], dh), g->scale);
+                float p = att_exp2((s - l) * ATT_LOG2E);
                 float ds = p * (att_dot(dof, vf[c], dh) - Di);
                 float *restrict a = dka[c], *restrict e = dva[c];
                 for (int64_t d = 0; d < dh; d++) {
@@ -276,13 +325,12 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
 #define ATT_LANES 16
 
 ATT_INLINE void att_tile_dot(float (*restrict out)[ATT_LANES],
-                             const float (*restrict xT)[ATT_LANES], const float *restrict rows,
-                             const int64_t rs, const int n, const int DH) {
+                             const float (*restrict xT)[ATT_LANES],
+                             const float (*restrict rows)[ATT_DMAX], const int n, const int DH) {
     enum { L = ATT_LANES };
     for (int t = 0; t < n; t += 4) {
-        const float *r0 = rows + t * rs, *r1 = rows + (t + 1 < n ? t + 1 : t) * rs;
-        const float *r2 = rows + (t + 2 < n ? t + 2 : t) * rs;
-        const float *r3 = rows + (t + 3 < n ? t + 3 : t) * rs;
+        const float *r0 = rows[t], *r1 = rows[t + 1 < n ? t + 1 : t];
+        const float *r2 = rows[t + 2 < n ? t + 2 : t], *r3 = rows[t + 3 < n ? t + 3 : t];
         float s0[L], s1[L], s2[L], s3[L];
         for (int l = 0; l < L; l++) s0[l] = s1[l] = s2[l] = s3[l] = 0.f;
         for (int d = 0; d < DH; d++) {
@@ -304,8 +352,8 @@ ATT_INLINE void att_tile_dot(float (*restrict out)[ATT_LANES],
 }
 
 ATT_INLINE void att_tile_accum(float (*restrict accT)[ATT_LANES],
-                               const float (*restrict w)[ATT_LANES], const float *restrict rows,
-                               const int64_t rs, const int n, const int DH) {
+                               const float (*restrict w)[ATT_LANES],
+                               const float (*restrict rows)[ATT_DMAX], const int n, const int DH) {
     enum { L = ATT_LANES };
     for (int d = 0; d < DH; d += 4) {
         float c0[L], c1[L], c2[L], c3[L];
@@ -316,7 +364,7 @@ ATT_INLINE void att_tile_accum(float (*restrict accT)[ATT_LANES],
             c3[l] = accT[d + 3][l];
         }
         for (int t = 0; t < n; t++) {
-            const float *rt = rows + t * rs + d;
+            const float *rt = rows[t] + d;
             const float v0 = rt[0], v1 = rt[1], v2 = rt[2], v3 = rt[3];
             for (int l = 0; l < L; l++) {
                 c0[l] += w[t][l] * v0;
@@ -334,19 +382,52 @@ ATT_INLINE void att_tile_accum(float (*restrict accT)[ATT_LANES],
     }
 }
 
-/* n rows of a [.., L, dh] tensor from row r0 (row stride rs, offset base) as fp32 rows:
- * f32 rows are used in place (*ors = rs), bf16 rows widened into dst (*ors = ATT_DMAX). */
-ATT_INLINE const float *att_stage_rows(float (*restrict dst)[ATT_DMAX], const void *src,
-                                       int64_t base, int64_t rs, int64_t r0, const int n,
-                                       const int DH, const int bf, int64_t *ors) {
-    if (!bf) {
-        *ors = rs;
-        return (const float *)src + base + r0 * rs;
+/* att_tile_accum for a tile that a mask cuts through: only pairs with vis[t][lane] != 0 add,
+ * so a masked pair adds exactly 0 even against an inf or NaN row element. */
+ATT_INLINE void att_tile_accum_vis(float (*restrict accT)[ATT_LANES],
+                                   const float (*restrict w)[ATT_LANES],
+                                   const float (*restrict vis)[ATT_LANES],
+                                   const float (*restrict rows)[ATT_DMAX], const int n,
+                                   const int DH) {
+    enum { L = ATT_LANES };
+    for (int d = 0; d < DH; d += 4) {
+        float c0[L], c1[L], c2[L], c3[L];
+        for (int l = 0; l < L; l++) {
+            c0[l] = accT[d][l];
+            c1[l] = accT[d + 1][l];
+            c2[l] = accT[d + 2][l];
+            c3[l] = accT[d + 3][l];
+        }
+        for (int t = 0; t < n; t++) {
+            const float *rt = rows[t] + d;
+            const float v0 = rt[0], v1 = rt[1], v2 = rt[2], v3 = rt[3];
+            for (int l = 0; l < L; l++) {
+                const int on = vis[t][l] != 0.f;
+                c0[l] += on ? w[t][l] * v0 : 0.f;
+                c1[l] += on ? w[t][l] * v1 : 0.f;
+                c2[l] += on ? w[t][l] * v2 : 0.f;
+                c3[l] += on ? w[t][l] * v3 : 0.f;
+            }
+        }
+        for (int l = 0; l < L; l++) {
+            accT[d][l] = c0[l];
+            accT[d + 1][l] = c1[l];
+            accT[d + 2][l] = c2[l];
+            accT[d + 3][l] = c3[l];
+        }
     }
+}
+
+/* n rows of a [.., L, dh] tensor from row r0 (row stride rs, offset base) as fp32 rows in dst,
+ * f32 rows copied too: the tile loops below read a row's four elements at a time, which GCC may
+ * widen into a load that reaches into the next row (dead, but past the tensor's end after its
+ * last row); from dst it stays in the caller's stack frame. */
+ATT_INLINE const float (*att_stage_rows(float (*restrict dst)[ATT_DMAX], const void *src,
+                                        int64_t base, int64_t rs, int64_t r0, const int n,
+                                        const int DH, const int bf))[ATT_DMAX] {
     for (int t = 0; t < n; t++)
         for (int d = 0; d < DH; d++) dst[t][d] = att_ld(src, base + (r0 + t) * rs + d, bf);
-    *ors = ATT_DMAX;
-    return dst[0];
+    return (const float(*)[ATT_DMAX])dst;
 }
 
 /* xT[d][lane] = row (r0 + lane) * mul, zero lanes past n. */
@@ -370,78 +451,56 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
     const int64_t N = g->N, M = g->M;
     const int64_t hk = h / (g->Hq / g->Hkv);
     const int rb = (int)(N - i0 < L ? N - i0 : L);
-    const float qs = g->scale * ATT_LOG2E;
-    float qT[ATT_DMAX][L], accT[ATT_DMAX][L], st[BK][L], kr[BK][ATT_DMAX];
+    const float sc = g->scale;
+    float qT[ATT_DMAX][L], accT[ATT_DMAX][L], st[BK][L], kr[BK][ATT_DMAX], vis[BK][L];
     float mrow[L], lrow[L], limf[L], alpha[L];
-    int64_t jmax = 0;
+    int64_t jmax = 0, jmin = M;
     for (int r = 0; r < L; r++) {
         int64_t lim = r < rb ? att_key_limit(g->mask, i0 + r, N, M) : 0;
         limf[r] = (float)lim;
         jmax = lim > jmax ? lim : jmax;
+        jmin = r < rb && lim < jmin ? lim : jmin;
         mrow[r] = -INFINITY;
         lrow[r] = 0.f;
     }
     for (int r = 0; r < L; r++) {
         int64_t qo = att_row(g->qs, b, h, i0 + (r < rb ? r : 0));
-        for (int d = 0; d < DH; d++) qT[d][r] = r < rb ? att_ld(q, qo + d, bf) * qs : 0.f;
+        for (int d = 0; d < DH; d++) qT[d][r] = r < rb ? att_ld(q, qo + d, bf) : 0.f;
     }
     for (int d = 0; d < DH; d++)
         for (int r = 0; r < L; r++) accT[d][r] = 0.f;
     for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
         const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
-        if (bf) {
-            for (int jj = 0; jj < jn; jj++) {
-                int64_t ko = att_row(g->ks, b, hk, j0 + jj);
-                for (int d = 0; d < DH; d++) kr[jj][d] = att_ld(k, ko + d, bf);
-            }
-        }
-        /* scores, four keys at a time */
-        for (int jj = 0; jj < jn; jj += 4) {
-            const float *k4[4];
-            for (int u = 0; u < 4; u++) {
-                int j = jj + u < jn ? jj + u : jj;
-                k4[u] = bf ? kr[j] : (const float *)k + att_row(g->ks, b, hk, j0 + j);
-            }
-            float s0[L], s1[L], s2[L], s3[L];
-            for (int r = 0; r < L; r++) s0[r] = s1[r] = s2[r] = s3[r] = 0.f;
-            for (int d = 0; d < DH; d++) {
-                const float a0 = k4[0][d], a1 = k4[1][d], a2 = k4[2][d], a3 = k4[3][d];
-                for (int r = 0; r < L; r++) {
-                    s0[r] += qT[d][r] * a0;
-                    s1[r] += qT[d][r] * a1;
-                    s2[r] += qT[d][r] * a2;
-                    s3[r] += qT[d][r] * a3;
-                }
-            }
-            for (int r = 0; r < L; r++) {
-                st[jj][r] = s0[r];
-                if (jj + 1 < BK) st[jj + 1][r] = s1[r];
-                if (jj + 2 < BK) st[jj + 2][r] = s2[r];
-                if (jj + 3 < BK) st[jj + 3][r] = s3[r];
-            }
-        }
+        const float(*kp)[ATT_DMAX] =
+            att_stage_rows(kr, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, jn, DH, bf);
+        /* the scores as both backward passes form them (same FMA chain on every compiler), so
+         * their p = exp(s - lse) is exactly 1 where this softmax is one-hot */
+        att_tile_dot(st, (const float(*)[L])qT, kp, jn, DH);
         /* online softmax, lane-wise */
         float mx[L];
         for (int r = 0; r < L; r++) mx[r] = mrow[r];
+        const int cut = j0 + jn > jmin; /* some row of the block cannot see some key of the tile */
         for (int jj = 0; jj < jn; jj++) {
             const float jf = (float)(j0 + jj);
             for (int r = 0; r < L; r++) {
-                float x = jf < limf[r] ? st[jj][r] : -INFINITY;
+                float x = jf < limf[r] ? att_score(st[jj][r], sc) : -INFINITY;
                 st[jj][r] = x;
                 mx[r] = x > mx[r] ? x : mx[r];
             }
+            if (cut)
+                for (int r = 0; r < L; r++) vis[jj][r] = jf < limf[r] ? 1.f : 0.f;
         }
         for (int r = 0; r < L; r++) {
             /* a row with nothing visible yet keeps m = -inf: its p and alpha are forced to 0 */
             float m = mx[r] == -INFINITY ? 0.f : mx[r];
-            alpha[r] = att_exp2(mrow[r] - m);
+            alpha[r] = att_exp2((mrow[r] - m) * ATT_LOG2E);
             mx[r] = m;
         }
         float sum[L];
         for (int r = 0; r < L; r++) sum[r] = 0.f;
         for (int jj = 0; jj < jn; jj++)
             for (int r = 0; r < L; r++) {
-                float p = att_exp2(st[jj][r] - mx[r]);
+                float p = att_exp2((st[jj][r] - mx[r]) * ATT_LOG2E);
                 st[jj][r] = p;
                 sum[r] += p;
             }
@@ -449,41 +508,21 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
             lrow[r] = lrow[r] * alpha[r] + sum[r];
             mrow[r] = lrow[r] > 0.f ? mx[r] : -INFINITY;
         }
-        /* P * V, four d at a time */
-        for (int d = 0; d < DH; d += 4) {
-            float c0[L], c1[L], c2[L], c3[L];
-            for (int r = 0; r < L; r++) {
-                c0[r] = accT[d][r] * alpha[r];
-                c1[r] = accT[d + 1][r] * alpha[r];
-                c2[r] = accT[d + 2][r] * alpha[r];
-                c3[r] = accT[d + 3][r] * alpha[r];
-            }
-            for (int jj = 0; jj < jn; jj++) {
-                int64_t vo = att_row(g->vs, b, hk, j0 + jj) + d;
-                const float v0 = att_ld(v, vo, bf), v1 = att_ld(v, vo + 1, bf);
-                const float v2 = att_ld(v, vo + 2, bf), v3 = att_ld(v, vo + 3, bf);
-                for (int r = 0; r < L; r++) {
-                    c0[r] += st[jj][r] * v0;
-                    c1[r] += st[jj][r] * v1;
-                    c2[r] += st[jj][r] * v2;
-                    c3[r] += st[jj][r] * v3;
-                }
-            }
-            for (int r = 0; r < L; r++) {
-                accT[d][r] = c0[r];
-                accT[d + 1][r] = c1[r];
-                accT[d + 2][r] = c2[r];
-                accT[d + 3][r] = c3[r];
-            }
-        }
+        /* P * V, four d at a time; the staged keys are spent: their buffer takes the values */
+        for (int d = 0; d < DH; d++)
+            for (int r = 0; r < L; r++) accT[d][r] *= alpha[r];
+        const float(*vp)[ATT_DMAX] =
+            att_stage_rows(kr, v, att_row(g->vs, b, hk, 0), g->vs[2], j0, jn, DH, bf);
+        if (cut)
+            att_tile_accum_vis(accT, (const float(*)[L])st, (const float(*)[L])vis, vp, jn, DH);
+        else
+            att_tile_accum(accT, (const float(*)[L])st, vp, jn, DH);
     }
     for (int r = 0; r < rb; r++) {
-        float inv = lrow[r] > 0.f ? 1.f / lrow[r] : 0.f;
+        float inv = att_inv_l(limf[r] > 0.f, lrow[r]);
         int64_t ooff = att_row(g->os, b, h, i0 + r);
         for (int d = 0; d < DH; d++) att_st(out, ooff + d, accT[d][r] * inv, bf);
-        if (lse)
-            lse[att_row(g->ls, b, h, i0 + r)] =
-                lrow[r] > 0.f ? (mrow[r] + log2f(lrow[r])) * ATT_LN2 : -INFINITY;
+        if (lse) lse[att_row(g->ls, b, h, i0 + r)] = att_lse(limf[r] > 0.f, mrow[r], lrow[r]);
     }
 }
 
@@ -498,36 +537,41 @@ ATT_INLINE void att_dq_block_h(const ompk_attn_geom *g, const void *dout, const 
     const int rb = (int)(N - i0 < L ? N - i0 : L);
     float qT[ATT_DMAX][L], doT[ATT_DMAX][L], dqT[ATT_DMAX][L], st[BK][L], pt[BK][L];
     float kr[BK][ATT_DMAX], vr[BK][ATT_DMAX], l2[L], Di[L], limf[L];
-    int64_t jmax = 0;
+    const float sc = g->scale;
+    int64_t jmax = 0, jmin = M;
     for (int r = 0; r < L; r++) {
         int64_t i = i0 + (r < rb ? r : 0);
         float l = r < rb ? lse[att_row(g->ls, b, h, i)] : -INFINITY;
         int64_t lim = l == -INFINITY ? 0 : att_key_limit(g->mask, i, N, M);
         limf[r] = (float)lim;
         jmax = lim > jmax ? lim : jmax;
-        l2[r] = l == -INFINITY ? 0.f : l * ATT_LOG2E;
+        jmin = r < rb && lim < jmin ? lim : jmin;
+        l2[r] = l == -INFINITY ? 0.f : l;
         Di[r] = r < rb ? dsum[(b * g->Hq + h) * N + i] : 0.f;
     }
-    att_stage_T(qT, q, att_row(g->qs, b, h, 0), g->qs[2], i0, rb, DH, g->scale * ATT_LOG2E, bf);
+    att_stage_T(qT, q, att_row(g->qs, b, h, 0), g->qs[2], i0, rb, DH, 1.f, bf);
     att_stage_T(doT, dout, att_row(g->dos, b, h, 0), g->dos[2], i0, rb, DH, 1.f, bf);
     for (int d = 0; d < DH; d++)
         for (int r = 0; r < L; r++) dqT[d][r] = 0.f;
     const int64_t kb = att_row(g->ks, b, hk, 0), vb = att_row(g->vs, b, hk, 0);
     for (int64_t j0 = 0; j0 < jmax; j0 += BK) {
         const int jn = (int)(jmax - j0 < BK ? jmax - j0 : BK);
-        int64_t krs, vrs;
-        const float *kp = att_stage_rows(kr, k, kb, g->ks[2], j0, jn, DH, bf, &krs);
-        const float *vp = att_stage_rows(vr, v, vb, g->vs[2], j0, jn, DH, bf, &vrs);
-        att_tile_dot(st, qT, kp, krs, jn, DH);
-        att_tile_dot(pt, doT, vp, vrs, jn, DH);
+        const float(*kp)[ATT_DMAX] = att_stage_rows(kr, k, kb, g->ks[2], j0, jn, DH, bf);
+        const float(*vp)[ATT_DMAX] = att_stage_rows(vr, v, vb, g->vs[2], j0, jn, DH, bf);
+        att_tile_dot(st, qT, kp, jn, DH);
+        att_tile_dot(pt, doT, vp, jn, DH);
         for (int jj = 0; jj < jn; jj++) {
             const float jf = (float)(j0 + jj);
             for (int r = 0; r < L; r++) {
-                float p = jf < limf[r] ? att_exp2(st[jj][r] - l2[r]) : 0.f;
-                st[jj][r] = p * (pt[jj][r] - Di[r]);
+                float p = att_exp2((att_score(st[jj][r], sc) - l2[r]) * ATT_LOG2E);
+                st[jj][r] = jf < limf[r] ? p * (pt[jj][r] - Di[r]) : 0.f;
+                pt[jj][r] = jf < limf[r] ? 1.f : 0.f;
             }
         }
-        att_tile_accum(dqT, st, kp, krs, jn, DH);
+        if (j0 + jn > jmin) /* a mask cuts the tile: pt holds which pairs are visible */
+            att_tile_accum_vis(dqT, (const float(*)[L])st, (const float(*)[L])pt, kp, jn, DH);
+        else
+            att_tile_accum(dqT, (const float(*)[L])st, kp, jn, DH);
     }
     for (int r = 0; r < rb; r++) {
         int64_t off = att_row(g->dqs, b, h, i0 + r);
@@ -546,8 +590,9 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
     const int cb = (int)(M - j0 < L ? M - j0 : L);
     float kT[ATT_DMAX][L], vT[ATT_DMAX][L], dkT[ATT_DMAX][L], dvT[ATT_DMAX][L];
     float st[BQ][L], pt[BQ][L], qr[BQ][ATT_DMAX], dr[BQ][ATT_DMAX];
-    float l2[BQ], Di[BQ], limf[BQ], jf[L];
-    att_stage_T(kT, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, cb, DH, g->scale * ATT_LOG2E, bf);
+    float l2[BQ], Di[BQ], limf[BQ], jf[L], vis[BQ][L];
+    const float sc = g->scale;
+    att_stage_T(kT, k, att_row(g->ks, b, hk, 0), g->ks[2], j0, cb, DH, 1.f, bf);
     att_stage_T(vT, v, att_row(g->vs, b, hk, 0), g->vs[2], j0, cb, DH, 1.f, bf);
     for (int d = 0; d < DH; d++)
         for (int c = 0; c < L; c++) dkT[d][c] = dvT[d][c] = 0.f;
@@ -558,26 +603,35 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
         const int64_t qb = att_row(g->qs, b, h, 0), ob = att_row(g->dos, b, h, 0);
         for (int64_t ii0 = ifirst; ii0 < N; ii0 += BQ) {
             const int in = (int)(N - ii0 < BQ ? N - ii0 : BQ);
+            float lmin = (float)M + 1.f;
             for (int t = 0; t < in; t++) {
                 int64_t i = ii0 + t;
                 float l = lse[att_row(g->ls, b, h, i)];
                 limf[t] = l == -INFINITY ? 0.f : (float)att_key_limit(g->mask, i, N, M);
-                l2[t] = l == -INFINITY ? 0.f : l * ATT_LOG2E;
+                lmin = limf[t] < lmin ? limf[t] : lmin;
+                l2[t] = l == -INFINITY ? 0.f : l;
                 Di[t] = dsum[(b * g->Hq + h) * N + i];
             }
-            int64_t qrs, drs;
-            const float *qp = att_stage_rows(qr, q, qb, g->qs[2], ii0, in, DH, bf, &qrs);
-            const float *dp = att_stage_rows(dr, dout, ob, g->dos[2], ii0, in, DH, bf, &drs);
-            att_tile_dot(st, kT, qp, qrs, in, DH);
-            att_tile_dot(pt, vT, dp, drs, in, DH);
+            /* some row of the tile cannot see some key of the block */
+            const int cut = lmin < (float)(j0 + cb);
+            const float(*qp)[ATT_DMAX] = att_stage_rows(qr, q, qb, g->qs[2], ii0, in, DH, bf);
+            const float(*dp)[ATT_DMAX] = att_stage_rows(dr, dout, ob, g->dos[2], ii0, in, DH, bf);
+            att_tile_dot(st, kT, qp, in, DH);
+            att_tile_dot(pt, vT, dp, in, DH);
             for (int t = 0; t < in; t++)
                 for (int c = 0; c < L; c++) {
-                    float p = jf[c] < limf[t] ? att_exp2(st[t][c] - l2[t]) : 0.f;
-                    st[t][c] = p;
-                    pt[t][c] = p * (pt[t][c] - Di[t]);
+                    float p = att_exp2((att_score(st[t][c], sc) - l2[t]) * ATT_LOG2E);
+                    st[t][c] = jf[c] < limf[t] ? p : 0.f;
+                    pt[t][c] = jf[c] < limf[t] ? p * (pt[t][c] - Di[t]) : 0.f;
+                    vis[t][c] = jf[c] < limf[t] ? 1.f : 0.f;
                 }
-            att_tile_accum(dvT, st, dp, drs, in, DH);
-            att_tile_accum(dkT, pt, qp, qrs, in, DH);
+            if (cut) {
+                att_tile_accum_vis(dvT, (const float(*)[L])st, (const float(*)[L])vis, dp, in, DH);
+                att_tile_accum_vis(dkT, (const float(*)[L])pt, (const float(*)[L])vis, qp, in, DH);
+            } else {
+                att_tile_accum(dvT, (const float(*)[L])st, dp, in, DH);
+                att_tile_accum(dkT, (const float(*)[L])pt, qp, in, DH);
+            }
         }
     }
     for (int c = 0; c < cb; c++) {
@@ -703,13 +757,28 @@ void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, 
 void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, const void *q,
                             const void *k, const void *v, const void *out, const float *lse,
                             void *dq, void *dk, void *dv, float *dsum) {
-    const ompk_attn_geom g = *gp;
+    ompk_attn_geom g = *gp;
     const int bf = g.bf16;
     const int on = ex.on_target;
     const int nt = on ? 0 : ompk_host_teams();
     int64_t rows = g.B * g.Hq * g.N;
     ompk_attn_rowsum(ex, gp, dout, out, dsum);
     if (on) {
+        /* On the GPU the forward may have been another kernel (3xTF32 for f32, the tensor-core
+         * kernel for bf16) whose scores round differently: at large logits p = exp(s - lse)
+         * then misses its one-hot 1 by an ulp of the logit. The rows' lse is recomputed from
+         * this kernel's scores into the workspace's second half; the lse passed in is unused. */
+        float *lw = dsum + rows;
+#pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
+    is_device_ptr(q, k, lw) firstprivate(g)
+        for (int64_t w = 0; w < rows; w++) {
+            int64_t i = w % g.N, bh = w / g.N;
+            lw[w] = bf ? att_row_lse(&g, q, k, bh / g.Hq, bh % g.Hq, i, 1)
+                       : att_row_lse(&g, q, k, bh / g.Hq, bh % g.Hq, i, 0);
+        }
+        lse = lw;
+        g.ls[0] = g.Hq * g.N, g.ls[1] = g.N, g.ls[2] = 1;
+
         int64_t kitems = g.B * g.Hkv * g.M;
 #pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
     is_device_ptr(dout, q, k, v, lse, dsum, dk, dv) firstprivate(g)

@@ -67,6 +67,18 @@ static uint32_t ptx_emu_u[PTX_EMU_THREADS][6];
 static const uint16_t *ptx_emu_p[PTX_EMU_THREADS];
 static float ptx_emu_f[PTX_EMU_THREADS];
 
+/* The GPU's arithmetic returns its one canonical NaN, 0x7fffffff (an x86 NaN is 0xffc00000 or
+ * the operand's): the emulated instructions do the same, so bit tricks on a NaN act as there. */
+static inline float ptx_emu_canon(float x) {
+    union {
+        uint32_t u;
+        float f;
+    } c;
+    c.f = x;
+    if (x != x) c.u = 0x7fffffffu;
+    return c.f;
+}
+
 /* Element kk of a fragment register: bf16 operands hold two k in a register (low half first),
  * tf32 operands one (f32 bit patterns of which the tensor cores read the top 19 bits). Products
  * of two such values are exact in f32. */
@@ -100,7 +112,7 @@ PTX_EMU_FN void ptx_emu_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32
             acc += ptx_emu_elem(ptx_emu_u[w0 + al][ar], kk, tf32) *
                    ptx_emu_elem(ptx_emu_u[w0 + bl][br], kk, tf32);
         }
-        c[e] = acc;
+        c[e] = ptx_emu_canon(acc);
     }
 #pragma omp barrier
 }
@@ -174,7 +186,11 @@ PTX_INLINE float ptx_shfl_xor(float v, int mask) {
 
 /* 2^x; the GPU's ex2.approx (2 ulp) */
 PTX_INLINE float ptx_ex2(float x) {
+#ifdef PTX_MMA_EMULATE
+    return ptx_emu_canon(exp2f(x));
+#else
     return exp2f(x);
+#endif
 }
 
 /* 16 bytes global -> shared without a register round trip; groups complete in commit order */

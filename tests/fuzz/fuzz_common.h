@@ -4,12 +4,7 @@
  *
  * Every reader returns 0 once the input is exhausted, and 0 always selects the canonical choice
  * (valid descriptor, contiguous, finite data), so short inputs exercise the kernels and longer
- * ones the validation. OMPK_FUZZ_AVOID (comma list, or "known" for all) keeps inputs out of
- * classes of known defects so a run can look past them:
- *   overflow    shape and stride products beyond 2^62, dims beyond 2^31
- *   null-empty  NULL data on empty tensors
- *   extreme     NaN, inf, huge and subnormal floats in data and scalar parameters
- *   dlpack      DLPack byte_offset that wraps the data pointer */
+ * ones the validation. */
 #ifndef OMPK_FUZZ_COMMON_H
 #define OMPK_FUZZ_COMMON_H
 
@@ -22,13 +17,6 @@
 #include <string.h>
 
 #include "ompk/ompk.h"
-
-enum {
-    FZ_AVOID_OVERFLOW = 1,
-    FZ_AVOID_NULL_EMPTY = 2,
-    FZ_AVOID_EXTREME = 4,
-    FZ_AVOID_DLPACK = 8,
-};
 
 #define FZ_MAX_BUFS 40
 #define FZ_MAX_ALLOC ((size_t)1 << 20) /* larger valid spans get NULL data */
@@ -46,28 +34,16 @@ typedef struct fz {
     const uint8_t *p;
     size_t n;
     uint64_t rng;
-    int avoid;
     int nbufs;
     fz_buf bufs[FZ_MAX_BUFS];
 } fz;
 
 static fz fz_g;
 
-static inline int fz_avoid(int cls) {
-    return (fz_g.avoid & cls) != 0;
-}
-
 /* The library's host kernels start OpenMP work on every call; one thread keeps each call cheap
  * and the runs reproducible. */
 static inline void fz_init_process(void) {
     omp_set_num_threads(1);
-    const char *a = getenv("OMPK_FUZZ_AVOID");
-    if (!a) return;
-    int all = strstr(a, "known") != NULL;
-    if (all || strstr(a, "overflow")) fz_g.avoid |= FZ_AVOID_OVERFLOW;
-    if (all || strstr(a, "null-empty")) fz_g.avoid |= FZ_AVOID_NULL_EMPTY;
-    if (all || strstr(a, "extreme")) fz_g.avoid |= FZ_AVOID_EXTREME;
-    if (all || strstr(a, "dlpack")) fz_g.avoid |= FZ_AVOID_DLPACK;
 }
 
 #define FZ_INIT                                                                                    \
@@ -154,17 +130,11 @@ static const float fz_special_f32[] = {NAN,      -NAN,  INFINITY, -INFINITY, 0.0
                                        -3.0e38f, 1e30f, 1e-40f,   1e-20f,    1e20f, -1.0f};
 #define FZ_NSPECIAL_F ((int)(sizeof fz_special_f32 / sizeof fz_special_f32[0]))
 
-static inline int fz_f32_extreme(float v) {
-    return !isfinite(v) || fabsf(v) > 1e10f || (v != 0.0f && fabsf(v) < 1e-10f);
-}
-
 /* A float parameter: canonical, or an edge value (NaN, inf, 3e38, subnormal, negative). */
 static inline float fz_float(float canonical) {
     uint8_t b = fz_u8();
     if (b < 220) return canonical;
-    float v = fz_special_f32[(b - 220) % FZ_NSPECIAL_F];
-    if (fz_avoid(FZ_AVOID_EXTREME) && fz_f32_extreme(v)) return canonical;
-    return v;
+    return fz_special_f32[(b - 220) % FZ_NSPECIAL_F];
 }
 
 /* ---- buffers --------------------------------------------------------------------------- */
@@ -201,7 +171,6 @@ static inline void fz_fill(fz_buf *b, ompk_dtype dtype) {
         for (int s = 0; s < specials && n; s++) {
             size_t i = fz_u32() % n;
             float v = fz_special_f32[fz_u8() % FZ_NSPECIAL_F];
-            if (fz_avoid(FZ_AVOID_EXTREME) && fz_f32_extreme(v)) v = 0.0f;
             if (es == 4)
                 memcpy(b->data + 4 * i, &v, 4);
             else {
@@ -340,21 +309,6 @@ static inline ompk_tensor *fz_tensor(ompk_tensor *t, ompk_dtype dtype, int ndim,
     }
     size_t bytes;
     int fits = fz_span(t, &bytes);
-    if (fits && fz_avoid(FZ_AVOID_OVERFLOW)) {
-        /* an empty view's other dims still enter products (K = n*D, n*n) */
-        int64_t p = 1;
-        for (int d = 0; d < nd && fits; d++)
-            if (t->shape[d] > ((int64_t)1 << 31) ||
-                (t->shape[d] > 0 && (__builtin_mul_overflow(p, t->shape[d], &p) || p > FZ_LIMIT)))
-                fits = 0;
-    }
-    if (!fits && fz_avoid(FZ_AVOID_OVERFLOW)) {
-        /* back to the nominal descriptor */
-        t->ndim = ndim;
-        for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
-        fz_contiguous(t);
-        fits = fz_span(t, &bytes);
-    }
     if ((k & 128) && fz_g.nbufs > 0 && fits) {
         /* alias an earlier buffer (an output over an input, or two outputs) where the whole
          * span lies inside it */
@@ -382,7 +336,7 @@ static inline ompk_tensor *fz_tensor(ompk_tensor *t, ompk_dtype dtype, int ndim,
         return t;
     }
     int want_null = (k & 16) || (bytes == 0 && (m & 1));
-    if (want_null && !(bytes == 0 && fz_avoid(FZ_AVOID_NULL_EMPTY))) {
+    if (want_null) {
         t->data = NULL;
         return t;
     }

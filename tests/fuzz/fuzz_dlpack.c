@@ -17,17 +17,6 @@ FZ_INIT {
         shape[d] = b < 160 ? (int64_t)(b % 9) : fz_special_i64[b % FZ_NSPECIAL];
         strides[d] = c < 160 ? (int64_t)(c % 9) : fz_special_i64[c % FZ_NSPECIAL];
     }
-    if (fz_avoid(FZ_AVOID_OVERFLOW)) {
-        /* no shape whose product passes 2^62 */
-        int64_t p = 1;
-        for (int d = 0; d < OMPK_MAX_NDIM; d++)
-            if (shape[d] < -65536 ||
-                (shape[d] != 0 &&
-                 (__builtin_mul_overflow(p, llabs(shape[d]), &p) || p > FZ_LIMIT))) {
-                for (int e = 0; e < OMPK_MAX_NDIM; e++) shape[e] = shape[e] & 7;
-                break;
-            }
-    }
     fz_buf *buf = fz_alloc(256);
     DLTensor src;
     memset(&src, 0, sizeof src);
@@ -43,10 +32,6 @@ FZ_INIT {
     src.shape = (opt & 4) ? NULL : shape;
     src.strides = (opt & 8) ? NULL : strides;
     src.byte_offset = offsets[fz_u8() % 8];
-    if (fz_avoid(FZ_AVOID_DLPACK)) {
-        if (src.byte_offset > 256) src.byte_offset = 0;
-        if (!src.data) src.data = buf->data;
-    }
 
     ompk_tensor t, t0;
     memset(&t, 0xa5, sizeof t);

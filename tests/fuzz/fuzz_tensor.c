@@ -16,17 +16,6 @@ FZ_INIT {
     int64_t shape[OMPK_MAX_NDIM + 2], strides[OMPK_MAX_NDIM + 2];
     int ndim = fz_bad_ndims[fz_u8() % 11];
     for (int d = 0; d < OMPK_MAX_NDIM + 2; d++) shape[d] = dim(), strides[d] = dim();
-    if (fz_avoid(FZ_AVOID_OVERFLOW)) {
-        /* no shape whose product passes 2^62 */
-        int64_t p = 1;
-        for (int d = 0; d < OMPK_MAX_NDIM; d++)
-            if (shape[d] < -65536 ||
-                (shape[d] != 0 &&
-                 (__builtin_mul_overflow(p, llabs(shape[d]), &p) || p > FZ_LIMIT))) {
-                for (int e = 0; e < OMPK_MAX_NDIM; e++) shape[e] = shape[e] & 7;
-                break;
-            }
-    }
     ompk_dtype dt = (ompk_dtype)dts[fz_u8() % 10];
     ompk_device dev = {(ompk_device_type)fz_bad_types[fz_u8() % 4], fz_bad_ids[fz_u8() % 5]};
     uint8_t opt = fz_u8();
