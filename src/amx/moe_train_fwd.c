@@ -135,6 +135,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
     tgu[P] = ntask_gu;
     tdn[P] = ntask_dn;
 
+    double tm[6];
+    tm[0] = omp_get_wtime();
 #pragma omp parallel num_threads(m->threads)
     {
         const int tid = omp_get_thread_num();
@@ -168,6 +170,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             if (isint) sx[rr] = en->xs[t];
         }
         /* gate and up: g, u into the entry's token-order rows */
+#pragma omp master
+        tm[1] = omp_get_wtime();
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask_gu; task++) {
             int p = 0;
@@ -211,6 +215,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         if (used_amx) moe_amx_release();
         used_amx = 0;
         /* per route: LoRA of gate/up, a~ into the down operand rows, A_d a~ */
+#pragma omp master
+        tm[2] = omp_get_wtime();
 #pragma omp for schedule(static)
         for (int64_t rr = 0; rr < R; rr++) {
             const int64_t route = rroute[rr], t = route / k, e = ids[route];
@@ -239,6 +245,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             }
         }
         /* down: per-partition fp32 partials of z in token-order rows */
+#pragma omp master
+        tm[3] = omp_get_wtime();
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask_dn; task++) {
             int p = 0;
@@ -292,6 +300,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         if (used_amx) moe_amx_release();
         /* y per token: z of each slot (partials in partition order + LoRA), weighted, in slot
          * order, rounded once */
+#pragma omp master
+        tm[4] = omp_get_wtime();
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             uint8_t *yrow = (uint8_t *)yd + (size_t)(t * ys) * (ydt == OMPK_BF16 ? 2 : 4);
@@ -316,6 +326,9 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             for (int64_t h = 0; h < H; h++) ompk_store_f(yrow, h, xf[h], ydt == OMPK_BF16);
         }
     }
+    tm[5] = omp_get_wtime();
+    for (int i = 0; i < 5; i++) m->stats.phase_ms[i] = (tm[i + 1] - tm[i]) * 1e3;
+    m->stats.fork_ms = 0.0;
     int bad = moe_arena_check(m);
     if (bad)
         return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_forward_train",
