@@ -137,11 +137,11 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                           &sc);
             if (r) {
                 /* h outer, rank inner: each sum still runs over h in ascending order */
-                const float *B = lb[2] + e * H * r;
+                const float *B = lb[2] + e * r * H;
                 float *o = bv + (route * 3 + 2) * rm;
                 for (int q = 0; q < r; q++) o[q] = 0.0f;
                 for (int64_t h = 0; h < H; h++)
-                    for (int q = 0; q < r; q++) o[q] += B[h * r + q] * dy[t * H + h];
+                    for (int q = 0; q < r; q++) o[q] += B[q * H + h] * dy[t * H + h];
             }
             /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
              * phase 4 reuse the buffer) */
@@ -252,11 +252,11 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             if (!r) continue;
             const int64_t route = rroute[rr], e = en->ids[route];
             for (int p = 0; p < 2; p++) {
-                const float *B = lb[p] + e * I * r, *dv = (p ? dU : dG) + route * I;
+                const float *B = lb[p] + e * r * I, *dv = (p ? dU : dG) + route * I;
                 float *o = bv + (route * 3 + p) * rm;
                 for (int qq = 0; qq < r; qq++) o[qq] = 0.0f;
                 for (int64_t i = 0; i < I; i++)
-                    for (int qq = 0; qq < r; qq++) o[qq] += B[i * r + qq] * dv[i];
+                    for (int qq = 0; qq < r; qq++) o[qq] += B[qq * I + i] * dv[i];
             }
         }
         /* base part of the per-route dx rows (phase 2 is done with x in dxr) */

@@ -224,16 +224,18 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             if (r) {
                 x_tilde(m, en, t, xf);
                 for (int p = 0; p < 2; p++) {
-                    const float *A = la[p] + e * r * H, *B = lb[p] + e * I * r;
+                    const float *A = la[p] + e * r * H, *B = lb[p] + e * r * I;
                     for (int64_t h = 0; h < H; h++)
                         xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
                     for (int q = 0; q < r; q++) lx[p * rm + q] = lane_dot(A + q * H, xm, H);
-                    float *dst = p ? u : g;
-                    for (int64_t i = 0; i < I; i++) {
-                        float acc = 0.0f;
-                        for (int q = 0; q < r; q++) acc += B[i * r + q] * lx[p * rm + q];
-                        dst[i] += s * acc;
+                    /* rank outer, i inner (vectorised): each sum still runs over q in order */
+                    float *dst = p ? u : g, *acc = xm;
+                    for (int64_t i = 0; i < I; i++) acc[i] = 0.0f;
+                    for (int q = 0; q < r; q++) {
+                        const float *b = B + q * I, l = lx[p * rm + q];
+                        for (int64_t i = 0; i < I; i++) acc[i] += b[i] * l;
                     }
+                    for (int64_t i = 0; i < I; i++) dst[i] += s * acc[i];
                 }
             }
             moe_train_act(m, g, u, af, abuf + rr * lda, isint ? &sa[rr] : NULL);
@@ -310,16 +312,18 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 const int64_t route = t * k + j, e = ids[route];
                 if (e < 0) continue;
                 const float wt = w[route], *lx = en->lx + route * 3 * rm;
-                const float *B = r ? lb[2] + e * H * r : NULL;
+                /* B_d (A_d a~) rank outer into af (free here), each sum over q in order */
+                if (r) {
+                    const float *B = lb[2] + e * r * H;
+                    for (int64_t h = 0; h < H; h++) af[h] = 0.0f;
+                    for (int q = 0; q < r; q++)
+                        for (int64_t h = 0; h < H; h++) af[h] += B[q * H + h] * lx[2 * rm + q];
+                }
                 for (int64_t h = 0; h < H; h++) {
                     float z = 0.0f;
                     for (int p = 0; p < P; p++)
                         if (m->part[p].ip) z += zp[((size_t)p * Rc + route) * Hn + h];
-                    if (r) {
-                        float acc = 0.0f;
-                        for (int q = 0; q < r; q++) acc += B[h * r + q] * lx[2 * rm + q];
-                        z += s * acc;
-                    }
+                    if (r) z += s * af[h];
                     xf[h] += wt * z;
                 }
             }
