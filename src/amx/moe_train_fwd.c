@@ -63,19 +63,6 @@ static void set_scales(const ompk_moe *m, const moe_part *pp, int64_t e, int nb,
     }
 }
 
-/* <a, b> in 16 fixed lanes summed in lane order: vectorisable, and the same bits on every run
- * and thread count */
-static float lane_dot(const float *a, const float *b, int64_t n) {
-    float l[16] = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++) l[j] += a[i + j] * b[i + j];
-    for (int j = 0; i + j < n; j++) l[j] += a[i + j] * b[i + j];
-    float acc = 0.0f;
-    for (int j = 0; j < 16; j++) acc += l[j];
-    return acc;
-}
-
 ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
                           ompk_dtype xdt, const int64_t *ids, const float *w, void *yd, int64_t ys,
                           ompk_dtype ydt) {
@@ -227,7 +214,7 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                     const float *A = la[p] + e * r * H, *B = lb[p] + e * r * I;
                     for (int64_t h = 0; h < H; h++)
                         xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
-                    for (int q = 0; q < r; q++) lx[p * rm + q] = lane_dot(A + q * H, xm, H);
+                    for (int q = 0; q < r; q++) lx[p * rm + q] = moe_lane_dot(A + q * H, xm, H);
                     /* rank outer, i inner (vectorised): each sum still runs over q in order */
                     float *dst = p ? u : g, *acc = xm;
                     for (int64_t i = 0; i < I; i++) acc[i] = 0.0f;
@@ -243,7 +230,7 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 const float *A = la[2] + e * r * I;
                 for (int64_t i = 0; i < I; i++)
                     xm[i] = af[i] * ompk_moe_lora_keep(seed, 2, t, i, drop);
-                for (int q = 0; q < r; q++) lx[2 * rm + q] = lane_dot(A + q * I, xm, I);
+                for (int q = 0; q < r; q++) lx[2 * rm + q] = moe_lane_dot(A + q * I, xm, I);
             }
         }
         /* down: per-partition fp32 partials of z in token-order rows */
