@@ -34,6 +34,7 @@ typedef struct ompk_bench_record {
     double flops; /* 0 for memory-bound kernels */
     double extra_mem_bytes; /* workspace beyond inputs/outputs, -1 = not reported */
     const char *peak;       /* which peak flops is compared with: "fp32", "bf16" or NULL */
+    const char *extra_json; /* further members, `"key": value, ...`, appended as is; NULL = none */
 } ompk_bench_record;
 
 typedef int (*ompk_bench_fn)(ompk_bench_ctx *ctx);

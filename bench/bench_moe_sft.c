@@ -121,9 +121,10 @@ static int cmp_ms(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* ctx->warmup untimed pairs, then ctx->reps timed ones: med/mn[SFT_FWD|BWD|STEP] in ms. */
+/* ctx->warmup untimed pairs, then ctx->reps timed ones: med/mn[SFT_FWD|BWD|STEP] in ms;
+ * ph[0|1] the forward's and the backward's phase times of the last pair (ompk_moe_stats). */
 static int time_pairs(ompk_bench_ctx *ctx, ompk_moe *m, sft_io *io, const ompk_moe_grads *g,
-                      double med[3], double mn[3]) {
+                      double med[3], double mn[3], double ph[2][5]) {
     double *t = malloc(sizeof(double) * 3 * (size_t)ctx->reps);
     if (!t) return 1;
     for (int i = -ctx->warmup; i < ctx->reps; i++) {
@@ -131,6 +132,8 @@ static int time_pairs(ompk_bench_ctx *ctx, ompk_moe *m, sft_io *io, const ompk_m
         ompk_status st =
             ompk_moe_forward_train(m, &io->x, &io->ids, &io->w, &io->y, OMPK_MOE_CACHE_PUSH);
         double t1 = omp_get_wtime();
+        ompk_moe_stats fs;
+        ompk_moe_get_stats(m, &fs);
         if (st == OMPK_OK) st = ompk_moe_backward(m, &io->dy, g);
         double t2 = omp_get_wtime();
         if (st != OMPK_OK) {
@@ -140,6 +143,10 @@ static int time_pairs(ompk_bench_ctx *ctx, ompk_moe *m, sft_io *io, const ompk_m
             return 1;
         }
         if (i < 0) continue;
+        ompk_moe_stats bs;
+        ompk_moe_get_stats(m, &bs);
+        memcpy(ph[0], fs.phase_ms, sizeof fs.phase_ms);
+        memcpy(ph[1], bs.phase_ms, sizeof bs.phase_ms);
         t[i] = (t1 - t0) * 1e3;
         t[ctx->reps + i] = (t2 - t1) * 1e3;
         t[2 * ctx->reps + i] = (t2 - t0) * 1e3;
@@ -206,7 +213,7 @@ static int run_case(ompk_bench_ctx *ctx, int which, const sft_shape *s, const sf
     sft_lora L;
     sft_io io, hio;
     ompk_moe_grads g; /* LoRA gradients (=), no full-weight ones: LoRA SFT */
-    double med[3], mn[3];
+    double med[3], mn[3], ph[2][5];
     memset(&L, 0, sizeof L);
     memset(&io, 0, sizeof io);
     memset(&hio, 0, sizeof hio);
@@ -222,7 +229,7 @@ static int run_case(ompk_bench_ctx *ctx, int which, const sft_shape *s, const sf
     g.gate_da = &L.tg[0], g.gate_db = &L.tg[1];
     g.up_da = &L.tg[2], g.up_db = &L.tg[3];
     g.down_da = &L.tg[4], g.down_db = &L.tg[5];
-    if (time_pairs(ctx, m, &io, &g, med, mn)) goto out;
+    if (time_pairs(ctx, m, &io, &g, med, mn, ph)) goto out;
     ompk_moe_info info;
     ompk_moe_stats st;
     ompk_moe_get_info(m, &info);
@@ -242,6 +249,18 @@ static int run_case(ompk_bench_ctx *ctx, int which, const sft_shape *s, const sf
     r.bytes = (which == SFT_STEP ? 2.0 : 1.0) * ((double)info.weight_bytes + act);
     r.extra_mem_bytes = (double)info.cache_bytes_per_token * (double)s->T;
     r.peak = c->fmt == OMPK_MOE_BF16 ? "bf16" : NULL;
+    /* phase times (ms) of the forward (moe_sft_fwd, _step) and the backward (_bwd, _step) */
+    char xj[320], row[2][96];
+    int xn = 0;
+    for (int f = 0; f < 2; f++) {
+        snprintf(row[f], sizeof row[f], "%.2f %.2f %.2f %.2f %.2f", ph[f][0], ph[f][1], ph[f][2],
+                 ph[f][3], ph[f][4]);
+        if ((f == 0 && which == SFT_BWD) || (f == 1 && which == SFT_FWD)) continue;
+        xn += snprintf(xj + xn, sizeof xj - (size_t)xn,
+                       "%s\"%s_phase_ms\": [%.4g, %.4g, %.4g, %.4g, %.4g]", xn ? ", " : "",
+                       f ? "bwd" : "fwd", ph[f][0], ph[f][1], ph[f][2], ph[f][3], ph[f][4]);
+    }
+    r.extra_json = xj;
     emit(ctx, sft_kernel[which], &r, med[which], mn[which], sft_flops[which] * tkhi);
     const double tfs = sft_flops[which] * tkhi / (med[which] * 1e9);
     printf("      moe_sft %s %s: %.2f TFLOP/s = %.3f TFLOP/s/core (%d threads); fwd %.3f bwd %.3f "
@@ -249,6 +268,7 @@ static int run_case(ompk_bench_ctx *ctx, int which, const sft_shape *s, const sf
            r.dtype, shape, tfs, tfs / info.threads, info.threads, med[0], med[1], med[2],
            med[1] / med[0], info.cache_bytes_per_token, r.extra_mem_bytes / 1048576.0,
            (long long)s->T, (double)info.cache_bytes / 1048576.0);
+    printf("      moe_sft phases (ms, last pair): fwd %s | bwd %s\n", row[0], row[1]);
     if (!host && which == SFT_FWD)
         emit(ctx, "moe_sft_fwd_staging", &r, st.stage_in_ms + st.stage_out_ms,
              st.stage_in_ms + st.stage_out_ms, 0);
@@ -259,7 +279,7 @@ static int run_case(ompk_bench_ctx *ctx, int which, const sft_shape *s, const sf
         hg.dx = &hio.dx;
         hg.dw = &hio.dw;
         if (!io_new(&hio, ompk_device_host(), s, hid, hw) ||
-            time_pairs(ctx, m, &hio, &hg, hmed, hmn))
+            time_pairs(ctx, m, &hio, &hg, hmed, hmn, ph))
             goto out;
         emit(ctx, "moe_sft_bwd_staging", &r, med[1] - hmed[1], mn[1] - hmn[1], 0);
     }

@@ -134,6 +134,7 @@ void ompk_bench_emit(ompk_bench_ctx *ctx, const ompk_bench_record *r) {
     json_num("pct_of_peak", pct_peak, 1);
     json_str("peak", r->peak, 1);
     json_num("extra_mem_bytes", r->extra_mem_bytes, 0);
+    if (r->extra_json) fprintf(json, ", %s", r->extra_json);
     fputs("}", json);
     fflush(json);
 }

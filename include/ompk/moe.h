@@ -111,7 +111,8 @@ typedef struct ompk_moe ompk_moe;
 /* Timings of the last successful forward or backward (ms). stage_* are the copies of x/ids/
  * weights (backward: dy) to host buffers and of y (backward: dx, dw) back (0 for host tensors).
  * After a backward phase_ms are its five phases (a and B_d^T dy per route; the I-chunk pass;
- * B^T d per route; the H-chunk pass; the per-token sums). */
+ * B^T d per route; the H-chunk pass; the per-token sums); after a training forward its five
+ * (x and gather; gate/up; per route LoRA of gate/up, a and A_d a; down; per-token sums of y). */
 typedef struct ompk_moe_stats {
     double stage_in_ms;
     double compute_ms;

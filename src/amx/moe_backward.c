@@ -11,7 +11,7 @@
  *     partial of dw; the I-dimension gradients of the chunk (dB_gate, dB_up rows, dA_down and
  *     dW_down columns, dW_gate, dW_up rows), written by their chunk only. Chunks never straddle
  *     a NUMA partition (partitions are 64-aligned), so chunk order is partition order.
- *  3. per route: B_g^T dg, B_u^T du over all of I in ascending order; tiles: then the base dx
+ *  3. per route: B_g^T dg, B_u^T du over all of I (lane dots); tiles: then the base dx
  *     rows into dxr.
  *  4. per (expert, 64-column chunk of H): per-route dx (int4: base over all of I
  *     ascending; then the LoRA terms), dA_gate, dA_up columns, dB_down rows.
@@ -136,12 +136,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I, (uint8_t *)tb,
                           &sc);
             if (r) {
-                /* h outer, rank inner: each sum still runs over h in ascending order */
-                const float *B = lb[2] + e * H * r;
+                const float *B = lb[2] + e * r * H;
                 float *o = bv + (route * 3 + 2) * rm;
-                for (int q = 0; q < r; q++) o[q] = 0.0f;
-                for (int64_t h = 0; h < H; h++)
-                    for (int q = 0; q < r; q++) o[q] += B[h * r + q] * dy[t * H + h];
+                for (int q = 0; q < r; q++) o[q] = moe_lane_dot(B + q * H, dy + t * H, H);
             }
             /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
              * phase 4 reuse the buffer) */
@@ -252,11 +249,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             if (!r) continue;
             const int64_t route = rroute[rr], e = en->ids[route];
             for (int p = 0; p < 2; p++) {
-                const float *B = lb[p] + e * I * r, *dv = (p ? dU : dG) + route * I;
+                const float *B = lb[p] + e * r * I, *dv = (p ? dU : dG) + route * I;
                 float *o = bv + (route * 3 + p) * rm;
-                for (int qq = 0; qq < r; qq++) o[qq] = 0.0f;
-                for (int64_t i = 0; i < I; i++)
-                    for (int qq = 0; qq < r; qq++) o[qq] += B[i * r + qq] * dv[i];
+                for (int qq = 0; qq < r; qq++) o[qq] = moe_lane_dot(B + qq * I, dv, I);
             }
         }
         /* base part of the per-route dx rows (phase 2 is done with x in dxr) */

@@ -284,6 +284,19 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
 void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                    float *scale);
 
+/* <a, b> in 16 fixed lanes summed in lane order: vectorisable, and the same bits on every run
+ * and thread count (the LoRA rank products of the forward and the backward) */
+static inline float moe_lane_dot(const float *a, const float *b, int64_t n) {
+    float l[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) l[j] += a[i + j] * b[i + j];
+    for (int j = 0; i + j < n; j++) l[j] += a[i + j] * b[i + j];
+    float acc = 0.0f;
+    for (int j = 0; j < 16; j++) acc += l[j];
+    return acc;
+}
+
 /* moe_verify_train.c: the forward reference of the layer as attached now (LoRA included), y
  * [T,H]; the OMPK_VERIFY lines of a backward (dx, dw as written on the host) */
 void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_t *ids,

@@ -13,7 +13,8 @@ float moe_lora_get(const ompk_tensor *t, int64_t e, int64_t n, int64_t k) {
     return ompk_load_f(t->data, o, t->dtype == OMPK_BF16);
 }
 
-/* A [E][r][in] then B [E][out][r] per projection, at the attached rank r */
+/* A [E][r][in] then B^T [E][r][out] per projection, at the attached rank r: the rank-outer
+ * loops of the kernels then read both along contiguous features */
 const float *moe_lw(const ompk_moe *m, int ab, int proj) {
     const int64_t E = m->E, H = m->H, I = m->I, r = m->lora.r;
     const int64_t asz[3] = {E * r * H, E * r * H, E * r * I},
@@ -38,7 +39,8 @@ void moe_lora_stage(ompk_moe *m, const int64_t *eoffs) {
                 for (int64_t i = 0; i < in[p]; i++)
                     a[q * in[p] + i] = moe_lora_get(&m->lora.a[p], e, q, i);
             for (int64_t n = 0; n < out[p]; n++)
-                for (int64_t q = 0; q < r; q++) b[n * r + q] = moe_lora_get(&m->lora.b[p], e, n, q);
+                for (int64_t q = 0; q < r; q++)
+                    b[q * out[p] + n] = moe_lora_get(&m->lora.b[p], e, n, q);
         }
     }
 }

@@ -63,19 +63,6 @@ static void set_scales(const ompk_moe *m, const moe_part *pp, int64_t e, int nb,
     }
 }
 
-/* <a, b> in 16 fixed lanes summed in lane order: vectorisable, and the same bits on every run
- * and thread count */
-static float lane_dot(const float *a, const float *b, int64_t n) {
-    float l[16] = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++) l[j] += a[i + j] * b[i + j];
-    for (int j = 0; i + j < n; j++) l[j] += a[i + j] * b[i + j];
-    float acc = 0.0f;
-    for (int j = 0; j < 16; j++) acc += l[j];
-    return acc;
-}
-
 ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
                           ompk_dtype xdt, const int64_t *ids, const float *w, void *yd, int64_t ys,
                           ompk_dtype ydt) {
@@ -135,6 +122,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
     tgu[P] = ntask_gu;
     tdn[P] = ntask_dn;
 
+    double tm[6];
+    tm[0] = omp_get_wtime();
 #pragma omp parallel num_threads(m->threads)
     {
         const int tid = omp_get_thread_num();
@@ -168,6 +157,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             if (isint) sx[rr] = en->xs[t];
         }
         /* gate and up: g, u into the entry's token-order rows */
+#pragma omp master
+        tm[1] = omp_get_wtime();
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask_gu; task++) {
             int p = 0;
@@ -211,6 +202,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         if (used_amx) moe_amx_release();
         used_amx = 0;
         /* per route: LoRA of gate/up, a~ into the down operand rows, A_d a~ */
+#pragma omp master
+        tm[2] = omp_get_wtime();
 #pragma omp for schedule(static)
         for (int64_t rr = 0; rr < R; rr++) {
             const int64_t route = rroute[rr], t = route / k, e = ids[route];
@@ -218,16 +211,18 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             if (r) {
                 x_tilde(m, en, t, xf);
                 for (int p = 0; p < 2; p++) {
-                    const float *A = la[p] + e * r * H, *B = lb[p] + e * I * r;
+                    const float *A = la[p] + e * r * H, *B = lb[p] + e * r * I;
                     for (int64_t h = 0; h < H; h++)
                         xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
-                    for (int q = 0; q < r; q++) lx[p * rm + q] = lane_dot(A + q * H, xm, H);
-                    float *dst = p ? u : g;
-                    for (int64_t i = 0; i < I; i++) {
-                        float acc = 0.0f;
-                        for (int q = 0; q < r; q++) acc += B[i * r + q] * lx[p * rm + q];
-                        dst[i] += s * acc;
+                    for (int q = 0; q < r; q++) lx[p * rm + q] = moe_lane_dot(A + q * H, xm, H);
+                    /* rank outer, i inner (vectorised): each sum still runs over q in order */
+                    float *dst = p ? u : g, *acc = xm;
+                    for (int64_t i = 0; i < I; i++) acc[i] = 0.0f;
+                    for (int q = 0; q < r; q++) {
+                        const float *b = B + q * I, l = lx[p * rm + q];
+                        for (int64_t i = 0; i < I; i++) acc[i] += b[i] * l;
                     }
+                    for (int64_t i = 0; i < I; i++) dst[i] += s * acc[i];
                 }
             }
             moe_train_act(m, g, u, af, abuf + rr * lda, isint ? &sa[rr] : NULL);
@@ -235,10 +230,12 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 const float *A = la[2] + e * r * I;
                 for (int64_t i = 0; i < I; i++)
                     xm[i] = af[i] * ompk_moe_lora_keep(seed, 2, t, i, drop);
-                for (int q = 0; q < r; q++) lx[2 * rm + q] = lane_dot(A + q * I, xm, I);
+                for (int q = 0; q < r; q++) lx[2 * rm + q] = moe_lane_dot(A + q * I, xm, I);
             }
         }
         /* down: per-partition fp32 partials of z in token-order rows */
+#pragma omp master
+        tm[3] = omp_get_wtime();
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask_dn; task++) {
             int p = 0;
@@ -292,6 +289,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         if (used_amx) moe_amx_release();
         /* y per token: z of each slot (partials in partition order + LoRA), weighted, in slot
          * order, rounded once */
+#pragma omp master
+        tm[4] = omp_get_wtime();
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             uint8_t *yrow = (uint8_t *)yd + (size_t)(t * ys) * (ydt == OMPK_BF16 ? 2 : 4);
@@ -300,22 +299,27 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 const int64_t route = t * k + j, e = ids[route];
                 if (e < 0) continue;
                 const float wt = w[route], *lx = en->lx + route * 3 * rm;
-                const float *B = r ? lb[2] + e * H * r : NULL;
+                /* B_d (A_d a~) rank outer into af (free here), each sum over q in order */
+                if (r) {
+                    const float *B = lb[2] + e * r * H;
+                    for (int64_t h = 0; h < H; h++) af[h] = 0.0f;
+                    for (int q = 0; q < r; q++)
+                        for (int64_t h = 0; h < H; h++) af[h] += B[q * H + h] * lx[2 * rm + q];
+                }
                 for (int64_t h = 0; h < H; h++) {
                     float z = 0.0f;
                     for (int p = 0; p < P; p++)
                         if (m->part[p].ip) z += zp[((size_t)p * Rc + route) * Hn + h];
-                    if (r) {
-                        float acc = 0.0f;
-                        for (int q = 0; q < r; q++) acc += B[h * r + q] * lx[2 * rm + q];
-                        z += s * acc;
-                    }
+                    if (r) z += s * af[h];
                     xf[h] += wt * z;
                 }
             }
             for (int64_t h = 0; h < H; h++) ompk_store_f(yrow, h, xf[h], ydt == OMPK_BF16);
         }
     }
+    tm[5] = omp_get_wtime();
+    for (int i = 0; i < 5; i++) m->stats.phase_ms[i] = (tm[i + 1] - tm[i]) * 1e3;
+    m->stats.fork_ms = 0.0;
     int bad = moe_arena_check(m);
     if (bad)
         return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_forward_train",
