@@ -349,17 +349,22 @@ def _moe_attach(layer, lora):
     layer._attached = key
 
 
-@torch.library.custom_op("ompk::moe_forward", mutates_args=())
-def moe_forward_op(handle: int, x: Tensor, ids: Tensor, w: Tensor,
-                   lora: List[Optional[Tensor]]) -> Tensor:
-    """y [T,H], the inference forward (nothing saved, not differentiable)."""
+def _moe_run_forward(fn, handle, x, ids, w, lora, *mode):
+    """The MoE forward entry `fn` on the layer `handle` with its adapters attached: y [T,H]."""
     layer = _layers[handle]
     _moe_attach(layer, lora)
     x = x.contiguous()
     y = torch.empty_like(x)
     _sync(x)
-    _run("ompk_moe_forward", layer._h, x, ids.contiguous(), w.contiguous(), y)
+    _run(fn, layer._h, x, ids.contiguous(), w.contiguous(), y, *mode)
     return y
+
+
+@torch.library.custom_op("ompk::moe_forward", mutates_args=())
+def moe_forward_op(handle: int, x: Tensor, ids: Tensor, w: Tensor,
+                   lora: List[Optional[Tensor]]) -> Tensor:
+    """y [T,H], the inference forward (nothing saved, not differentiable)."""
+    return _moe_run_forward("ompk_moe_forward", handle, x, ids, w, lora)
 
 
 @moe_forward_op.register_fake
@@ -371,13 +376,7 @@ def _(handle, x, ids, w, lora):
 def moe_forward_train_op(handle: int, x: Tensor, ids: Tensor, w: Tensor,
                          lora: List[Optional[Tensor]]) -> Tensor:
     """y [T,H]; pushes the forward on the layer's stack for ompk::moe_backward."""
-    layer = _layers[handle]
-    _moe_attach(layer, lora)
-    x = x.contiguous()
-    y = torch.empty_like(x)
-    _sync(x)
-    _run("ompk_moe_forward_train", layer._h, x, ids.contiguous(), w.contiguous(), y, 1)
-    return y
+    return _moe_run_forward("ompk_moe_forward_train", handle, x, ids, w, lora, 1)
 
 
 @moe_forward_train_op.register_fake
