@@ -66,11 +66,13 @@ ompk_status moe_wt_build(ompk_moe *m) {
     const int isint = m->fmt == OMPK_MOE_INT8;
     if (!m->wt) {
         const size_t sb = isint ? (size_t)E * (size_t)(H + 2 * I) * 4 : 0;
-        m->wt = aligned_alloc(64, per * (size_t)E + sb);
+        /* aligned_alloc wants a multiple of the alignment (the int8 scales need not be one) */
+        const size_t bytes = (per * (size_t)E + sb + 63) & ~(size_t)63;
+        m->wt = aligned_alloc(64, bytes);
         if (!m->wt)
             return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_moe_backward",
-                             "transposed weights of %zu bytes", per * (size_t)E + sb);
-        m->wt_bytes = per * (size_t)E + sb;
+                             "transposed weights of %zu bytes", bytes);
+        m->wt_bytes = bytes;
         m->wt_scale = isint ? (float *)(m->wt + per * (size_t)E) : NULL;
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(m->threads)
