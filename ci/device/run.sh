@@ -90,10 +90,14 @@ for s in "${steps[@]}"; do
         # the sanitizer disable itself): every tool in OMPK_CS_TOOLS, the GPU device only,
         # OMPK_CS_JOBS suite runs at once (memcheck costs minutes per suite; the GPU is shared).
         cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-        cs_one() { # tool test -> one summary line in $res/cs-tool-test.line
-            local tool=$1 t=$2 log=$res/cs-$1-$(basename "$2").log rc errs runs off syn
+        # OMPK_CS_SPLIT="suite ..." runs each Criterion test of those suites as a process of its
+        # own (racecheck of a whole large suite outlasts one device call; its tests run in parallel)
+        cs_one() { # tool test [criterion-filter] -> one summary line in $res/cs-tool-test.line
+            local tool=$1 t=$2 f=${3:-${filter:+*$filter*}} rc errs runs off syn
+            local id=$(basename "$2")${3:+-${3##*/}}
+            local log=$res/cs-$1-$id.log
             run_ompk env OMPK_TEST_DEVICES=target "$cs" --tool "$tool" --target-processes all \
-                --require-cuda-init no "$t" --jobs 1 ${filter:+--filter "*$filter*"} >"$log" 2>&1
+                --require-cuda-init no "$t" --jobs 1 ${f:+--filter "$f"} >"$log" 2>&1
             rc=$?
             # memcheck/initcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY:
             # N hazards displayed (E errors, W warnings)"
@@ -103,16 +107,25 @@ for s in "${steps[@]}"; do
             off=$(grep -ac 'Sanitizer will be disabled' "$log")
             syn=$(grep -a 'Synthesis:' "$log" | tail -1)
             {
-                echo "cs $tool $(basename "$t") rc=$rc processes=$runs errors=$errs disabled=$off $syn"
+                echo "cs $tool $id rc=$rc processes=$runs errors=$errs disabled=$off $syn"
                 if [ "$errs" != 0 ] || [ "$off" != 0 ] || [ "$runs" = 0 ] || [ $rc -ne 0 ]; then
                     echo BAD; grep -a -m 12 -E '=========  *(Invalid|Race|Uninit|Error|Program hit)' "$log"
                 fi
-            } >"$res/cs-$tool-$(basename "$t").line"
+            } >"$res/cs-$tool-$id.line"
         }
         jobs_max=${OMPK_CS_JOBS:-6}
         for tool in ${OMPK_CS_TOOLS:-memcheck racecheck initcheck}; do
             for t in "$B"/bin/tests/test_*; do
-                case $(basename "$t") in *_emu | *_bad | test_core | test_sizes | test_moe*) continue ;; esac
+                # host-only suites: emulations (test_router_warp too), bad inputs, MoE
+                case $(basename "$t") in *_emu | *_bad | test_core | test_sizes | test_moe* | test_router_warp) continue ;; esac
+                suite=${t##*/test_}
+                if [[ " ${OMPK_CS_SPLIT:-} " == *" $suite "* ]]; then
+                    for name in $(run_ompk "$t" --list 2>/dev/null | sed -n -E 's/.*── (.*)$/\1/p'); do
+                        while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+                        cs_one "$tool" "$t" "$suite/$name" &
+                    done
+                    continue
+                fi
                 while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
                 cs_one "$tool" "$t" &
             done

@@ -82,8 +82,8 @@ def test_mhc_pre_bf16(device):
         torch.testing.assert_close(o.double(), r, rtol=1e-2, atol=1e-2 * r.abs().max().item())
 
 
-def test_mhc_pre_gradcheck():
-    x, phi, g, alpha, bias = mhc_inputs("cpu")
+def test_mhc_pre_gradcheck(device):
+    x, phi, g, alpha, bias = mhc_inputs(device)
     gradcheck(lambda *a: ot.mhc_pre(*a), [x[:1, :2], phi, g, alpha, bias])
 
 
@@ -95,9 +95,10 @@ def test_mhc_post_matches_reference(device):
     compare(ot.mhc_post, R.mhc_post, [x, comb, post, f], 2e-5)
 
 
-def test_mhc_post_gradcheck():
-    gradcheck(ot.mhc_post, [torch.randn(1, 2, n, D), torch.rand(1, 2, n, n), torch.rand(1, 2, n),
-                            torch.randn(1, 2, D)])
+def test_mhc_post_gradcheck(device):
+    gradcheck(ot.mhc_post, [torch.randn(1, 2, n, D, device=device),
+                            torch.rand(1, 2, n, n, device=device), torch.rand(1, 2, n, device=device),
+                            torch.randn(1, 2, D, device=device)])
 
 
 def test_mhc_opcheck(device):
@@ -133,8 +134,8 @@ def test_attention_bf16_and_scale(device):
     torch.testing.assert_close(out.double().cpu(), ref, rtol=2e-2, atol=2e-2)
 
 
-def test_attention_gradcheck():
-    q, k, v = attn_inputs("cpu", N=3, Mk=4)
+def test_attention_gradcheck(device):
+    q, k, v = attn_inputs(device, N=3, Mk=4)
     gradcheck(lambda q, k, v: ot.attention(q, k, v, mask="causal_bottom_right"), [q, k, v])
 
 
@@ -165,8 +166,8 @@ def test_router_bf16_gradient_dtype():
     assert sx.grad.dtype == torch.bfloat16 and sx.grad.sum().item() == 3 * sx.shape[0]
 
 
-def test_router_gradcheck():
-    gradcheck(lambda a, b: ot.router_topk(a, b, 4)[0], router_inputs("cpu"))
+def test_router_gradcheck(device):
+    gradcheck(lambda a, b: ot.router_topk(a, b, 4)[0], router_inputs(device))
 
 
 def test_router_opcheck(device):
@@ -225,11 +226,11 @@ def test_moe_matches_reference(device, rank):
         torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-4)
 
 
-def test_moe_gradcheck():
+def test_moe_gradcheck(device):
     # x and a pass through bf16 roundings (piecewise constant), so finite differences can only
-    # see the routing weights and B_down, which enter after them
+    # see the routing weights and B_down, which enter after them; the adapters live on the host
     layer, _ = moe_layer()
-    x, ids, w = moe_inputs("cpu")
+    x, ids, w = moe_inputs(device)
     base = [p.detach().clone() for p in layer.lora()]
 
     w = w.requires_grad_()
