@@ -213,7 +213,7 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
 
 static int bench_mhc_pre(ompk_bench_ctx *ctx) {
     if (ctx->dev.type == OMPK_HOST) return bench_shape(ctx, 1, 1024, 4, 2048, NULL, 0);
-    /* n4: the register tensor-core GEMM with rotated stages (tc-rot, the session-3 default), plus
+    /* n4: the register tensor-core GEMM with rotated stages (tc-rot, an earlier default), plus
      * 256-byte L2 fills (tc-l2fill), unrotated (tc-norot), with interleaved K splits, with x
      * staged by cp.async (async: unrotated and rotated), the wide-load GEMM by name (tc-wide),
      * launch 2 one thread a token or fused with launch 3, and the SIMT kernels */

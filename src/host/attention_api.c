@@ -23,7 +23,7 @@ ompk_attention_params ompk_attention_params_default(void) {
 /* OMPK_ATTN_VARIANT picks the kernels (like BLIS_ARCH_TYPE; a variant that cannot serve a call
  * falls back to the portable kernel rather than failing):
  *   unset or "fast"  GPU: tensor-core forward and backward for bf16 (both pass every attention
- *                    suite on an H200; the backward ran at 103 TFLOP/s there) and the 3xTF32
+ *                    suite on the GPU) and the 3xTF32
  *                    tensor-core forward for f32 (attention_f32tc.c); host: the AVX-512 kernels
  *                    (attention_host.c) where the CPU has them;
  *   "portable"       the portable kernels only. */

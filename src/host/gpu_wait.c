@@ -2,9 +2,8 @@
  *
  * LLVM 19's CUDA plugin gives the device's primary context CU_CTX_SCHED_BLOCKING_SYNC when it
  * creates it, so every synchronous target region ends with the thread asleep on an OS primitive
- * until an interrupt wakes it. On the GPU machine (a VM) that wake-up measured 20-45 us per region
- * (ompk-bench launch_overhead on an H200: 54 us for a synchronous empty region, 11 us once the
- * context spins; the router's N64 k8 forward went from 0.071 to 0.039 ms), more than many of our
+ * until an interrupt wakes it. On the GPU machine (a VM) that wake-up costs tens of microseconds
+ * per region (bench/results/INDEX.md, Decisions), more than many of our
  * kernels take. CUDA's own default for a process with fewer contexts than cores is to spin. So
  * on the first GPU call per device, ompk switches that context to spinning (cuCtxSetFlags, CUDA
  * 12.1+), unless OMPK_GPU_WAIT says otherwise. Spinning keeps one host core busy while a call

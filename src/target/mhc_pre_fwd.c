@@ -273,12 +273,10 @@ static int pre_tcw_teams(void) {
 
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
  * lane's 8-element piece is either inside D or past it). The defaults are the configurations
- * measured fastest on the H200 (bench/results/2026-11-21-s4-*, -s5-*): for n <= 4 the wide-load
- * GEMM (session 5: 0.416-0.447 ms in three leases, against 0.51-0.54 for the session-3 default
- * tc-rot in the same leases; mhc_pre_tcw.h says how it got there), above that the register GEMM
- * with its stage order rotated by the team number and x loads asking L2 for 256-byte fills
- * (tc-l2fill, 0.494 ms at n = 4 in session 4; n > 4 itself not measured); lane-parallel launch 2
- * in both. OMPK_MHC_PRE_VARIANT = portable | tc-rot (the session-3 default) | tc-norot |
+ * measured fastest on the GPU (figures: bench/results/INDEX.md, Decisions): for n <= 4 the
+ * wide-load GEMM (mhc_pre_tcw.h), above that the register GEMM with its stage order rotated by
+ * the team number and x loads asking L2 for 256-byte fills (tc-l2fill; n > 4 itself not
+ * measured); lane-parallel launch 2 in both. OMPK_MHC_PRE_VARIANT = portable | tc-rot | tc-norot |
  * tc-interleaved | tc-async | tc-async-rot | tc-epi-thread | tc-fused | tc-l2fill | tc-wide
  * selects the alternatives, for benchmarks; the register-GEMM ones keep the stage order
  * unrotated, as they were measured, except tc-rot, tc-async-rot and tc-l2fill. */

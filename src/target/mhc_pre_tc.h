@@ -50,10 +50,9 @@
 #define PRE_TCA_FITS(N) (PRE_TC_NT(N) <= 6)
 
 /* The wide-load GEMM (mhc_pre_tcw.h): tokens a team, chunks a stage, teams aimed at (and the
- * most OMPK_MHC_PRE_TCW_TEAMS may ask for; the workspace is sized for it). About 256 teams (one
- * wave at two teams an SM on 132 SMs; no K split at the benchmark shape) measured 0.420-0.424 ms
- * over four runs in one H200 lease, against 0.420-0.443 for 512, 0.421-0.434 for 768 and
- * 0.425-0.459 for 1024 (bench/results/2026-11-21-s5-mhc-pre-fwd/teams). */
+ * most OMPK_MHC_PRE_TCW_TEAMS may ask for; the workspace is sized for it). About 256 teams: one
+ * wave at two teams an SM on 132 SMs, no K split at the benchmark shape, and the steadiest of the
+ * team counts measured (bench/results/INDEX.md, Decisions). */
 #define PRE_TCW_TOK 64
 #define PRE_TCW_SC 4
 #define PRE_TCW_TEAMS 256

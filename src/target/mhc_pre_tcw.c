@@ -16,8 +16,8 @@
     }
 /* clang-format on */
 
-/* x tiles in the ring: 3, or OMPK_MHC_PRE_TCW_RING = 2 (n = 4 only, a benchmark knob; 2 measured
- * 0.418-0.445 ms against 0.416-0.429 for 3 in one H200 lease) */
+/* x tiles in the ring: 3, or OMPK_MHC_PRE_TCW_RING = 2 (n = 4 only, a benchmark knob; 3 measured
+ * faster, bench/results/INDEX.md) */
 static int tcw_ring(void) {
     const char *s = getenv("OMPK_MHC_PRE_TCW_RING");
     return s && strtol(s, NULL, 10) == 2 ? 2 : 3;

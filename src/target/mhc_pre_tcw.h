@@ -3,11 +3,10 @@
  *
  * Why another GEMM: x is T rows of n*D bf16 (32 KB at the benchmark shape), and the GEMM of
  * mhc_pre_tc.h loads it straight into mma fragments, where one warp load covers 8 rows x 64
- * bytes. A read-only probe with that kernel's geometry and no arithmetic (bench/diag/
- * dram_probe.c, bench/results/2026-11-21-s4-mhc-pre-fwd/dram-probe.json) moved 512 MiB at 1.5
- * and 2.7 TB/s in two H200 leases; the same teams reading 2 rows x 256 bytes a load reached 2.9
- * and 3.1 TB/s. So here a warp load covers 2 rows x 256 contiguous bytes, and the tile goes
- * through team-shared memory to reach the fragment layout.
+ * bytes, and a read-only probe of that geometry (bench/diag/dram_probe.c) reads DRAM well below
+ * what 2 rows x 256 bytes a load reach (figures: bench/results/INDEX.md, Decisions). So here a
+ * warp load covers 2 rows x 256 contiguous bytes, and the tile goes through team-shared memory
+ * to reach the fragment layout.
  *
  * A team is PRE_TCW_THREADS threads on PRE_TCW_TOK tokens and one contiguous K split; a stage is
  * PRE_TCW_SC 32-wide chunks (256 bytes of a row inside one stream). Warp w takes chunk w % 4 of
@@ -23,15 +22,8 @@
  * layout of the other GEMMs, part[(split * T + t) * (M + 1) + m] with the sum of squares at
  * m = M.
  *
- * How it got here (H200, B4 S4096 n4 D4096; ncu at its locked clocks): staging x and the
- * weights through registers into one shared tile, with fragments built from 16-byte row loads,
- * took 385 instructions a warp-stage, 140 of them register moves that assemble A fragments, and
- * 285 us (54% SM throughput, issue-bound; forming the weights in every team instead of once a
- * call had been worse: 65% SM, 21% DRAM). ldmatrix and stepped stage positions: 255
- * instructions, 257 us, now waiting on shared memory with 128 registers and 2 teams an SM
- * (33% of stalls short scoreboard). The cp.async ring frees the 36 staging registers: 234 us,
- * pre forward 0.416 ms against 0.441-0.463 in the same lease (bench/results/
- * 2026-11-21-s5-mhc-pre-fwd).
+ * ldmatrix replaces the register moves that assembled A fragments, and the cp.async ring frees
+ * the staging registers; the measured steps are in bench/results/INDEX.md (Decisions).
  *
  * An x tile is rows of 16 pieces of 16 bytes; piece p of row r sits in slot p ^ (r & 7), so the 8
  * row addresses of one ldmatrix matrix (same piece, rows r..r+7) and the 8 pieces of one row a
@@ -152,9 +144,7 @@ MHC_INLINE float pre_tcw_sq2(uint32_t w, float s) {
  * there is no prefetch). xa[mt][kh] is the A
  * fragment of token tile mt, k16 step kh (ldmatrix: matrix l / 8 = rows + 8 (l / 8 % 2), piece
  * 2 kh + l / 16 of the quarter; registers 0 and 2 are row g, 1 and 3 row g + 8). (The sums of
- * squares as the diagonal of each tile times itself on the tensor cores measured slower: 0.487
- * ms, and the GEMM 302 us under ncu against 285; the tensor pipe is busy enough with the three
- * weight parts.) */
+ * squares stay off the tensor cores: the pipe is busy enough with the three weight parts.) */
 MHC_INLINE void pre_tcw_stage(const int N, float acc[2][3][4], float ss[2][2], const uint16_t *xs,
                               const uint16_t *wb, int half, int quarter, int lane) {
     const int NT = PRE_TC_NT(N), mi = lane >> 3;

@@ -3,8 +3,8 @@
  *
  * Why: the portable kernel gives each token one thread, and at T = 16384 that is 512 warps on
  * a GPU with room for 8448: a single thread's chain of 2 * repeat dependent steps, each with n^2
- * divisions and a load from the state workspace, sets the time (0.18 ms at n = 4, repeat = 20
- * on an H200). Spread over G lanes, each step is n divisions per lane and the column sums are
+ * divisions and a load from the state workspace, sets the time (bench/results/INDEX.md). Spread
+ * over G lanes, each step is n divisions per lane and the column sums are
  * butterfly shuffles; the state loads of the next step are issued before the current step's
  * arithmetic.
  *

@@ -469,7 +469,7 @@ static inline uint64_t rt_warp_best(uint64_t mine) {
 
 /* Top L <= 32 of two axes held 8 keys per lane: each lane sorts its 8 (registers only), then L
  * warp arg-max rounds, the two axes' rounds interleaved; rank r lands in lane r. For N = 256
- * and small k this is fewer instructions than sorting all 256 (the session-1 kernel used it). */
+ * and small k this is fewer instructions than sorting all 256 (the first warp kernel did). */
 RT_AI void rt_axis_rounds(uint64_t *u, uint64_t *v, int L, int lane, uint64_t *ou, uint64_t *ov) {
     /* the first 6 steps (runs up to 8) stay in registers; lane 0's directions make every
      * lane's run descending */
@@ -907,8 +907,8 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     /* OMPK_ROUTER_VARIANT=sort: the full axis sort also where arg-max rounds are the default */
     const char *v = getenv("OMPK_ROUTER_VARIANT");
     const int rounds = !(v && strcmp(v, "sort") == 0);
-    /* two tokens per warp where it applies: 9-12% faster than one token per warp at N64 k8 on
-     * the H200 (bench/results/2026-11-21-s2-h200-final); OMPK_ROUTER_VARIANT=warp1 keeps one */
+    /* two tokens per warp where it applies: measured faster than one at N64 k8 (INDEX.md in
+     * bench/results, Decisions); OMPK_ROUTER_VARIANT=warp1 keeps one */
     if (!(v && strcmp(v, "warp1") == 0) && rt_pair_eligible(N, k)) {
         const int64_t pw = (T + 2 * RT_WARPS - 1) / (2 * RT_WARPS);
         const int pteams = (int)(pw < 65536 ? pw : 65536);
