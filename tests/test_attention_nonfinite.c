@@ -1,4 +1,4 @@
-/* Non-finite inputs, extreme logits and empty sizes in ompk_attention_fwd / _bwd (KERNELS.md
+/* Non-finite inputs, extreme logits and empty sizes in ompk_attention_fwd / _bwd (docs/KERNELS.md
  * section 2 and its conventions), on every device and both variants, f32 and bf16: a NaN or inf
  * in one q row, k row or v element makes exactly the outputs the float64 math makes non-finite
  * non-finite (a masked pair never carries it), a huge scale gives NaN or the right value, large

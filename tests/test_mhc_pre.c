@@ -1,5 +1,5 @@
 /* ompk_mhc_pre_fwd / ompk_mhc_pre_bwd: the double reference, PyTorch autograd fixtures,
- * finite differences, the regressions of KERNELS.md 1, determinism and bad inputs. Every test
+ * finite differences, the regressions of docs/KERNELS.md 1, determinism and bad inputs. Every test
  * runs on the host and on every GPU that tu_devices lists. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>

@@ -1,5 +1,5 @@
 /* ompk_moe_forward with non-finite and extreme inputs, every format on the portable, AVX-512 and
- * emulated-AMX paths (KERNELS.md section 3): a NaN or an infinity in a row of x, or in a weight,
+ * emulated-AMX paths (docs/KERNELS.md 3): a NaN or an infinity in a row of x, or in a weight,
  * makes exactly the outputs that depend on it non-finite (NaN for a NaN) and leaves every other
  * output bit-identical; tiny (subnormal) and huge finite rows of x and of the weights quantize
  * without overflow and match the double reference, which quantizes on its own. */

@@ -1,4 +1,4 @@
-/* ompk_router_topk_fwd / _bwd with NaN, +inf and -inf inputs (KERNELS.md section 4): a NaN sum
+/* ompk_router_topk_fwd / _bwd with NaN, +inf and -inf inputs (docs/KERNELS.md section 4): a NaN sum
  * ranks above +inf, equal sums (NaN, +inf, -inf, +-0) go to the lower flattened index, and the
  * k indices are k distinct pairs. Checked bit for bit against a brute-force ranking of all N^2
  * pairs written here, for f32 and bf16, on the host and on every GPU (where k <= 32, N <= 256

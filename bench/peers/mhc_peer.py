@@ -3,7 +3,7 @@
 same kernel/dtype/shape keys as ompk-bench. Each is timed eagerly and under torch.compile, on the
 GPU (B4 S4096 n4 D4096, and n8 D2048 with the same bytes of x) and on the CPU (B1 S1024 n4 D2048),
 bf16 x. fp32 math throughout, like ompk. The backward peers are the same explicit formulas the
-kernels implement (KERNELS.md 1.4-1.6), so eager and compiled versions time the same math;
+kernels implement (docs/KERNELS.md 1.4-1.6), so eager and compiled versions time the same math;
 `mhc_pre_fwd_sinkhorn_bwd` is the training step (pre forward with Sinkhorn, then autograd
 backward through both).
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch CPU peer for the moe_sft_fwd / moe_sft_bwd / moe_sft_step entries of
 bench/bench_moe_sft.c (same kernel/dtype/shape keys): an autograd training step of the MoE layer
-with LoRA on gate, up and down (KERNELS.md section 3): a per-expert loop (gather the expert's
+with LoRA on gate, up and down (docs/KERNELS.md section 3): a per-expert loop (gather the expert's
 tokens, g = x W_g^T + s (x A_g^T) B_g^T through torch.nn.functional.linear, the same for up,
 a = silu(g) u, z = a W_d^T + s (a A_d^T) B_d^T, y += w z by index_add), frozen bf16 base weights,
 bf16 LoRA A and B that require grad (s = alpha / r, alpha = 2r as in ompk-bench), x and the

@@ -1,4 +1,4 @@
-/* Attention: scaled dot-product attention, flash-style (KERNELS.md section 2).
+/* Attention: scaled dot-product attention, flash-style (docs/KERNELS.md section 2).
  *
  * Kernels: one OpenMP source (src/target/attention_portable.c) runs on the host's threads for
  * host tensors and on the GPU for target tensors; bf16 on a GPU can use tensor-core kernels

@@ -1,4 +1,4 @@
-/* mHC: manifold-constrained hyper-connections (KERNELS.md section 1).
+/* mHC: manifold-constrained hyper-connections (docs/KERNELS.md section 1).
  *
  * Thread safety: every function here may run on any number of host threads at once, on one
  * device or several; the library keeps no per-call state between calls, and GPU workspaces
@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-/* post, forward (KERNELS.md 1.2):
+/* post, forward (docs/KERNELS.md 1.2):
  *     out[b,s,o,d] = post[b,s,o] * f[b,s,d] + sum_i comb[b,s,i,o] * x[b,s,i,d]
  * x [B,S,n,D] f32|bf16 (any non-negative strides), comb [B,S,n,n] f32, post [B,S,n] f32,
  * f [B,S,D] same dtype as x, out [B,S,n,D] same dtype as x (must not overlap any input).
@@ -22,7 +22,7 @@ extern "C" {
 ompk_status ompk_mhc_post_fwd(const ompk_tensor *x, const ompk_tensor *comb,
                               const ompk_tensor *post, const ompk_tensor *f, ompk_tensor *out);
 
-/* Parameters of mHC pre and Sinkhorn (KERNELS.md 1.1, 1.3). */
+/* Parameters of mHC pre and Sinkhorn (docs/KERNELS.md 1.1, 1.3). */
 typedef struct ompk_mhc_params {
     float norm_eps;      /* RMS statistic: 1/sqrt(mean(v^2) + norm_eps); default 1e-6 */
     float hc_eps;        /* added to h_pre after the sigmoid; default 1e-6 */
@@ -34,7 +34,7 @@ typedef struct ompk_mhc_params {
 
 ompk_mhc_params ompk_mhc_params_default(void);
 
-/* pre, forward (KERNELS.md 1.1, Sinkhorn 1.3 when params->fuse_sinkhorn). T = B*S, K = n*D,
+/* pre, forward (docs/KERNELS.md 1.1, Sinkhorn 1.3 when params->fuse_sinkhorn). T = B*S, K = n*D,
  * M = 2n + n^2, n in 1..8.
  *   x [B,S,n,D] f32|bf16 (unit stride on D), phi [M,K] f32 (unit stride on K),
  *   gamma [K] f32 (unit stride) or NULL (= ones), alpha [3] f32, bias [M] f32.
@@ -52,16 +52,16 @@ ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const
                              ompk_tensor *res_logits, ompk_tensor *comb, ompk_tensor *h_mix,
                              ompk_tensor *inv_rms, ompk_tensor *h_pre);
 
-/* Sinkhorn-Knopp, forward (KERNELS.md 1.3): logits [B,S,n,n] f32 -> comb [B,S,n,n] f32.
+/* Sinkhorn-Knopp, forward (docs/KERNELS.md 1.3): logits [B,S,n,n] f32 -> comb [B,S,n,n] f32.
  * repeat in 1..1000, eps >= 0 and finite. */
 ompk_status ompk_sinkhorn_fwd(const ompk_tensor *logits, int repeat, float eps, ompk_tensor *comb);
 
-/* Sinkhorn-Knopp, backward (KERNELS.md 1.5): the exact gradient of the unrolled forward,
+/* Sinkhorn-Knopp, backward (docs/KERNELS.md 1.5): the exact gradient of the unrolled forward,
  * recomputed from logits (no implicit-gradient shortcut). dcomb, dlogits [B,S,n,n] f32. */
 ompk_status ompk_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *dcomb, int repeat,
                               float eps, ompk_tensor *dlogits);
 
-/* pre, backward (KERNELS.md 1.4), dW route.
+/* pre, backward (docs/KERNELS.md 1.4), dW route.
  * Inputs: x, phi, gamma (NULL = ones), alpha as in the forward; dh_in [B,S,D] f32|bf16 (unit
  *   stride on D), dh_post [B,S,n] f32, dh_res [B,S,n,n] f32 (gradient of res_logits),
  *   grad_x_post [B,S,n,D] f32|bf16 (unit stride on D) or NULL, added into dx before rounding;
@@ -79,7 +79,7 @@ ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const
                              ompk_tensor *dphi, ompk_tensor *dalpha, ompk_tensor *dbias,
                              ompk_tensor *dgamma);
 
-/* post, backward (KERNELS.md 1.6), with dout [B,S,n,D] the gradient of post_fwd's out:
+/* post, backward (docs/KERNELS.md 1.6), with dout [B,S,n,D] the gradient of post_fwd's out:
  *     dx[t,i,d] = sum_o comb[t,i,o]*dout[t,o,d]     df[t,d] = sum_o post[t,o]*dout[t,o,d]
  *     dpost[t,o] = sum_d dout[t,o,d]*f[t,d]         dcomb[t,i,o] = sum_d x[t,i,d]*dout[t,o,d]
  * x, dout, dx [B,S,n,D] and f, df [B,S,D] share one dtype f32|bf16 (unit stride on D);

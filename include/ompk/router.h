@@ -1,4 +1,4 @@
-/* Product-key router: exact top-k over pairwise sums (KERNELS.md section 4).
+/* Product-key router: exact top-k over pairwise sums (docs/KERNELS.md section 4).
  *
  * Thread safety: both entry points may run on any number of host threads at once, on one
  * device or several (the forward's workspace for k > 64 is allocated per call); results do not

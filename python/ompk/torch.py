@@ -145,7 +145,7 @@ mhc_pre_op.register_autograd(_mhc_pre_backward, setup_context=_mhc_pre_setup)
 
 def mhc_pre(x, phi, gamma, alpha, bias, *, norm_eps=1e-6, hc_eps=1e-6, post_mult=2.0, repeat=20,
             sinkhorn_eps=1e-6):
-    """mHC pre with Sinkhorn (KERNELS.md 1.1, 1.3): x [B,S,n,D] -> (h_in [B,S,D], h_post [B,S,n],
+    """mHC pre + Sinkhorn (docs/KERNELS.md 1.1, 1.3): x [B,S,n,D] -> (h_in [B,S,D], h_post [B,S,n],
     comb [B,S,n,n]). phi [2n+n^2, n*D], gamma [n*D] or None, alpha [3], bias [2n+n^2] f32."""
     out = mhc_pre_op(x, phi, gamma, alpha, bias, norm_eps, hc_eps, post_mult, repeat,
                      sinkhorn_eps)
@@ -199,7 +199,7 @@ mhc_post_op.register_autograd(_mhc_post_backward, setup_context=_mhc_post_setup)
 
 
 def mhc_post(x, comb, post, f):
-    """mHC post (KERNELS.md 1.2): out[b,s,o,d] = post[b,s,o]*f[b,s,d] + sum_i comb[b,s,i,o]*x."""
+    """mHC post (docs/KERNELS.md 1.2): out[b,s,o,d] = post[b,s,o]*f[b,s,d] + sum_i comb[b,s,i,o]*x."""
     return mhc_post_op(x, comb, post, f)
 
 
@@ -259,7 +259,7 @@ attention_op.register_autograd(_attention_backward, setup_context=_attention_set
 
 
 def attention(q, k, v, *, scale=None, mask="none"):
-    """Scaled dot-product attention (KERNELS.md 2): q [B,Hq,N,dh], k, v [B,Hkv,M,dh] (GQA when
+    """Scaled dot-product attention (docs/KERNELS.md 2): q [B,Hq,N,dh], k, v [B,Hkv,M,dh] (GQA when
     Hkv < Hq), f32 or bf16, dh in {32,64,80,96,128,256}; mask "none", "causal" (top-left, as
     PyTorch's is_causal) or "causal_bottom_right"; scale None = 1/sqrt(dh)."""
     return attention_op(q, k, v, 0.0 if scale is None else float(scale), MASKS[mask])[0]
@@ -317,7 +317,7 @@ router_topk_op.register_autograd(_router_backward, setup_context=_router_setup)
 
 
 def router_topk(sx, sy, k):
-    """Product-key top-k (KERNELS.md 4): sx, sy [T,N] -> (scores [T,k] f32, indices [T,k] int32
+    """Product-key top-k (docs/KERNELS.md 4): sx, sy [T,N] -> (scores [T,k] f32, indices [T,k] int32
     = i*N + j), descending, ties to the lower index. Differentiable in sx and sy."""
     return router_topk_op(sx, sy, int(k))
 
@@ -430,7 +430,7 @@ moe_forward_train_op.register_autograd(_moe_backward, setup_context=_moe_setup)
 
 
 class MoE(torch.nn.Module):
-    """SwiGLU MoE experts on ompk's host path (KERNELS.md 3). gate, up [E,I,H] and down [E,H,I]
+    """SwiGLU MoE experts on ompk's host path (docs/KERNELS.md 3). gate, up [E,I,H] and down [E,H,I]
     are the frozen base weights, packed once (format "bf16", "int8", "int4", "int4_zp");
     lora_rank > 0 adds trainable adapters (f32, on the host: the layer borrows them). forward(x
     [T,H], expert_ids [T,k], weights [T,k]) -> y [T,H], differentiable in x, the routing weights

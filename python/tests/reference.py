@@ -1,4 +1,4 @@
-"""PyTorch reference implementations of KERNELS.md (any dtype; the tests run them in float64)."""
+"""PyTorch references of docs/KERNELS.md (any dtype; the tests run them in float64)."""
 import torch
 import torch.nn.functional as F
 

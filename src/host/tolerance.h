@@ -26,7 +26,7 @@ static inline ompk_tol ompk_tol_for(ompk_dtype out_dtype, double scale) {
     return t;
 }
 
-/* Attention outputs (KERNELS.md section 2), for verify mode and the attention suites alike. */
+/* Attention outputs (docs/KERNELS.md section 2), for verify mode and the attention suites alike. */
 typedef enum ompk_tol_att {
     OMPK_TOL_ATT_OUT,
     OMPK_TOL_ATT_LSE,

@@ -1,4 +1,4 @@
-/* mHC post, backward (KERNELS.md 1.6); one OpenMP source for GPU and host.
+/* mHC post, backward (docs/KERNELS.md 1.6); one OpenMP source for GPU and host.
  *  1. Work item = (token, d chunk): dx and df for the chunk (elementwise over streams, 8 d at a
  *     time), and the chunk's partial dpost[o] = sum dout[o]*f, dcomb[i,o] = sum x[i]*dout[o]
  *     in registers (n a compile-time constant). Adjacent lanes take adjacent chunks of one

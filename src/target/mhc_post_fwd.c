@@ -1,4 +1,4 @@
-/* mHC post, forward (KERNELS.md 1.2), one OpenMP source for GPU and host:
+/* mHC post, forward (docs/KERNELS.md 1.2), one OpenMP source for GPU and host:
  *     out[t,o,d] = post[t,o]*f[t,d] + sum_i comb[t,i,o]*x[t,i,d]
  * Memory-bound (n+1 reads, n writes per d), so each iteration moves 8 consecutive d of every
  * stream as 16-byte words and reuses the token's n^2+n mixing weights for all 8. The stream

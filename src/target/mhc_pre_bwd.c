@@ -1,4 +1,4 @@
-/* mHC pre, backward (KERNELS.md 1.4), dW route; one OpenMP source for GPU and host.
+/* mHC pre, backward (docs/KERNELS.md 1.4), dW route; one OpenMP source for GPU and host.
  *  1. dh_pre partials: work item = (d chunk, token), all n streams of the chunk (the host: whole
  *     token rows, one partial a token, bwd_dhpre_host).
  *  2. Per token: partials summed in fixed order; dz, dh_mix (padded rows), the dinv

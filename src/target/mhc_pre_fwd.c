@@ -1,4 +1,4 @@
-/* mHC pre, forward (KERNELS.md 1.1), Sinkhorn (1.3) optionally fused; one OpenMP source for
+/* mHC pre, forward (docs/KERNELS.md 1.1), Sinkhorn (1.3) optionally fused; one OpenMP source for
  * GPU and host. Three launches:
  *  1. GEMM + sum of squares in one pass over x. Work item = (K chunk, TPT tokens); adjacent
  *     GPU lanes take adjacent tokens of the same chunk, so the gamma-scaled, transposed phi row

@@ -1,4 +1,4 @@
-/* Sinkhorn-Knopp forward and backward (KERNELS.md 1.3, 1.5), one token per work item with the
+/* Sinkhorn-Knopp forward and backward (docs/KERNELS.md 1.3, 1.5), one token per work item with the
  * n x n matrix in registers (n a compile-time constant per switch arm).
  * The backward is the exact reverse of the unrolled forward: the forward is recomputed once and
  * its 2*repeat intermediate matrices stored in a device workspace laid out [state][token][n*n]

@@ -1,4 +1,4 @@
-/* Product-key router (KERNELS.md section 4), one OpenMP source for GPU and host: one thread per
+/* Product-key router (docs/KERNELS.md 4), one OpenMP source for GPU and host: one thread per
  * token.
  *
  * Forward, per token, exact:

@@ -1,4 +1,4 @@
-/* Internal: product-key router kernels (KERNELS.md section 4) and their argument blocks. */
+/* Internal: product-key router kernels (docs/KERNELS.md section 4) and their argument blocks. */
 #ifndef OMPK_ROUTER_TOPK_H
 #define OMPK_ROUTER_TOPK_H
 

@@ -1,4 +1,4 @@
-/* Internal: golden attention (KERNELS.md section 2) in double precision, for tests and
+/* Internal: golden attention (docs/KERNELS.md section 2) in double precision, for tests and
  * OMPK_VERIFY. Inputs are host tensors of any strides (f32 or bf16); outputs are dense,
  * logical row-major double arrays. `scale` is the resolved scale (never 0 here). */
 #ifndef OMPK_ATTENTION_REF_H

@@ -5,7 +5,7 @@
 
 #include "ompk/tensor.h"
 
-/* out[B*S*n*D] = post*f + sum_i comb[i,o]*x[i] (KERNELS.md 1.2) */
+/* out[B*S*n*D] = post*f + sum_i comb[i,o]*x[i] (docs/KERNELS.md 1.2) */
 void ompk_ref_mhc_post_fwd(const ompk_tensor *x, const ompk_tensor *comb, const ompk_tensor *post,
                            const ompk_tensor *f, double *out);
 

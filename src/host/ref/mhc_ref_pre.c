@@ -1,5 +1,5 @@
 /* Golden mHC pre forward/backward, Sinkhorn forward/backward and post backward, in double.
- * Written straight from the formulas of KERNELS.md 1, with no attempt at speed, so that the
+ * Written straight from the formulas of docs/KERNELS.md 1, with no attempt at speed, so that the
  * kernels and the PyTorch fixtures have an independent third opinion. */
 #include <math.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* Internal: golden mHC pre / Sinkhorn / post-backward in double (KERNELS.md 1.1, 1.3-1.6).
+/* Internal: golden mHC pre / Sinkhorn / post-backward in double (docs/KERNELS.md 1.1, 1.3-1.6).
  * Every array is contiguous row-major double; T tokens, n streams, K = n*D, M = 2n + n^2.
  * Used by verify mode and the test suites. */
 #ifndef OMPK_MHC_REF_PRE_H

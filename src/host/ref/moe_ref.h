@@ -1,4 +1,4 @@
-/* Internal: MoE experts reference (KERNELS.md section 3, forward), double accumulation, on
+/* Internal: MoE experts reference (docs/KERNELS.md section 3, forward), double accumulation, on
  * dequantized weights, with the activation rounding of each path done here in double. */
 #ifndef OMPK_MOE_REF_H
 #define OMPK_MOE_REF_H
@@ -52,7 +52,7 @@ typedef struct ompk_moe_ref_grads {
     double *da[3], *db[3], *dW[3];
 } ompk_moe_ref_grads;
 
-/* The training layer (KERNELS.md section 3): x~ = act(x) feeds both W and the LoRA of gate/up,
+/* The training layer (docs/KERNELS.md section 3): x~ = act(x) feeds both W and the LoRA of gate/up,
  * a~ = act(silu(g)*u) both W_down and its LoRA (LoRA inputs masked by ompk_moe_lora_keep):
  *   g = W_g x~ + s B_g A_g (m_g x~),  u likewise,  z = W_d a~ + s B_d A_d (m_d a~),
  *   y_t = sum_j w z.

@@ -1,4 +1,4 @@
-/* MoE training reference: forward with LoRA and the full backward of KERNELS.md section 3, one
+/* MoE training reference: forward with LoRA and the full backward of docs/KERNELS.md section 3, one
  * route at a time, double sums, on dequantized f32 weights. Shares nothing with the kernels but
  * the dropout mask generator; activations are rounded by the reference's own quantizer. */
 #include <math.h>

@@ -10,7 +10,7 @@ typedef struct ref_pair {
     int32_t idx;
 } ref_pair;
 
-/* Descending sum, then ascending index; NaN above +inf (KERNELS.md section 4), -0 == +0. */
+/* Descending sum, then ascending index; NaN above +inf (docs/KERNELS.md section 4), -0 == +0. */
 static int ref_pair_cmp(const void *pa, const void *pb) {
     const ref_pair *a = pa, *b = pb;
     const int na = a->s != a->s, nb = b->s != b->s;

@@ -1,4 +1,4 @@
-/* Internal: product-key router reference implementations on host views (KERNELS.md section 4).
+/* Internal: product-key router reference implementations on host views (docs/KERNELS.md section 4).
  * Brute force: every one of the N^2 sums is formed in fp32 exactly as the kernels form it
  * (fp32(sx) + fp32(sy), one rounding), then all are sorted. Used by verify mode and the tests. */
 #ifndef OMPK_ROUTER_REF_H
