@@ -75,7 +75,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     const float s = m->lora.s, drop = m->lora.dropout;
     const uint64_t seed = m->lora.seed;
     const int64_t nch = (I + 63) / 64, nhc = (H + 63) / 64;
-    int64_t *offs = TBUF(m, TB_EOFFS, int64_t);
+    int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *goff = TBUF(m, TB_GOFFS, int64_t);
+    uint8_t *split = TBUF(m, TB_ZP, uint8_t);
     int32_t *rroute = TBUF(m, TB_RROUTE, int32_t);
     int64_t *cur = (int64_t *)(m->arena + m->off[MB_CURSOR]);
     float *at = TBUF(m, TB_AT, float), *dG = TBUF(m, TB_DG, float), *dU = TBUF(m, TB_DU, float);
@@ -103,6 +104,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     if (tiles) {
         const ompk_status st = moe_wt_build(m);
         if (st != OMPK_OK) return st;
+        moe_wt_group_offsets(m, offs, goff);
     }
     if (r) moe_lora_stage(m, offs);
     const float *la[3] = {NULL, NULL, NULL}, *lb[3] = {NULL, NULL, NULL};
@@ -146,7 +148,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
         }
         /* down^T dy per route into dG (phase 2 reads it before writing dg there) */
-        if (tiles) moe_bwd_gemm_dh(m, dy, offs, rroute, dG, tb);
+        if (tiles) moe_bwd_gemm_dh(m, dy, offs, goff, rroute, en->ids, split, dG, tb);
         /* 2: per (expert, chunk of I) */
 #pragma omp master
         tm[1] = omp_get_wtime();
@@ -255,7 +257,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             }
         }
         /* base part of the per-route dx rows (phase 2 is done with x in dxr) */
-        if (tiles) moe_bwd_gemm_dx(m, offs, rroute, dG, dU, dxr, tb);
+        if (tiles) moe_bwd_gemm_dx(m, offs, goff, rroute, en->ids, dG, dU, split, dxr, tb);
         /* 4: per (expert, chunk of H) */
 #pragma omp master
         tm[3] = omp_get_wtime();

@@ -27,6 +27,7 @@
 #define MOE_MAX_DEPTH 64 /* cache_depth limit */
 #define MOE_ROW_PAD 32   /* readable rows after the last activation row (tile overrun) */
 #define MOE_NSTEPS 4     /* n-steps one K-blocked AMX call covers */
+#define MOE_BWD_STEPS 8  /* n-steps of one backward GEMM work item (its weights stay in L2) */
 /* per-thread kernel scratch: unpacked int4 tiles, then C tiles (MOE_NSTEPS blocks of 4 KB) */
 #define MOE_KSCRATCH (2048 + MOE_NSTEPS * 4096)
 #define MOE_ONE_GROUP (1 << 28) /* ktpg of a format with one group per row */
@@ -153,7 +154,8 @@ typedef struct moe_entry {
 enum moe_tbuf_id {
     TB_RROUTE, /* expert-sorted row -> route t*k+j */
     TB_EOFFS,  /* [E+1] */
-    TB_ZP,     /* forward: down partials [P][R][Hn] */
+    TB_GOFFS,  /* [E+1] backward: first 16-route group of each expert */
+    TB_ZP,     /* forward: down partials [P][R][Hn]; backward: the split GEMM operand */
     TB_LW,     /* LoRA in f32, contiguous at the attached rank r: A_g, A_u [E][r][H], A_d
                   [E][r][I], B_g, B_u [E][I][r], B_d [E][H][r] (room for lora_max_rank) */
     TB_AT,     /* backward: a~ [R][I] */
@@ -310,14 +312,19 @@ ompk_status moe_wt_build(ompk_moe *m);
 void moe_wt_free(ompk_moe *m);
 /* moe_bwd_gemm.c: backward GEMMs on the tile kernels (bf16, int8 bases), orphaned worksharing:
  * called by every thread of the backward's parallel region, tb the thread's scratch
- * (moe_wt_scratch_floats floats). Activations enter as bf16 hi + lo pairs.
+ * (moe_wt_scratch_floats floats). Activations enter as bf16 hi + lo pairs, split once into A
+ * (moe_wt_split_bytes(m, R) bytes) in expert-sorted groups of 16 routes (goff from
+ * moe_wt_group_offsets; ids the routes' experts).
  * dh: q[route][0..I) = dy_t down[e] (before the routing weight).
  * dx: o[route][0..H) = dg gate[e] + du up[e] (one GEMM over K = [gate; up]). */
 size_t moe_wt_scratch_floats(const ompk_moe *m);
-void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, const int64_t *offs, const int32_t *rroute,
-                     float *q, float *tb);
-void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int32_t *rroute, const float *dg,
-                     const float *du, float *o, float *tb);
+size_t moe_wt_split_bytes(const ompk_moe *m, int64_t R);
+void moe_wt_group_offsets(const ompk_moe *m, const int64_t *offs, int64_t *goff);
+void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, const int64_t *offs, const int64_t *goff,
+                     const int32_t *rroute, const int32_t *ids, uint8_t *A, float *q, float *tb);
+void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int64_t *goff,
+                     const int32_t *rroute, const int32_t *ids, const float *dg, const float *du,
+                     uint8_t *A, float *o, float *tb);
 
 /* moe_backward.c */
 ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
