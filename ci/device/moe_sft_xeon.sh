@@ -1,33 +1,33 @@
 #!/usr/bin/env bash
-# ci/device/moe_sft_xeon.sh BUNDLE_DIR [tests] [peak] [bench[=LIBDIR_NAME]] [peer] [--filter S]
-#   [--reps N]
+# ci/device/moe_sft_xeon.sh BUNDLE_DIR [--filter S] [--reps N] [--warmup N] [tests] [peak]
+#   [bench[=LIB]] [peer]
 # The MoE fine-tuning measurement on the Xeon of the device machine, from a bundle_host.sh bundle
 # (repo root as working directory; logs and JSON into $OUT):
 #   tests      the MoE suites (each runs every ISA the CPU has: amx, avx512bf16, amx-emulated,
 #              portable), then test_moe_sft and test_moe_sft_fixtures again under OMPK_ISA=amx
 #              and OMPK_ISA=avx512bf16
 #   peak       extra/amx_peak (the AMX ceilings, bench/amx)
-#   bench      ompk-bench --filter S (default moe_sft_step) --reps N (default 3); bench=NAME runs
-#              it on extra/NAME instead of the bundle's libompk (a baseline library)
-#   peer       bench/peers/moe_sft_peer.py --filter S with the machine's PyTorch
+#   bench      ompk-bench --filter S (default moe_sft_step) --reps N (default 3) --warmup N
+#              (default 2); bench=LIB runs it on extra/LIB instead of the bundle's libompk (a
+#              baseline library)
+#   peer       bench/peers/moe_sft_peer.py --filter S --reps N with the machine's PyTorch
+# Options apply to the steps after them.
 set -uo pipefail
 B=$(cd "$1" && pwd)
 shift
 d=/tmp/ompk-host
 [ -f "$d/env.sh" ] || bash "$B/run_host.sh" "$d"
 . "$d/env.sh"
-filter=moe_sft_step reps=3 steps=()
-while [ $# -gt 0 ]; do
-    case $1 in
-    --filter) filter=$2; shift 2 ;;
-    --reps) reps=$2; shift 2 ;;
-    *) steps+=("$1"); shift ;;
-    esac
-done
+filter=moe_sft_step reps=3 warmup=2
 sum=$OUT/summary.txt
 lscpu | grep -E 'Model name|^CPU\(s\)|NUMA node\(s\)|L2 cache|L3 cache|MHz' >>"$sum"
-for s in "${steps[@]}"; do
+while [ $# -gt 0 ]; do
+    s=$1
+    shift
     case $s in
+    --filter) filter=$1; shift ;;
+    --reps) reps=$1; shift ;;
+    --warmup) warmup=$1; shift ;;
     tests)
         one() { # label cmd...: one line in the summary, the whole log appended to tests.log
             local label=$1 rc
@@ -55,15 +55,15 @@ for s in "${steps[@]}"; do
         else
             pre=""
         fi
-        echo "== bench $tag" >>"$sum"
-        LD_LIBRARY_PATH="$pre$LD_LIBRARY_PATH" "$d/bin/ompk-bench" --filter "$filter" --reps "$reps" \
-            --json "$OUT/bench-$tag.json" >"$OUT/bench-$tag.log" 2>&1
+        echo "== bench $tag (reps $reps, warmup $warmup) $(date -u +%T)" >>"$sum"
+        LD_LIBRARY_PATH="$pre$LD_LIBRARY_PATH" "$d/bin/ompk-bench" --backend host --filter "$filter" \
+            --reps "$reps" --warmup "$warmup" --json "$OUT/bench-$tag.json" >"$OUT/bench-$tag.log" 2>&1
         echo "exit $?" >>"$sum"
         grep -E '^ +moe_sft' "$OUT/bench-$tag.log" >>"$sum"
         ;;
     peer)
         (cd /tmp && env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 "$d/peers/moe_sft_peer.py" \
-            --filter "$filter" --json "$OUT/peer.json") >"$OUT/peer.log" 2>&1
+            --filter "$filter" --reps "$reps" --json "$OUT/peer.json") >"$OUT/peer.log" 2>&1
         echo "peer exit $?" >>"$sum"
         tail -12 "$OUT/peer.log" >>"$sum"
         ;;
