@@ -140,7 +140,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             if (r) {
                 const float *B = lb[2] + e * r * H;
                 float *o = bv + (route * 3 + 2) * rm;
-                for (int q = 0; q < r; q++) o[q] = moe_lane_dot(B + q * H, dy + t * H, H);
+                moe_lane_dots(B, H, r, dy + t * H, H, o);
             }
             /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
              * phase 4 reuse the buffer) */
@@ -187,8 +187,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
                 if (r) {
                     const float *A = la[2] + e * r * I;
-                    for (int qq = 0; qq < r; qq++)
-                        for (int64_t ii = 0; ii < cw; ii++) tq[ii] += A[qq * I + i0 + ii] * bq[qq];
+                    moe_axpy_rows(tq, A + i0, I, r, bq, cw);
                 }
                 float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
                 float *km = tq + 64; /* the dropout mask of the chunk, once per route */
@@ -253,7 +252,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             for (int p = 0; p < 2; p++) {
                 const float *B = lb[p] + e * r * I, *dv = (p ? dU : dG) + route * I;
                 float *o = bv + (route * 3 + p) * rm;
-                for (int qq = 0; qq < r; qq++) o[qq] = moe_lane_dot(B + qq * I, dv, I);
+                moe_lane_dots(B, I, r, dv, I, o);
             }
         }
         /* base part of the per-route dx rows (phase 2 is done with x in dxr) */
@@ -295,8 +294,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         kp[hh] = ompk_moe_lora_keep(seed, p, t, h0 + hh, drop);
                         xk[hh] = x_at(m, en, t, h0 + hh) * kp[hh];
                     }
-                    for (int qq = 0; qq < r; qq++)
-                        for (int64_t hh = 0; hh < hw; hh++) av[hh] += A[qq * H + h0 + hh] * b[qq];
+                    moe_axpy_rows(av, A + h0, H, r, b, hw);
                     for (int64_t hh = 0; hh < hw; hh++) xv[hh] += s * kp[hh] * av[hh];
                     for (int qq = 0; qq < r && dA[p]; qq++) {
                         float *d = dA[p] + (e * r + qq) * H + h0;

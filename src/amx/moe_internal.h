@@ -299,6 +299,66 @@ static inline float moe_lane_dot(const float *a, const float *b, int64_t n) {
     return acc;
 }
 
+/* out[q] = moe_lane_dot(M + q*ld, v, n) for q < nq, four rows at a time: four independent
+ * lane chains instead of one latency-bound chain, each dot's operations and order unchanged */
+static inline void moe_lane_dots(const float *M, int64_t ld, int nq, const float *v, int64_t n,
+                                 float *out) {
+    int q = 0;
+    for (; q + 4 <= nq; q += 4) {
+        const float *a0 = M + q * ld, *a1 = a0 + ld, *a2 = a1 + ld, *a3 = a2 + ld;
+        float l0[16] = {0}, l1[16] = {0}, l2[16] = {0}, l3[16] = {0};
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) {
+                l0[j] += a0[i + j] * v[i + j];
+                l1[j] += a1[i + j] * v[i + j];
+                l2[j] += a2[i + j] * v[i + j];
+                l3[j] += a3[i + j] * v[i + j];
+            }
+        for (int j = 0; i + j < n; j++) {
+            l0[j] += a0[i + j] * v[i + j];
+            l1[j] += a1[i + j] * v[i + j];
+            l2[j] += a2[i + j] * v[i + j];
+            l3[j] += a3[i + j] * v[i + j];
+        }
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            s0 += l0[j];
+            s1 += l1[j];
+            s2 += l2[j];
+            s3 += l3[j];
+        }
+        out[q] = s0;
+        out[q + 1] = s1;
+        out[q + 2] = s2;
+        out[q + 3] = s3;
+    }
+    for (; q < nq; q++) out[q] = moe_lane_dot(M + q * ld, v, n);
+}
+
+/* acc[i] += M[q*ld + i] * c[q] for q = 0..nq-1 in this order (the LoRA rank products), four
+ * rows per pass over acc so it is loaded and stored once per four: same operations per element */
+static inline void moe_axpy_rows(float *acc, const float *M, int64_t ld, int nq, const float *c,
+                                 int64_t n) {
+    int q = 0;
+    for (; q + 4 <= nq; q += 4) {
+        const float *m0 = M + q * ld, *m1 = m0 + ld, *m2 = m1 + ld, *m3 = m2 + ld;
+        const float c0 = c[q], c1 = c[q + 1], c2 = c[q + 2], c3 = c[q + 3];
+        for (int64_t i = 0; i < n; i++) {
+            float a = acc[i];
+            a += m0[i] * c0;
+            a += m1[i] * c1;
+            a += m2[i] * c2;
+            a += m3[i] * c3;
+            acc[i] = a;
+        }
+    }
+    for (; q < nq; q++) {
+        const float *m0 = M + q * ld, c0 = c[q];
+        for (int64_t i = 0; i < n; i++) acc[i] += m0[i] * c0;
+    }
+}
+
 /* moe_verify_train.c: the forward reference of the layer as attached now (LoRA included), y
  * [T,H]; the OMPK_VERIFY lines of a backward (dx, dw as written on the host) */
 void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_t *ids,
