@@ -5,8 +5,8 @@
  * alike (group scales vary along both dimensions, so no scale folding reproduces them).
  *
  * Phases (one parallel region, barriers between):
- *  1. per route: a~ recomputed from the saved g, u (the forward's function), B_d^T dy_t; tiles:
- *     then down^T dy for every route into dG.
+ *  1. per route: a~ recomputed from the saved g, u (the forward's function; bf16: in phase 2,
+ *     elementwise), B_d^T dy_t; tiles: then down^T dy for every route into dG.
  *  2. per (expert, 64-column chunk c of I): down^T dy, da (LoRA included), dg, du; the chunk's
  *     partial of dw; the I-dimension gradients of the chunk (dB_gate, dB_up rows, dA_down and
  *     dW_down columns, dW_gate, dW_up rows), written by their chunk only. Chunks never straddle
@@ -135,8 +135,10 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
         for (int64_t rr = 0; rr < R; rr++) {
             const int64_t route = rroute[rr], t = route / k, e = en->ids[route];
             float sc;
-            moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I, (uint8_t *)tb,
-                          &sc);
+            /* bf16: a~ is elementwise and is made in phase 2, where the sigmoid reuses expf(-g) */
+            if (m->fmt != OMPK_MOE_BF16)
+                moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I,
+                              (uint8_t *)tb, &sc);
             if (r) {
                 const float *B = lb[2] + e * r * H;
                 float *o = bv + (route * 3 + 2) * rm;
@@ -174,6 +176,13 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 const float wt = en->w[route], *dyt = dy + t * H, *ar = at + route * I + i0;
                 const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
                 const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
+                /* expf(-g) of the chunk, once for the sigmoid and (bf16) a~ = moe_train_act's
+                 * bf16(silu(g) u), the same operations */
+                float *ex = tq + 128;
+                for (int64_t ii = 0; ii < cw; ii++) ex[ii] = expf(-g[ii]);
+                if (m->fmt == OMPK_MOE_BF16)
+                    for (int64_t ii = 0; ii < cw; ii++)
+                        at[route * I + i0 + ii] = ompk_round_bf16(g[ii] / (1.0f + ex[ii]) * u[ii]);
                 if (tiles) {
                     memcpy(q, dG + route * I + i0, (size_t)cw * 4);
                 } else {
@@ -196,7 +205,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t ii = 0; ii < cw; ii++) {
                     const float keep = r ? km[ii] : 0.0f;
                     const float da = wt * (q[ii] + s * keep * tq[ii]);
-                    const float sg = 1.0f / (1.0f + expf(-g[ii]));
+                    const float sg = 1.0f / (1.0f + ex[ii]);
                     dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
                     dur[ii] = da * g[ii] * sg;
                 }
