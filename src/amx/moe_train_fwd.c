@@ -302,13 +302,17 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                     for (int64_t h = 0; h < H; h++) af[h] = 0.0f;
                     moe_axpy_rows(af, B, H, r, lx + 2 * rm, H);
                 }
-                for (int64_t h = 0; h < H; h++) {
-                    float z = 0.0f;
-                    for (int p = 0; p < P; p++)
-                        if (m->part[p].ip) z += zp[((size_t)p * Rc + route) * Hn + h];
-                    if (r) z += s * af[h];
-                    xf[h] += wt * z;
+                /* z in xm (free here), one pass per partition: each element's sums keep their
+                 * order and the loops over h vectorise */
+                float *z = xm;
+                for (int64_t h = 0; h < H; h++) z[h] = 0.0f;
+                for (int p = 0; p < P; p++) {
+                    if (!m->part[p].ip) continue;
+                    const float *zr = zp + ((size_t)p * Rc + route) * Hn;
+                    for (int64_t h = 0; h < H; h++) z[h] += zr[h];
                 }
+                for (int64_t h = 0; h < H && r; h++) z[h] += s * af[h];
+                for (int64_t h = 0; h < H; h++) xf[h] += wt * z[h];
             }
             for (int64_t h = 0; h < H; h++) ompk_store_f(yrow, h, xf[h], ydt == OMPK_BF16);
         }
