@@ -327,12 +327,15 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             uint8_t *row = (uint8_t *)dxd + (size_t)(t * dxs) * (en->xdt == OMPK_BF16 ? 2 : 4);
-            for (int64_t h = 0; h < H; h++) {
-                float a = 0.0f;
-                for (int j = 0; j < k; j++)
-                    if (en->ids[t * k + j] >= 0) a += dxr[(t * k + j) * H + h];
-                ompk_store_f(row, h, a, en->xdt == OMPK_BF16);
+            /* one vectorisable pass per slot, each element's sum in slot order */
+            float *dxa = tb;
+            for (int64_t h = 0; h < H; h++) dxa[h] = 0.0f;
+            for (int j = 0; j < k; j++) {
+                if (en->ids[t * k + j] < 0) continue;
+                const float *src = dxr + (t * k + j) * H;
+                for (int64_t h = 0; h < H; h++) dxa[h] += src[h];
             }
+            for (int64_t h = 0; h < H; h++) ompk_store_f(row, h, dxa[h], en->xdt == OMPK_BF16);
             for (int j = 0; j < k && dw; j++) {
                 const int64_t route = t * k + j;
                 if (en->ids[route] < 0) {
