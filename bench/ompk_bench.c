@@ -1,5 +1,6 @@
 /* ompk-bench: runs the registered entries on the host and on each OpenMP device and writes JSON.
- *   ompk-bench [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--json FILE] [--list]
+ *   ompk-bench [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--warmup N]
+ *              [--json FILE] [--list]
  *   (ompk-bench --help explains each flag)
  * Each pass first measures the copy bandwidth of its device (device-to-device copy on a GPU, a
  * parallel copy loop on the host), which every record is compared with. */
@@ -234,8 +235,8 @@ static void run_pass(ompk_bench_ctx *ctx) {
 static void usage(FILE *to, const char *argv0) {
     fprintf(
         to,
-        "usage: %s [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--json FILE] "
-        "[--list] [--help]\n"
+        "usage: %s [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--warmup N] "
+        "[--json FILE] [--list] [--help]\n"
         "Times every benchmark entry on the host and on each OpenMP GPU device; each pass\n"
         "first measures its device's copy bandwidth, which every record is compared with.\n"
         "  --quick           small shapes and 2 warm-up + 7 timed calls (CI-sized); default\n"
@@ -243,6 +244,7 @@ static void usage(FILE *to, const char *argv0) {
         "  --backend B       host, gpu or all (default all); gpu with no device exits 1\n"
         "  --filter S        only entries whose name contains S (see --list)\n"
         "  --reps N          timed calls per record (the median is reported)\n"
+        "  --warmup N        untimed calls before them\n"
         "  --json FILE       also write every record to FILE (bench/report.py merges it with\n"
         "                    the PyTorch peers of bench/peers/ and prints the peer ratios)\n"
         "  --list            print the entry names and exit\n"
@@ -271,7 +273,7 @@ static void print_summary(double seconds) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, reps = -1;
+    int quick = 0, reps = -1, warmup = -1;
     const char *backend = "all", *filter = NULL, *json_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
@@ -282,6 +284,8 @@ int main(int argc, char **argv) {
             filter = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
+            warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_path = argv[++i];
         else if (!strcmp(argv[i], "--list")) {
@@ -332,7 +336,7 @@ int main(int argc, char **argv) {
     memset(&ctx, 0, sizeof ctx);
     ctx.quick = quick;
     ctx.filter = filter;
-    ctx.warmup = quick ? 2 : 5;
+    ctx.warmup = warmup >= 0 ? warmup : (quick ? 2 : 5);
     ctx.reps = reps > 0 ? reps : (quick ? 7 : 20);
     int rc = 0;
     const double t_start = omp_get_wtime();

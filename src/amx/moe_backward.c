@@ -5,8 +5,8 @@
  * alike (group scales vary along both dimensions, so no scale folding reproduces them).
  *
  * Phases (one parallel region, barriers between):
- *  1. per route: a~ recomputed from the saved g, u (the forward's function), B_d^T dy_t; tiles:
- *     then down^T dy for every route into dG.
+ *  1. per route: a~ recomputed from the saved g, u (the forward's function; bf16: in phase 2,
+ *     elementwise), B_d^T dy_t; tiles: then down^T dy for every route into dG.
  *  2. per (expert, 64-column chunk c of I): down^T dy, da (LoRA included), dg, du; the chunk's
  *     partial of dw; the I-dimension gradients of the chunk (dB_gate, dB_up rows, dA_down and
  *     dW_down columns, dW_gate, dW_up rows), written by their chunk only. Chunks never straddle
@@ -75,7 +75,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     const float s = m->lora.s, drop = m->lora.dropout;
     const uint64_t seed = m->lora.seed;
     const int64_t nch = (I + 63) / 64, nhc = (H + 63) / 64;
-    int64_t *offs = TBUF(m, TB_EOFFS, int64_t);
+    int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *goff = TBUF(m, TB_GOFFS, int64_t);
+    uint8_t *split = TBUF(m, TB_ZP, uint8_t);
     int32_t *rroute = TBUF(m, TB_RROUTE, int32_t);
     int64_t *cur = (int64_t *)(m->arena + m->off[MB_CURSOR]);
     float *at = TBUF(m, TB_AT, float), *dG = TBUF(m, TB_DG, float), *dU = TBUF(m, TB_DU, float);
@@ -103,6 +104,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     if (tiles) {
         const ompk_status st = moe_wt_build(m);
         if (st != OMPK_OK) return st;
+        moe_wt_group_offsets(m, offs, goff);
     }
     if (r) moe_lora_stage(m, offs);
     const float *la[3] = {NULL, NULL, NULL}, *lb[3] = {NULL, NULL, NULL};
@@ -133,12 +135,14 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
         for (int64_t rr = 0; rr < R; rr++) {
             const int64_t route = rroute[rr], t = route / k, e = en->ids[route];
             float sc;
-            moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I, (uint8_t *)tb,
-                          &sc);
+            /* bf16: a~ is elementwise and is made in phase 2, where the sigmoid reuses expf(-g) */
+            if (m->fmt != OMPK_MOE_BF16)
+                moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I,
+                              (uint8_t *)tb, &sc);
             if (r) {
                 const float *B = lb[2] + e * r * H;
                 float *o = bv + (route * 3 + 2) * rm;
-                for (int q = 0; q < r; q++) o[q] = moe_lane_dot(B + q * H, dy + t * H, H);
+                moe_lane_dots(B, H, r, dy + t * H, H, o);
             }
             /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
              * phase 4 reuse the buffer) */
@@ -146,7 +150,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
         }
         /* down^T dy per route into dG (phase 2 reads it before writing dg there) */
-        if (tiles) moe_bwd_gemm_dh(m, dy, offs, rroute, dG, tb);
+        if (tiles) moe_bwd_gemm_dh(m, dy, offs, goff, rroute, en->ids, split, dG, tb);
         /* 2: per (expert, chunk of I) */
 #pragma omp master
         tm[1] = omp_get_wtime();
@@ -172,6 +176,13 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 const float wt = en->w[route], *dyt = dy + t * H, *ar = at + route * I + i0;
                 const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
                 const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
+                /* expf(-g) of the chunk, once for the sigmoid and (bf16) a~ = moe_train_act's
+                 * bf16(silu(g) u), the same operations */
+                float *ex = tq + 128;
+                for (int64_t ii = 0; ii < cw; ii++) ex[ii] = expf(-g[ii]);
+                if (m->fmt == OMPK_MOE_BF16)
+                    for (int64_t ii = 0; ii < cw; ii++)
+                        at[route * I + i0 + ii] = ompk_round_bf16(g[ii] / (1.0f + ex[ii]) * u[ii]);
                 if (tiles) {
                     memcpy(q, dG + route * I + i0, (size_t)cw * 4);
                 } else {
@@ -185,8 +196,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
                 if (r) {
                     const float *A = la[2] + e * r * I;
-                    for (int qq = 0; qq < r; qq++)
-                        for (int64_t ii = 0; ii < cw; ii++) tq[ii] += A[qq * I + i0 + ii] * bq[qq];
+                    moe_axpy_rows(tq, A + i0, I, r, bq, cw);
                 }
                 float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
                 float *km = tq + 64; /* the dropout mask of the chunk, once per route */
@@ -195,7 +205,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t ii = 0; ii < cw; ii++) {
                     const float keep = r ? km[ii] : 0.0f;
                     const float da = wt * (q[ii] + s * keep * tq[ii]);
-                    const float sg = 1.0f / (1.0f + expf(-g[ii]));
+                    const float sg = 1.0f / (1.0f + ex[ii]);
                     dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
                     dur[ii] = da * g[ii] * sg;
                 }
@@ -251,11 +261,11 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             for (int p = 0; p < 2; p++) {
                 const float *B = lb[p] + e * r * I, *dv = (p ? dU : dG) + route * I;
                 float *o = bv + (route * 3 + p) * rm;
-                for (int qq = 0; qq < r; qq++) o[qq] = moe_lane_dot(B + qq * I, dv, I);
+                moe_lane_dots(B, I, r, dv, I, o);
             }
         }
         /* base part of the per-route dx rows (phase 2 is done with x in dxr) */
-        if (tiles) moe_bwd_gemm_dx(m, offs, rroute, dG, dU, dxr, tb);
+        if (tiles) moe_bwd_gemm_dx(m, offs, goff, rroute, en->ids, dG, dU, split, dxr, tb);
         /* 4: per (expert, chunk of H) */
 #pragma omp master
         tm[3] = omp_get_wtime();
@@ -293,8 +303,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         kp[hh] = ompk_moe_lora_keep(seed, p, t, h0 + hh, drop);
                         xk[hh] = x_at(m, en, t, h0 + hh) * kp[hh];
                     }
-                    for (int qq = 0; qq < r; qq++)
-                        for (int64_t hh = 0; hh < hw; hh++) av[hh] += A[qq * H + h0 + hh] * b[qq];
+                    moe_axpy_rows(av, A + h0, H, r, b, hw);
                     for (int64_t hh = 0; hh < hw; hh++) xv[hh] += s * kp[hh] * av[hh];
                     for (int qq = 0; qq < r && dA[p]; qq++) {
                         float *d = dA[p] + (e * r + qq) * H + h0;
@@ -318,12 +327,15 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             uint8_t *row = (uint8_t *)dxd + (size_t)(t * dxs) * (en->xdt == OMPK_BF16 ? 2 : 4);
-            for (int64_t h = 0; h < H; h++) {
-                float a = 0.0f;
-                for (int j = 0; j < k; j++)
-                    if (en->ids[t * k + j] >= 0) a += dxr[(t * k + j) * H + h];
-                ompk_store_f(row, h, a, en->xdt == OMPK_BF16);
+            /* one vectorisable pass per slot, each element's sum in slot order */
+            float *dxa = tb;
+            for (int64_t h = 0; h < H; h++) dxa[h] = 0.0f;
+            for (int j = 0; j < k; j++) {
+                if (en->ids[t * k + j] < 0) continue;
+                const float *src = dxr + (t * k + j) * H;
+                for (int64_t h = 0; h < H; h++) dxa[h] += src[h];
             }
+            for (int64_t h = 0; h < H; h++) ompk_store_f(row, h, dxa[h], en->xdt == OMPK_BF16);
             for (int j = 0; j < k && dw; j++) {
                 const int64_t route = t * k + j;
                 if (en->ids[route] < 0) {

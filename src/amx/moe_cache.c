@@ -70,7 +70,12 @@ ompk_status moe_train_create(ompk_moe *m) {
     m->tdeq_floats = (m->tdeq_floats + 15) / 16 * 16; /* 64-byte aligned per thread */
     m->tr_len[TB_RROUTE] = R * 4;
     m->tr_len[TB_EOFFS] = (E + 1) * 8;
+    m->tr_len[TB_GOFFS] = (E + 1) * 8;
     m->tr_len[TB_ZP] = P * R * Hn * 4;
+    if (m->fmt == OMPK_MOE_BF16 || m->fmt == OMPK_MOE_INT8) {
+        const size_t sb = moe_wt_split_bytes(m, (int64_t)R);
+        if (m->tr_len[TB_ZP] < sb) m->tr_len[TB_ZP] = sb;
+    }
     m->tr_len[TB_LW] = E * rm * (3 * H + 3 * I) * 4;
     m->tr_len[TB_AT] = R * I * 4;
     m->tr_len[TB_DG] = R * I * 4;

@@ -27,6 +27,7 @@
 #define MOE_MAX_DEPTH 64 /* cache_depth limit */
 #define MOE_ROW_PAD 32   /* readable rows after the last activation row (tile overrun) */
 #define MOE_NSTEPS 4     /* n-steps one K-blocked AMX call covers */
+#define MOE_BWD_STEPS 8  /* n-steps of one backward GEMM work item (its weights stay in L2) */
 /* per-thread kernel scratch: unpacked int4 tiles, then C tiles (MOE_NSTEPS blocks of 4 KB) */
 #define MOE_KSCRATCH (2048 + MOE_NSTEPS * 4096)
 #define MOE_ONE_GROUP (1 << 28) /* ktpg of a format with one group per row */
@@ -153,7 +154,8 @@ typedef struct moe_entry {
 enum moe_tbuf_id {
     TB_RROUTE, /* expert-sorted row -> route t*k+j */
     TB_EOFFS,  /* [E+1] */
-    TB_ZP,     /* forward: down partials [P][R][Hn] */
+    TB_GOFFS,  /* [E+1] backward: first 16-route group of each expert */
+    TB_ZP,     /* forward: down partials [P][R][Hn]; backward: the split GEMM operand */
     TB_LW,     /* LoRA in f32, contiguous at the attached rank r: A_g, A_u [E][r][H], A_d
                   [E][r][I], B_g, B_u [E][I][r], B_d [E][H][r] (room for lora_max_rank) */
     TB_AT,     /* backward: a~ [R][I] */
@@ -297,6 +299,66 @@ static inline float moe_lane_dot(const float *a, const float *b, int64_t n) {
     return acc;
 }
 
+/* out[q] = moe_lane_dot(M + q*ld, v, n) for q < nq, four rows at a time: four independent
+ * lane chains instead of one latency-bound chain, each dot's operations and order unchanged */
+static inline void moe_lane_dots(const float *M, int64_t ld, int nq, const float *v, int64_t n,
+                                 float *out) {
+    int q = 0;
+    for (; q + 4 <= nq; q += 4) {
+        const float *a0 = M + q * ld, *a1 = a0 + ld, *a2 = a1 + ld, *a3 = a2 + ld;
+        float l0[16] = {0}, l1[16] = {0}, l2[16] = {0}, l3[16] = {0};
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) {
+                l0[j] += a0[i + j] * v[i + j];
+                l1[j] += a1[i + j] * v[i + j];
+                l2[j] += a2[i + j] * v[i + j];
+                l3[j] += a3[i + j] * v[i + j];
+            }
+        for (int j = 0; i + j < n; j++) {
+            l0[j] += a0[i + j] * v[i + j];
+            l1[j] += a1[i + j] * v[i + j];
+            l2[j] += a2[i + j] * v[i + j];
+            l3[j] += a3[i + j] * v[i + j];
+        }
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            s0 += l0[j];
+            s1 += l1[j];
+            s2 += l2[j];
+            s3 += l3[j];
+        }
+        out[q] = s0;
+        out[q + 1] = s1;
+        out[q + 2] = s2;
+        out[q + 3] = s3;
+    }
+    for (; q < nq; q++) out[q] = moe_lane_dot(M + q * ld, v, n);
+}
+
+/* acc[i] += M[q*ld + i] * c[q] for q = 0..nq-1 in this order (the LoRA rank products), four
+ * rows per pass over acc so it is loaded and stored once per four: same operations per element */
+static inline void moe_axpy_rows(float *acc, const float *M, int64_t ld, int nq, const float *c,
+                                 int64_t n) {
+    int q = 0;
+    for (; q + 4 <= nq; q += 4) {
+        const float *m0 = M + q * ld, *m1 = m0 + ld, *m2 = m1 + ld, *m3 = m2 + ld;
+        const float c0 = c[q], c1 = c[q + 1], c2 = c[q + 2], c3 = c[q + 3];
+        for (int64_t i = 0; i < n; i++) {
+            float a = acc[i];
+            a += m0[i] * c0;
+            a += m1[i] * c1;
+            a += m2[i] * c2;
+            a += m3[i] * c3;
+            acc[i] = a;
+        }
+    }
+    for (; q < nq; q++) {
+        const float *m0 = M + q * ld, c0 = c[q];
+        for (int64_t i = 0; i < n; i++) acc[i] += m0[i] * c0;
+    }
+}
+
 /* moe_verify_train.c: the forward reference of the layer as attached now (LoRA included), y
  * [T,H]; the OMPK_VERIFY lines of a backward (dx, dw as written on the host) */
 void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_t *ids,
@@ -310,14 +372,19 @@ ompk_status moe_wt_build(ompk_moe *m);
 void moe_wt_free(ompk_moe *m);
 /* moe_bwd_gemm.c: backward GEMMs on the tile kernels (bf16, int8 bases), orphaned worksharing:
  * called by every thread of the backward's parallel region, tb the thread's scratch
- * (moe_wt_scratch_floats floats). Activations enter as bf16 hi + lo pairs.
+ * (moe_wt_scratch_floats floats). Activations enter as bf16 hi + lo pairs, split once into A
+ * (moe_wt_split_bytes(m, R) bytes) in expert-sorted groups of 16 routes (goff from
+ * moe_wt_group_offsets; ids the routes' experts).
  * dh: q[route][0..I) = dy_t down[e] (before the routing weight).
  * dx: o[route][0..H) = dg gate[e] + du up[e] (one GEMM over K = [gate; up]). */
 size_t moe_wt_scratch_floats(const ompk_moe *m);
-void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, const int64_t *offs, const int32_t *rroute,
-                     float *q, float *tb);
-void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int32_t *rroute, const float *dg,
-                     const float *du, float *o, float *tb);
+size_t moe_wt_split_bytes(const ompk_moe *m, int64_t R);
+void moe_wt_group_offsets(const ompk_moe *m, const int64_t *offs, int64_t *goff);
+void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, const int64_t *offs, const int64_t *goff,
+                     const int32_t *rroute, const int32_t *ids, uint8_t *A, float *q, float *tb);
+void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int64_t *goff,
+                     const int32_t *rroute, const int32_t *ids, const float *dg, const float *du,
+                     uint8_t *A, float *o, float *tb);
 
 /* moe_backward.c */
 ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,

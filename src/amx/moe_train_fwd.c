@@ -214,14 +214,11 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                     const float *A = la[p] + e * r * H, *B = lb[p] + e * r * I;
                     for (int64_t h = 0; h < H; h++)
                         xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
-                    for (int q = 0; q < r; q++) lx[p * rm + q] = moe_lane_dot(A + q * H, xm, H);
+                    moe_lane_dots(A, H, r, xm, H, lx + p * rm);
                     /* rank outer, i inner (vectorised): each sum still runs over q in order */
                     float *dst = p ? u : g, *acc = xm;
                     for (int64_t i = 0; i < I; i++) acc[i] = 0.0f;
-                    for (int q = 0; q < r; q++) {
-                        const float *b = B + q * I, l = lx[p * rm + q];
-                        for (int64_t i = 0; i < I; i++) acc[i] += b[i] * l;
-                    }
+                    moe_axpy_rows(acc, B, I, r, lx + p * rm, I);
                     for (int64_t i = 0; i < I; i++) dst[i] += s * acc[i];
                 }
             }
@@ -230,7 +227,7 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 const float *A = la[2] + e * r * I;
                 for (int64_t i = 0; i < I; i++)
                     xm[i] = af[i] * ompk_moe_lora_keep(seed, 2, t, i, drop);
-                for (int q = 0; q < r; q++) lx[2 * rm + q] = moe_lane_dot(A + q * I, xm, I);
+                moe_lane_dots(A, I, r, xm, I, lx + 2 * rm);
             }
         }
         /* down: per-partition fp32 partials of z in token-order rows */
@@ -303,16 +300,19 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 if (r) {
                     const float *B = lb[2] + e * r * H;
                     for (int64_t h = 0; h < H; h++) af[h] = 0.0f;
-                    for (int q = 0; q < r; q++)
-                        for (int64_t h = 0; h < H; h++) af[h] += B[q * H + h] * lx[2 * rm + q];
+                    moe_axpy_rows(af, B, H, r, lx + 2 * rm, H);
                 }
-                for (int64_t h = 0; h < H; h++) {
-                    float z = 0.0f;
-                    for (int p = 0; p < P; p++)
-                        if (m->part[p].ip) z += zp[((size_t)p * Rc + route) * Hn + h];
-                    if (r) z += s * af[h];
-                    xf[h] += wt * z;
+                /* z in xm (free here), one pass per partition: each element's sums keep their
+                 * order and the loops over h vectorise */
+                float *z = xm;
+                for (int64_t h = 0; h < H; h++) z[h] = 0.0f;
+                for (int p = 0; p < P; p++) {
+                    if (!m->part[p].ip) continue;
+                    const float *zr = zp + ((size_t)p * Rc + route) * Hn;
+                    for (int64_t h = 0; h < H; h++) z[h] += zr[h];
                 }
+                for (int64_t h = 0; h < H && r; h++) z[h] += s * af[h];
+                for (int64_t h = 0; h < H; h++) xf[h] += wt * z[h];
             }
             for (int64_t h = 0; h < H; h++) ompk_store_f(yrow, h, xf[h], ydt == OMPK_BF16);
         }

@@ -31,10 +31,10 @@ void moe_wt_layout(ompk_moe *m) {
 }
 
 size_t moe_wt_scratch_floats(const ompk_moe *m) {
-    const int kt = m->wt_dn_kt > m->wt_gu_kt ? m->wt_dn_kt : m->wt_gu_kt;
-    /* A blocks hi, lo (32 rows of kt*32 bf16 each), kernel outputs of both (MOE_NSTEPS blocks
-     * each), kernel scratch */
-    return (size_t)kt * 32 * 32 + 2 * MOE_NSTEPS * 1024 + MOE_KSCRATCH / 4;
+    (void)m;
+    /* kernel outputs of the hi+lo rows (and of the lo rows apart, for the vector kernels), one
+     * block per n-step of a work item; kernel scratch */
+    return 2 * MOE_BWD_STEPS * 1024 + MOE_KSCRATCH / 4;
 }
 
 void moe_wt_free(ompk_moe *m) {

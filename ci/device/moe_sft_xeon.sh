@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# ci/device/moe_sft_xeon.sh BUNDLE_DIR [--filter S] [--reps N] [--warmup N] [tests] [peak]
+#   [bench[=LIB]] [peer]
+# The MoE fine-tuning measurement on the Xeon of the device machine, from a bundle_host.sh bundle
+# (repo root as working directory; logs and JSON into $OUT):
+#   tests      the MoE suites (each runs every ISA the CPU has: amx, avx512bf16, amx-emulated,
+#              portable), then test_moe_sft and test_moe_sft_fixtures again under OMPK_ISA=amx
+#              and OMPK_ISA=avx512bf16
+#   peak       extra/amx_peak (the AMX ceilings, bench/amx)
+#   bench      ompk-bench --filter S (default moe_sft_step) --reps N (default 3) --warmup N
+#              (default 2); bench=LIB runs it on extra/LIB instead of the bundle's libompk (a
+#              baseline library)
+#   peer       bench/peers/moe_sft_peer.py --filter S --reps N with the machine's PyTorch
+# Options apply to the steps after them.
+set -uo pipefail
+B=$(cd "$1" && pwd)
+shift
+d=/tmp/ompk-host
+[ -f "$d/env.sh" ] || bash "$B/run_host.sh" "$d"
+. "$d/env.sh"
+filter=moe_sft_step reps=3 warmup=2
+sum=$OUT/summary.txt
+lscpu | grep -E 'Model name|^CPU\(s\)|NUMA node\(s\)|L2 cache|L3 cache|MHz' >>"$sum"
+while [ $# -gt 0 ]; do
+    s=$1
+    shift
+    case $s in
+    --filter) filter=$1; shift ;;
+    --reps) reps=$1; shift ;;
+    --warmup) warmup=$1; shift ;;
+    tests)
+        one() { # label cmd...: one line in the summary, the whole log appended to tests.log
+            local label=$1 rc
+            shift
+            "$@" --jobs 4 >/tmp/ompk-t.log 2>&1
+            rc=$?
+            { echo "==== $label rc=$rc"; cat /tmp/ompk-t.log; } >>"$OUT/tests.log"
+            echo "$label rc=$rc $(grep -a Synthesis /tmp/ompk-t.log | tail -1)" >>"$sum"
+        }
+        for t in "$d"/bin/test_moe*; do one "$(basename "$t")" "$t"; done
+        for isa in amx avx512bf16; do
+            for t in test_moe_sft test_moe_sft_fixtures; do
+                one "OMPK_ISA=$isa $t" env OMPK_ISA=$isa "$d/bin/$t"
+            done
+        done
+        ;;
+    peak) "$d/extra/amx_peak" >>"$sum" 2>&1 ;;
+    bench*)
+        lib=${s#bench}
+        lib=${lib#=}
+        tag=${lib:-new}
+        if [ -n "$lib" ]; then
+            mkdir -p "$d/alt" && cp "$d/extra/$lib" "$d/alt/libompk.so.0.1"
+            pre="$d/alt:"
+        else
+            pre=""
+        fi
+        echo "== bench $tag (reps $reps, warmup $warmup) $(date -u +%T)" >>"$sum"
+        LD_LIBRARY_PATH="$pre$LD_LIBRARY_PATH" "$d/bin/ompk-bench" --backend host --filter "$filter" \
+            --reps "$reps" --warmup "$warmup" --json "$OUT/bench-$tag.json" >"$OUT/bench-$tag.log" 2>&1
+        echo "exit $?" >>"$sum"
+        grep -E '^ +moe_sft' "$OUT/bench-$tag.log" >>"$sum"
+        ;;
+    peer)
+        (cd /tmp && env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 "$d/peers/moe_sft_peer.py" \
+            --filter "$filter" --reps "$reps" --json "$OUT/peer.json") >"$OUT/peer.log" 2>&1
+        echo "peer exit $?" >>"$sum"
+        tail -12 "$OUT/peer.log" >>"$sum"
+        ;;
+    esac
+done
+cat "$sum"
