@@ -1,4 +1,4 @@
-/* MoE experts (SwiGLU), host path (KERNELS.md section 3, forward).
+/* MoE experts (SwiGLU), host path (docs/KERNELS.md section 3, forward).
  *
  * A layer object owns the experts' weights, packed once at load into the tile layout the
  * kernels read (VNNI tiles for AMX; the AVX-512 and portable paths read the same bytes), split
@@ -15,7 +15,7 @@
  *   (the codes are defined by that arithmetic); the integer dot products are exact and the scales
  * are applied in fp32. The quantization of a uses the whole row of a (all of I), so a NUMA split
  * does not change the result beyond fp32 reassociation. Non-finite values in the int formats
- * (KERNELS.md section 3): a row of x or a holding a NaN gets scale NaN, so every output that
+ * (docs/KERNELS.md section 3): a row of x or a holding a NaN gets scale NaN, so every output that
  * depends on it is NaN, never a finite number. A row holding an infinity (and no NaN) gets scale
  * +inf and q = +-127 at the infinities, 0 elsewhere: every output that depends on it is +-inf or
  * NaN (0*inf), non-finite as in the float math, though which of the two may differ from it
@@ -94,8 +94,7 @@ typedef struct ompk_moe_config {
      * changes, over its k-steps, so every core streams memory the whole time; one line in four is
      * requested, the L2 streamer these requests train fetches the rest), 1 = each call
      * prefetches its own tiles a few k-steps ahead, 2 = none (hardware prefetchers only),
-     * 3 = pipelined on every line. On the Xeon (2026-11-21) mode 0 gave the fastest gate/up and
-     * down phases, all modes within a few percent end to end (the layer is bandwidth-bound). */
+     * 3 = pipelined on every line. Mode 0 measured fastest (bench/results/INDEX.md). */
     int prefetch;
     /* Training (all 0 = inference only). The forward cache is one arena of its own, sized here
      * for cache_depth entries (plus one working slot) of max_tokens x top_k routes at LoRA rank
@@ -189,7 +188,7 @@ ompk_status ompk_moe_get_weights(const ompk_moe *moe, int which, ompk_tensor *ou
 ompk_status ompk_moe_forward(ompk_moe *moe, const ompk_tensor *x, const ompk_tensor *expert_ids,
                              const ompk_tensor *weights, ompk_tensor *y);
 
-/* ---- Fine-tuning (KERNELS.md section 3, training) ----------------------------------------
+/* ---- Fine-tuning (docs/KERNELS.md section 3, training) ----------------------------------------
  * LoRA adapters, rank r, scale s = alpha / r: for each projection W x becomes W x + s*B(A x).
  * A [E,r,in] and B [E,out,r], f32 or bf16 host tensors, (in,out) = (H,I) for gate and up, (I,H)
  * for down. The layer borrows them: it reads them at every forward and backward, so an

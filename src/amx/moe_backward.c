@@ -1,4 +1,4 @@
-/* The MoE backward engine (KERNELS.md section 3) on one saved entry. bf16 and int8 bases: the
+/* The MoE backward engine (docs/KERNELS.md section 3) on one saved entry. bf16 and int8 bases: the
  * data-gradient GEMMs (down^T dy, gate^T dg + up^T du) run on the tile kernels against transposed
  * packed copies (moe_wt.c, moe_bwd_gemm.c). int4: each work item dequantizes its weight block from
  * the packed tiles (moe_get_deq_tile) into a thread-local fp32 block serving W and W^T products
