@@ -22,7 +22,9 @@ if [ ${#names[@]} -eq 0 ]; then
     for f in tests/fuzz/fuzz_*.c; do names+=("$(basename "$f" .c)"); done
 fi
 mkdir -p build-fuzz/artifacts
-export OMP_NUM_THREADS=1 OMPK_VERIFY=0 OMPK_TRACE=0
+# one thread a call; calls that ask for a team (the MoE layer's `threads`) must not leave its
+# workers spinning against the next input: idle OpenMP threads sleep at once
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive OMPK_VERIFY=0 OMPK_TRACE=0
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/ci/lsan.supp:print_suppressions=0

@@ -1,11 +1,13 @@
 /* The 3xTF32 GPU forward for f32 (src/target/attention_f32tc.c) run on the host: the source is
- * included with ATTT_EMULATE, which makes each team 128 host threads and turns mma.sync tf32
- * (operands read as their top 19 bits, as the tensor cores do) and the shuffles into fragment
- * exchanges through memory. CI thereby checks the kernel's own algorithm (operand split,
+ * included with ATTT_EMULATE, which makes each team 128 emulated threads (emu_team.h) and turns
+ * mma.sync tf32 (operands read as their top 19 bits, as the tensor cores do) and the shuffles into
+ * fragment exchanges through memory. CI thereby checks the kernel's own algorithm (operand split,
  * permuted fragments, tile loads, masks, online softmax) against the double reference with the
  * f32 tolerances of the other suites; the GPU run of test_attention_fwd checks the real
  * instructions. */
 #define ATTT_EMULATE 1
+#include "emu_team.h"
+
 #include "attention_f32tc.c"
 #include "emu_common.h"
 
@@ -22,7 +24,19 @@ static void emu_team(const ompk_attn_geom *g, const float *q, const float *k, co
 #undef EMU_FWD
 }
 
-/* Every team of the grid in turn, its threads as one OpenMP team of 128. */
+typedef struct {
+    const ompk_attn_geom *g;
+    const float *q, *k, *v;
+    float *out, *lse;
+} fwd_args;
+
+static void fwd_thread(void *p) {
+    const fwd_args *a = p;
+    emu_team(a->g, a->q, a->k, a->v, a->out, a->lse);
+}
+
+/* Every team of the grid in turn, its threads as one emulated team of 128; 0 when a team
+ * diverged (emu_team_run). */
 static int emu_run(att_case *c) {
     ompk_attn_geom g;
     memset(&g, 0, sizeof g);
@@ -34,23 +48,13 @@ static int emu_run(att_case *c) {
     g.scale = (float)c->scale;
     g.mask = (int)c->p.mask;
     g.bf16 = 0;
-    const float *q = c->q.host, *k = c->k.host, *v = c->v.host;
-    float *out = c->out.host, *lse = c->lse.host;
+    fwd_args a = {&g, c->q.host, c->k.host, c->v.host, c->out.host, c->lse.host};
     const int64_t teams = g.B * g.Hq * ((g.N + ATTT_BQ - 1) / ATTT_BQ);
-    int ok = 1;
-    for (int64_t t = 0; t < teams && ok; t++) {
+    for (int64_t t = 0; t < teams; t++) {
         attt_emu_block = t;
-#pragma omp parallel num_threads(128)
-        {
-            if (omp_get_num_threads() != 128) {
-#pragma omp single
-                ok = 0;
-            } else {
-                emu_team(&g, q, k, v, out, lse);
-            }
-        }
+        if (emu_team_run(128, fwd_thread, &a) != 0) return 0;
     }
-    return ok;
+    return 1;
 }
 
 static void check(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int64_t dh,
@@ -58,7 +62,7 @@ static void check(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int6
                   uint64_t seed) {
     att_case c;
     att_case_new(&c, ompk_device_host(), OMPK_F32, B, Hq, Hkv, N, M, dh, mask, seed, qk_std, bshd);
-    cr_assert(emu_run(&c), "could not form a team of 128 host threads");
+    cr_assert(emu_run(&c), "an emulated team of 128 threads diverged");
     ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk), hv = att_host(&c.v, &c.tv);
     double *ro = malloc(sizeof(double) * (size_t)(c.out.numel + 1));
     double *rl = malloc(sizeof(double) * (size_t)(c.lse.numel + 1));

@@ -1,9 +1,11 @@
 /* The tensor-core GPU forward (src/target/attention_fast.c) run on the host: the source is
- * included with ATTF_EMULATE, which makes each team 128 host threads and turns mma.sync,
- * ldmatrix.trans and the shuffles into fragment exchanges through memory. CI thereby checks the
- * kernel's own algorithm (fragment layouts, tile loads, masks, online softmax, bf16 P) against
- * the double reference; the GPU run of test_attention_fwd checks the real instructions. */
+ * included with ATTF_EMULATE, which makes each team 128 emulated threads (emu_team.h) and turns
+ * mma.sync, ldmatrix.trans and the shuffles into fragment exchanges through memory. CI thereby
+ * checks the kernel's own algorithm (fragment layouts, tile loads, masks, online softmax, bf16 P)
+ * against the double reference; the GPU run of test_attention_fwd checks the real instructions. */
 #define ATTF_EMULATE 1
+#include "emu_team.h"
+
 #include "attention_fast.c"
 #include "emu_common.h"
 
@@ -13,7 +15,24 @@
 
 /* Shapes stay small: every emulated warp instruction is two barriers of 128 threads. */
 
-/* Every team of the grid in turn, its threads as one OpenMP team of 128. */
+typedef struct {
+    const ompk_attn_geom *g;
+    const uint16_t *q, *k, *v, *dout;
+    uint16_t *out, *dq, *dk, *dv;
+    float *lse;
+    const float *dsum;
+} emu_args;
+
+static void fwd_thread(void *p) {
+    const emu_args *a = p;
+#define EMU_FWD(D)                                                                                 \
+    attf_fwd_team(a->g, a->q, a->k, a->v, a->out, a->lse, attf_emu_sk, attf_emu_sv, D)
+    ATT_SWITCH_DH_TC(a->g->dh, EMU_FWD)
+#undef EMU_FWD
+}
+
+/* Every team of the grid in turn, its threads as one emulated team of 128; 0 when a team
+ * diverged (emu_team_run). */
 static int emu_run(att_case *c) {
     ompk_attn_geom g;
     memset(&g, 0, sizeof g);
@@ -25,33 +44,23 @@ static int emu_run(att_case *c) {
     g.scale = (float)c->scale;
     g.mask = (int)c->p.mask;
     g.bf16 = 1;
-    const uint16_t *q = c->q.host, *k = c->k.host, *v = c->v.host;
-    uint16_t *out = c->out.host;
-    float *lse = c->lse.host;
+    emu_args a;
+    memset(&a, 0, sizeof a);
+    a.g = &g, a.q = c->q.host, a.k = c->k.host, a.v = c->v.host;
+    a.out = c->out.host, a.lse = c->lse.host;
     const int64_t teams = g.B * g.Hq * ((g.N + ATTF_BQ - 1) / ATTF_BQ);
-    int ok = 1;
-    for (int64_t t = 0; t < teams && ok; t++) {
+    for (int64_t t = 0; t < teams; t++) {
         attf_emu_block = t;
-#pragma omp parallel num_threads(128)
-        {
-            if (omp_get_num_threads() != 128) {
-#pragma omp single
-                ok = 0;
-            } else {
-#define EMU_FWD(D) attf_fwd_team(&g, q, k, v, out, lse, attf_emu_sk, attf_emu_sv, D)
-                ATT_SWITCH_DH_TC(g.dh, EMU_FWD)
-#undef EMU_FWD
-            }
-        }
+        if (emu_team_run(128, fwd_thread, &a) != 0) return 0;
     }
-    return ok;
+    return 1;
 }
 
 static void check(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int64_t dh,
                   ompk_attention_mask mask, int bshd, double qk_std, uint64_t seed) {
     att_case c;
     att_case_new(&c, ompk_device_host(), OMPK_BF16, B, Hq, Hkv, N, M, dh, mask, seed, qk_std, bshd);
-    cr_assert(emu_run(&c), "could not form a team of 128 host threads");
+    cr_assert(emu_run(&c), "an emulated team of 128 threads diverged");
     ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk), hv = att_host(&c.v, &c.tv);
     double *ro = malloc(sizeof(double) * (size_t)(c.out.numel + 1));
     double *rl = malloc(sizeof(double) * (size_t)(c.lse.numel + 1));
@@ -105,6 +114,24 @@ Test(attention_fast_emu, fully_masked_rows_and_large_logits) {
 static float emu_sl[ATTF_BQB], emu_sd[ATTF_BQB];
 static int emu_slim[ATTF_BQB];
 
+static void dkdv_thread(void *p) {
+    const emu_args *a = p;
+#define EMU_DKDV(D)                                                                                \
+    attf_dkdv_team(a->g, a->q, a->k, a->v, a->dout, a->lse, a->dsum, a->dk, a->dv, attf_emu_sk,    \
+                   attf_emu_sv, emu_sl, emu_sd, emu_slim, D)
+    ATT_SWITCH_DH_TC(a->g->dh, EMU_DKDV)
+#undef EMU_DKDV
+}
+
+static void dq_thread(void *p) {
+    const emu_args *a = p;
+#define EMU_DQ(D)                                                                                  \
+    attf_dq_team(a->g, a->q, a->k, a->v, a->dout, a->lse, a->dsum, a->dq, attf_emu_sk,             \
+                 attf_emu_sv, D)
+    ATT_SWITCH_DH_TC(a->g->dh, EMU_DQ)
+#undef EMU_DQ
+}
+
 /* Forward on the host (portable kernel), D = rowsum(dout * out), then the emulated dK/dV and
  * dQ teams. */
 static int emu_bwd(att_case *c) {
@@ -130,39 +157,20 @@ static int emu_bwd(att_case *c) {
                 (float)ompk_host_get(&ho, r * g.dh + d) * (float)ompk_host_get(&hd, r * g.dh + d);
         dsum[r] = acc;
     }
-    const uint16_t *q = c->q.host, *k = c->k.host, *v = c->v.host, *dout = c->dout.host;
-    uint16_t *dq = c->dq.host, *dk = c->dk.host, *dv = c->dv.host;
-    const float *lse = c->lse.host;
+    emu_args a;
+    memset(&a, 0, sizeof a);
+    a.g = &g, a.q = c->q.host, a.k = c->k.host, a.v = c->v.host, a.dout = c->dout.host;
+    a.dq = c->dq.host, a.dk = c->dk.host, a.dv = c->dv.host, a.lse = c->lse.host, a.dsum = dsum;
     int ok = 1;
     const int64_t kteams = g.B * g.Hkv * ((g.M + ATTF_BK - 1) / ATTF_BK);
     for (int64_t t = 0; t < kteams && ok; t++) {
         attf_emu_block = t;
-#pragma omp parallel num_threads(128)
-        {
-            if (omp_get_num_threads() != 128) {
-#pragma omp single
-                ok = 0;
-            } else {
-#define EMU_DKDV(D)                                                                                \
-    attf_dkdv_team(&g, q, k, v, dout, lse, dsum, dk, dv, attf_emu_sk, attf_emu_sv, emu_sl, emu_sd, \
-                   emu_slim, D)
-                ATT_SWITCH_DH_TC(g.dh, EMU_DKDV)
-            }
-        }
+        ok = emu_team_run(128, dkdv_thread, &a) == 0;
     }
     const int64_t qteams = g.B * g.Hq * ((g.N + ATTF_BQ - 1) / ATTF_BQ);
     for (int64_t t = 0; t < qteams && ok; t++) {
         attf_emu_block = t;
-#pragma omp parallel num_threads(128)
-        {
-            if (omp_get_num_threads() != 128) {
-#pragma omp single
-                ok = 0;
-            } else {
-#define EMU_DQ(D) attf_dq_team(&g, q, k, v, dout, lse, dsum, dq, attf_emu_sk, attf_emu_sv, D)
-                ATT_SWITCH_DH_TC(g.dh, EMU_DQ)
-            }
-        }
+        ok = emu_team_run(128, dq_thread, &a) == 0;
     }
     free(dsum);
     return ok;
@@ -172,7 +180,7 @@ static void check_bwd(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, 
                       ompk_attention_mask mask, int bshd, uint64_t seed) {
     att_case c;
     att_case_new(&c, ompk_device_host(), OMPK_BF16, B, Hq, Hkv, N, M, dh, mask, seed, 1.0, bshd);
-    cr_assert(emu_bwd(&c), "could not form a team of 128 host threads");
+    cr_assert(emu_bwd(&c), "an emulated team of 128 threads diverged");
     ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk), hv = att_host(&c.v, &c.tv);
     ompk_tensor hdo = att_host(&c.dout, &c.tdout), ho = att_host(&c.out, &c.tout);
     double *rq = malloc(sizeof(double) * (size_t)(c.dq.numel + 1));
@@ -222,7 +230,7 @@ Test(attention_fast_emu, backward_nan) {
                          (uint64_t)(80 + m), 1.0, 0);
             tu_buf *in = which == 0 ? &c.q : which == 1 ? &c.k : &c.v;
             tu_buf_set(in, which == 0 ? 30 * 64 + 3 : which == 1 ? 20 * 64 + 7 : 20 * 64 + 5, NAN);
-            cr_assert(emu_bwd(&c), "could not form a team of 128 host threads");
+            cr_assert(emu_bwd(&c), "an emulated team of 128 threads diverged");
             ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk);
             ompk_tensor hv = att_host(&c.v, &c.tv), hdo = att_host(&c.dout, &c.tdout);
             ompk_tensor ho = att_host(&c.out, &c.tout);

@@ -1,13 +1,15 @@
 /* The tensor-core stage 4 of the mHC pre backward (src/target/mhc_pre_bwd_tc.h) run on the host:
- * with PTX_MMA_EMULATE a team is BWD_TC_THREADS host OpenMP threads and mma.sync, ldmatrix and
- * the shuffles exchange fragments through memory, so CI checks the kernel's own algorithm (the
- * fragment tiles stage 2 writes, the hi/mid/lo splits, the column permutation of the dx tiles,
- * the cp.async ring over many tiles, token tails inside a tile and across batches, padded
+ * with PTX_MMA_EMULATE a team is BWD_TC_THREADS emulated threads (emu_team.h) and mma.sync,
+ * ldmatrix and the shuffles exchange fragments through memory, so CI checks the kernel's own
+ * algorithm (the fragment tiles stage 2 writes, the hi/mid/lo splits, the column permutation of the
+ * dx tiles, the cp.async ring over many tiles, token tails inside a tile and across batches, padded
  * strides, gamma and grad_x_post optional, several token blocks) against a double reference:
  *   dx[t,k] = sum_m dh_mix[t,m] w[m,k] - coef[t] x[t,k] + h_pre[t,i] dh_in[t,d] (+ gxp[t,k])
  *   dW[m,k] = sum_t dh_mix[t,m] x[t,k]   (partials per token block, summed in block order)
  * The GPU run of test_mhc_pre / test_mhc_pre_bwd_tc checks the real instructions. */
 #define PTX_MMA_EMULATE 1
+#include "emu_team.h"
+
 #include "mhc_pre_bwd_tc.h"
 #include "emu_common.h"
 
@@ -55,6 +57,22 @@ static void frag_tok(int n, uint16_t *frag, int64_t t, const float *dhm, float c
         bwd_tc_frag_tok(4, frag, t, dhm, coef, hp, shp1);
         break;
     }
+}
+
+/* one emulated thread of a stage-4 launch (check below) */
+typedef struct {
+    int n;
+    const bwd_tc_geom *g;
+    const char *x, *dh, *gxp;
+    char *dx;
+    const float *phi, *gamma;
+    uint32_t *frag;
+    float *tok, *pw, *blk;
+} team_args;
+
+static void team_thread(void *p) {
+    const team_args *a = p;
+    team(a->n, a->g, a->x, a->dh, a->gxp, a->dx, a->phi, a->gamma, a->frag, a->tok, a->pw, a->blk);
 }
 
 static uint64_t rng_state;
@@ -114,21 +132,23 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     for (int64_t i = 0; i < g.NB * R; i++) blk[i] = NAN;
     float *pw = malloc(sizeof(float) * (size_t)(g.NB * M * K));
     for (int64_t i = 0; i < g.NB * M * K; i++) pw[i] = NAN;
-    int ok = 1;
-    for (int bid = 0; bid < g.NKT * g.NB && ok; bid++) {
+    team_args ta = {n,
+                    &g,
+                    (const char *)x,
+                    (const char *)dh,
+                    with_gxp ? (const char *)gx : NULL,
+                    (char *)dx,
+                    phi,
+                    with_gamma ? gamma : NULL,
+                    frag,
+                    tok,
+                    pw,
+                    blk};
+    for (int bid = 0; bid < g.NKT * g.NB; bid++) {
         bwd_tc_emu_block = bid;
-#pragma omp parallel num_threads(BWD_TC_THREADS)
-        {
-            if (omp_get_num_threads() != BWD_TC_THREADS) {
-#pragma omp single
-                ok = 0;
-            } else {
-                team(n, &g, (const char *)x, (const char *)dh, with_gxp ? (const char *)gx : NULL,
-                     (char *)dx, phi, with_gamma ? gamma : NULL, frag, tok, pw, blk);
-            }
-        }
+        cr_assert_eq(emu_team_run(BWD_TC_THREADS, team_thread, &ta), 0,
+                     "block %d: the emulated team diverged", bid);
     }
-    cr_assert(ok, "could not start %d host threads", BWD_TC_THREADS);
 
     /* double reference */
     double *rdx = calloc((size_t)(T * K), sizeof(double)), *rdw = calloc((size_t)(M * K), 8);
@@ -222,6 +242,22 @@ static void dhpre(int n, const bwd_tc_geom *g, const char *x, const char *dh, in
     }
 }
 
+/* one emulated thread of a stage-1 launch of 4 tokens from t0 (check_dhpre below) */
+typedef struct {
+    int n;
+    const bwd_tc_geom *g;
+    const char *x, *dh;
+    int64_t t0, T;
+    float (*out)[8];
+} dhpre_args;
+
+static void dhpre_thread(void *p) {
+    const dhpre_args *a = p;
+    const int tid = emu_tid();
+    const int64_t t = a->t0 + tid / 32 < a->T ? a->t0 + tid / 32 : a->T - 1;
+    dhpre(a->n, a->g, a->x, a->dh, t, tid & 31, a->out[tid]);
+}
+
 /* The fused stage 1: a warp a token (4 tokens a 128-thread team), dh_pre[t][i] against the
  * double sums, every lane with the same bits; D with and without a tail of the 256-wide d
  * blocks, padded strides. */
@@ -237,12 +273,9 @@ static void check_dhpre(int64_t B, int64_t S, int n, int64_t D, int64_t pad) {
     static float out[BWD_TC_THREADS][8];
     int bad = 0;
     for (int64_t t0 = 0; t0 < T; t0 += 4) {
-#pragma omp parallel num_threads(BWD_TC_THREADS)
-        {
-            const int tid = omp_get_thread_num();
-            const int64_t t = t0 + tid / 32 < T ? t0 + tid / 32 : T - 1;
-            dhpre(n, &g, (const char *)x, (const char *)dh, t, tid & 31, out[tid]);
-        }
+        dhpre_args da = {n, &g, (const char *)x, (const char *)dh, t0, T, out};
+        cr_assert_eq(emu_team_run(BWD_TC_THREADS, dhpre_thread, &da), 0,
+                     "tokens %lld..: the emulated team diverged", (long long)t0);
         for (int w = 0; w < 4 && t0 + w < T; w++) {
             const int64_t t = t0 + w, b = t / S, s = t % S;
             for (int i = 0; i < n; i++) {

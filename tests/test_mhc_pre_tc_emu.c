@@ -1,11 +1,13 @@
 /* The tensor-core GEMM of the mHC pre forward (src/target/mhc_pre_tc.h) run on the host: with
- * PTX_MMA_EMULATE a team is PRE_TC_THREADS host OpenMP threads and mma.sync and the shuffles
- * exchange fragments through memory, so CI checks the kernel's own algorithm (the k permutation
- * shared by A and B, the hi/mid/lo weight split, stage double buffering, split and token tails,
- * strides, the partial layout) against a double reference; the GPU run of test_mhc_pre checks
- * the real instructions. The wide-load GEMM (mhc_pre_tcw.h) runs the same checks as a team of
- * PRE_TCW_THREADS threads. */
+ * PTX_MMA_EMULATE a team is PRE_TC_THREADS emulated threads (emu_team.h: fibers on one host
+ * thread) and mma.sync and the shuffles exchange fragments through memory, so CI checks the
+ * kernel's own algorithm (the k permutation shared by A and B, the hi/mid/lo weight split, stage
+ * double buffering, split and token tails, strides, the partial layout) against a double reference;
+ * the GPU run of test_mhc_pre checks the real instructions. The wide-load GEMM (mhc_pre_tcw.h) runs
+ * the same checks as a team of PRE_TCW_THREADS threads. */
 #define PTX_MMA_EMULATE 1
+#include "emu_team.h"
+
 #include "mhc_pre_tc.h"
 #include "mhc_pre_tcw.h"
 #include "emu_common.h"
@@ -86,6 +88,26 @@ static void hin(int n, const pre_tc_geom *g, const char *x, const float *hp, cha
 #undef EMU_HIN
 }
 
+/* one emulated thread of a GEMM launch (check below): async 0, 1 or >= 2 as there */
+typedef struct {
+    int n, async;
+    const pre_tc_geom *g;
+    const char *x;
+    const uint16_t *wp;
+    const float *phi, *gamma;
+    float *part;
+} gemm_args;
+
+static void gemm_team(void *p) {
+    const gemm_args *a = p;
+    if (a->async >= 2)
+        team_wide(a->n, a->async, a->g, a->x, a->wp, a->part);
+    else if (a->async)
+        team_async(a->n, a->g, a->x, a->phi, a->gamma, a->part);
+    else
+        team(a->n, a->g, a->x, a->phi, a->gamma, a->part);
+}
+
 static uint64_t rng_state;
 static double rnd(void) { /* uniform in [-1, 1) */
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -128,24 +150,11 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
         for (int64_t i = 0; i < items * 6; i++) wp[i] = 0x7fc0;
         for (int64_t e = 0; e < items; e++) pre_tcw_wpair(n, &g, phi, a.gamma, wp, e);
     }
-    int ok = 1;
-    for (int blk = 0; blk < g.NG * g.KS && ok; blk++) {
+    gemm_args ga = {n, async, &g, (const char *)x, wp, phi, a.gamma, part};
+    for (int blk = 0; blk < g.NG * g.KS; blk++) {
         pre_tc_emu_block = blk;
-#pragma omp parallel num_threads(nthr)
-        {
-            if (omp_get_num_threads() != nthr) {
-#pragma omp single
-                ok = 0;
-            } else if (async >= 2) {
-                team_wide(n, async, &g, (const char *)x, wp, part);
-            } else if (async) {
-                team_async(n, &g, (const char *)x, phi, a.gamma, part);
-            } else {
-                team(n, &g, (const char *)x, phi, a.gamma, part);
-            }
-        }
+        cr_assert_eq(emu_team_run(nthr, gemm_team, &ga), 0, "block %d: the team diverged", blk);
     }
-    cr_assert(ok, "could not start %d host threads", nthr);
 
     /* partials summed in split order against the double sums */
     double *ref = calloc((size_t)(T * (M + 1)), sizeof(double)), smax = 0, qmax = 0;
@@ -284,6 +293,22 @@ static void epi(int n, int fused, const pre_tc_geom *g, int KS, const float *par
 #undef EMU_EPI_HIN
 }
 
+/* one emulated thread of an epilogue launch (check_epi below) */
+typedef struct {
+    int n, fused;
+    const pre_tc_geom *g;
+    int KS;
+    const float *part;
+    const mhc_pre_fwd_args *a;
+    float *hp_ws;
+    char *h_in;
+} epi_args;
+
+static void epi_team(void *p) {
+    const epi_args *e = p;
+    epi(e->n, e->fused, e->g, e->KS, e->part, e->a, e->hp_ws, e->h_in);
+}
+
 /* Launch 2, lane-parallel: partials of KS splits -> every output against a double computation
  * (Sinkhorn by the reference), h_mix bit-identical to the split-order float sum; token tail, two
  * batches, optional outputs absent */
@@ -322,20 +347,12 @@ static void check_epi(int n, int64_t B, int64_t S, int KS, int all_outputs, int 
     memset(&g, 0, sizeof g);
     g.T = T, g.S = S, g.D = D, g.sx0 = S * K, g.sx1 = K, g.sx2 = D, g.shin0 = S * D, g.shin1 = D;
     const int64_t teams = (T + PRE_EPI_TOK(n) - 1) / PRE_EPI_TOK(n);
-    int ok = 1;
-    for (int64_t blk = 0; blk < teams && ok; blk++) {
+    epi_args ea = {n, fused, &g, KS, part, &a, hp_ws, (char *)h_in};
+    for (int64_t blk = 0; blk < teams; blk++) {
         pre_tc_emu_block = (int)blk;
-#pragma omp parallel num_threads(PRE_TC_THREADS)
-        {
-            if (omp_get_num_threads() != PRE_TC_THREADS) {
-#pragma omp single
-                ok = 0;
-            } else {
-                epi(n, fused, &g, KS, part, &a, hp_ws, (char *)h_in);
-            }
-        }
+        cr_assert_eq(emu_team_run(PRE_TC_THREADS, epi_team, &ea), 0,
+                     "block %lld: the team diverged", (long long)blk);
     }
-    cr_assert(ok, "could not start %d host threads", PRE_TC_THREADS);
 
     double *dl = malloc(sizeof(double) * (size_t)(T * n * n)),
            *dc = malloc(sizeof(double) * (size_t)(T * n * n));

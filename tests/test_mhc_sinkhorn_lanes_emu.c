@@ -1,10 +1,12 @@
 /* The GPU Sinkhorn backward with a token's rows over G lanes (src/target/mhc_sinkhorn_lanes.h)
- * run on the host: with PTX_MMA_EMULATE a warp is 32 host OpenMP threads and the butterfly
- * shuffles exchange values through memory, so CI checks the kernel's own algorithm (row/lane
- * layout, column sums over the group, padding rows and tokens, the state workspace walked in
- * reverse with one step of prefetch) against the double reference for every n; the GPU run of
- * test_mhc_sinkhorn checks the real kernel. */
+ * run on the host: with PTX_MMA_EMULATE a warp is 32 emulated threads (emu_team.h: fibers on one
+ * host thread) and the butterfly shuffles exchange values through memory, so CI checks the kernel's
+ * own algorithm (row/lane layout, column sums over the group, padding rows and tokens, the state
+ * workspace walked in reverse with one step of prefetch) against the double reference for every n;
+ * the GPU run of test_mhc_sinkhorn checks the real kernel. */
 #define PTX_MMA_EMULATE 1
+#include "emu_team.h"
+
 #include "mhc_sinkhorn_lanes.h"
 #include "emu_common.h"
 
@@ -16,39 +18,54 @@
 #include "test_util.h"
 #include "tolerance.h"
 
-/* lanes' work for T tokens (logits/dcomb/dlogits [T][n][n] contiguous), one emulated warp at a
- * time, as the GPU kernel lays them out */
-static void run_lanes(int n, int64_t T, int repeat, float eps, const float *lg, const float *dc,
-                      float *out, float *st) {
-    const int G = SKL_G(n), per = 32 / G;
-    const int64_t sstride = T * n * n;
-    for (int64_t w = 0; w * per < T; w++) {
-#pragma omp parallel num_threads(32)
-        {
-            const int tid = omp_get_thread_num(), i = tid % G;
-            const int64_t u = w * per + tid / G;
-            const int ok = u < T;
-            const int64_t uu = ok ? u : 0;
-            const int row = ok && i < n;
-            const float *lp = lg + uu * n * n, *dp = dc + uu * n * n;
-            float *op = out + uu * n * n, *sp = st + uu * n * n + i * n;
-            switch (n) {
+/* one lane of the emulated warp w (run_lanes below) */
+typedef struct {
+    int n, repeat;
+    int64_t T, w;
+    float eps;
+    const float *lg, *dc;
+    float *out, *st;
+} lanes_args;
+
+static void lane(void *p) {
+    const lanes_args *a = p;
+    const int n = a->n, G = SKL_G(n), per = 32 / G;
+    const int tid = emu_tid(), i = tid % G;
+    const int64_t T = a->T, u = a->w * per + tid / G, sstride = T * n * n;
+    const int ok = u < T;
+    const int64_t uu = ok ? u : 0;
+    const int row = ok && i < n;
+    const float *lp = a->lg + uu * n * n, *dp = a->dc + uu * n * n;
+    float *op = a->out + uu * n * n, *sp = a->st + uu * n * n + i * n;
+    const int repeat = a->repeat;
+    const float eps = a->eps;
+    switch (n) {
 #define EMU_CASE(N_)                                                                               \
     case N_:                                                                                       \
         skl_token(N_, SKL_G(N_), i, row, lp, N_, 1, dp, N_, 1, op, N_, 1, repeat, eps, sp,         \
                   sstride);                                                                        \
         break;
-                EMU_CASE(1)
-                EMU_CASE(2)
-                EMU_CASE(3)
-                EMU_CASE(4)
-                EMU_CASE(5)
-                EMU_CASE(6)
-                EMU_CASE(7)
-                EMU_CASE(8)
+        EMU_CASE(1)
+        EMU_CASE(2)
+        EMU_CASE(3)
+        EMU_CASE(4)
+        EMU_CASE(5)
+        EMU_CASE(6)
+        EMU_CASE(7)
+        EMU_CASE(8)
 #undef EMU_CASE
-            }
-        }
+    }
+}
+
+/* lanes' work for T tokens (logits/dcomb/dlogits [T][n][n] contiguous), one emulated warp at a
+ * time, as the GPU kernel lays them out */
+static void run_lanes(int n, int64_t T, int repeat, float eps, const float *lg, const float *dc,
+                      float *out, float *st) {
+    const int per = 32 / SKL_G(n);
+    for (int64_t w = 0; w * per < T; w++) {
+        lanes_args a = {n, repeat, T, w, eps, lg, dc, out, st};
+        cr_assert_eq(emu_team_run(32, lane, &a), 0, "n=%d warp %lld: the lanes diverged", n,
+                     (long long)w);
     }
 }
 

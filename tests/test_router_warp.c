@@ -1,10 +1,13 @@
 /* The GPU warp-per-token forward (k <= 32, N <= 256) run on the host: the kernel source is
  * included with RT_WARP_EMULATE, which turns the warp collectives (ballot, redux add, shuffles)
- * into exchanges through memory between 32 OpenMP threads, one per lane. So CI checks the warp
+ * into exchanges through memory between the 32 lanes of an emulated team (emu_team.h: fibers on
+ * one host thread, switching at every collective). So CI checks the warp
  * algorithm itself against the brute-force reference, not only the portable kernel; the GPU run
  * of test_router_fwd checks the real instructions. Classes 5 and 6 hold NaN and +inf, which the
  * warp kernels hand to the portable routine: the order is exact there too (NaN above +inf). */
 #define RT_WARP_EMULATE 1
+#include "emu_team.h"
+
 #include "../src/target/router_topk.c"
 
 #include <criterion/criterion.h>
@@ -55,6 +58,47 @@ static void gen(int cls, int64_t T, int64_t N, uint64_t seed, float *x, float *y
     }
 }
 
+/* one lane of the emulated warp: the launch of check() below */
+typedef struct {
+    const float *x, *y;
+    const uint16_t *bx, *by;
+    float *sc;
+    int32_t *ix;
+    int64_t T, N, k;
+    int ar;
+} rt_lanes_args;
+
+static void rt_lanes(void *p) {
+    const rt_lanes_args *a = p;
+    const float *x = a->x, *y = a->y;
+    const uint16_t *bx = a->bx, *by = a->by;
+    float *sc = a->sc;
+    int32_t *ix = a->ix;
+    const int64_t T = a->T, N = a->N, k = a->k;
+    const int ar = a->ar, lane = emu_tid();
+    int S, CS;
+    rt_warp_shape((int)N, (int)k, &S, &CS);
+    if (ar == 2)
+        rt_pair_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 2, T, sc, k, 1, ix, k, 1, 0);
+    else if (ar == 3)
+        rt_pair_run(bx, N, 1, by, N, 1, 1, (int)N, (int)k, lane, 0, 2, T, sc, k, 1, ix, k, 1, 1);
+    else if (S == 2 && CS == 1)
+        rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2, 1,
+                    0);
+    else if (S == 2)
+        rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2, 4,
+                    0);
+    else if (CS == 1 && ar)
+        rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8, 1,
+                    1);
+    else if (CS == 1)
+        rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8, 1,
+                    0);
+    else
+        rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8, 4,
+                    0);
+}
+
 /* ar: the N > 64, k <= 11 kernel takes the axis ranks by arg-max rounds (1) or by the sort (0);
  * ar = 2: the two-tokens-per-warp kernel (the default for N <= 64, k <= 11), ar = 3:
  * the same on bf16 inputs (the inputs rounded to bf16 first), sorted as 32-bit keys */
@@ -77,36 +121,8 @@ static void check(int cls, int64_t T, int64_t N, int64_t k, uint64_t seed, int a
     ompk_tensor hx = ompk_tensor_make(x, OMPK_F32, 2, sh, ompk_device_host());
     ompk_tensor hy = ompk_tensor_make(y, OMPK_F32, 2, sh, ompk_device_host());
     cr_assert_eq(ompk_ref_router_topk_fwd(&hx, &hy, k, rs, ri), OMPK_OK);
-    omp_set_dynamic(0);
-    int nthr = 0;
-#pragma omp parallel num_threads(32)
-    {
-        if (omp_get_thread_num() == 0) nthr = omp_get_num_threads();
-        const int lane = omp_get_thread_num();
-        int S, CS;
-        rt_warp_shape((int)N, (int)k, &S, &CS);
-        if (ar == 2)
-            rt_pair_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 2, T, sc, k, 1, ix, k, 1, 0);
-        else if (ar == 3)
-            rt_pair_run(bx, N, 1, by, N, 1, 1, (int)N, (int)k, lane, 0, 2, T, sc, k, 1, ix, k, 1,
-                        1);
-        else if (S == 2 && CS == 1)
-            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
-                        1, 0);
-        else if (S == 2)
-            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 2,
-                        4, 0);
-        else if (CS == 1 && ar)
-            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
-                        1, 1);
-        else if (CS == 1)
-            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
-                        1, 0);
-        else
-            rt_warp_run(x, N, 1, y, N, 1, 0, (int)N, (int)k, lane, 0, 1, T, sc, k, 1, ix, k, 1, 8,
-                        4, 0);
-    }
-    cr_assert_eq(nthr, 32, "need 32 threads to emulate a warp, got %d", nthr);
+    rt_lanes_args la = {x, y, bx, by, sc, ix, T, N, k, ar};
+    cr_assert_eq(emu_team_run(32, rt_lanes, &la), 0, "the 32 lanes of the warp diverged");
     for (int64_t e = 0; e < T * k; e++) {
         if (ix[e] != ri[e] || !(sc[e] == rs[e] || (isnan(sc[e]) && isnan(rs[e]))))
             cr_assert_fail("class %d N=%lld k=%lld: token %lld slot %lld: got (%.9g, %d), "

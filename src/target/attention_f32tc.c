@@ -61,9 +61,9 @@
 #include <math.h>
 #include <omp.h>
 #define ATTT_HAVE 1
-#define ATTT_TID() omp_get_thread_num()
+#define ATTT_TID() OMPK_EMU_TID()
 #define ATTT_BID() attt_emu_block
-#define ATTT_SYNC() _Pragma("omp barrier")
+#define ATTT_SYNC() OMPK_EMU_SYNC()
 #elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
 #include <math.h>
 #include <omp.h>

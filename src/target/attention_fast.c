@@ -35,9 +35,9 @@
 #include <math.h>
 #include <omp.h>
 #define ATTF_HAVE 1
-#define ATTF_TID() omp_get_thread_num()
+#define ATTF_TID() OMPK_EMU_TID()
 #define ATTF_BID() attf_emu_block
-#define ATTF_SYNC() _Pragma("omp barrier")
+#define ATTF_SYNC() OMPK_EMU_SYNC()
 #elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
 #include <math.h>
 #include <omp.h>

@@ -137,9 +137,9 @@ MHC_INLINE void bwd_tc_frag_tok(const int N, uint16_t *frag, int64_t t, const fl
 #ifdef PTX_MMA_EMULATE
 /* a team is one host parallel region of BWD_TC_THREADS threads; the test sets the block */
 static int bwd_tc_emu_block;
-#define BWD_TC_TID() omp_get_thread_num()
+#define BWD_TC_TID() OMPK_EMU_TID()
 #define BWD_TC_BID() bwd_tc_emu_block
-#define BWD_TC_SYNC() _Pragma("omp barrier")
+#define BWD_TC_SYNC() OMPK_EMU_SYNC()
 #else
 #include <ompx.h>
 #define BWD_TC_TID() ompx_thread_id_x()

@@ -136,9 +136,9 @@ MHC_INLINE int pre_tc_chunk_off(const pre_tc_geom *g, int q, int q1, int e, int6
 #ifdef PTX_MMA_EMULATE
 /* a team is one host parallel region of PRE_TC_THREADS threads; the test sets the block */
 static int pre_tc_emu_block;
-#define PRE_TC_TID() omp_get_thread_num()
+#define PRE_TC_TID() OMPK_EMU_TID()
 #define PRE_TC_BID() pre_tc_emu_block
-#define PRE_TC_SYNC() _Pragma("omp barrier")
+#define PRE_TC_SYNC() OMPK_EMU_SYNC()
 #else
 #include <ompx.h>
 #define PRE_TC_TID() ompx_thread_id_x()

@@ -56,10 +56,10 @@ PTX_INLINE float ptx_bf16_half(uint32_t w, int hi) {
 }
 
 #ifdef PTX_MMA_EMULATE
-/* Host emulation for tests: a team runs as one OpenMP parallel region (thread number = thread
+/* Host emulation for tests: a team runs as an emulated team (emu_hooks.h: thread number = thread
  * id in the team, a warp = 32 consecutive threads), every thread makes the same calls, and the
  * collectives exchange fragments through memory between two barriers. */
-#include <omp.h>
+#include "emu_hooks.h"
 #define PTX_EMU_THREADS 1024
 /* out of line: each call is two barriers anyway */
 #define PTX_EMU_FN static __attribute__((noinline, unused))
@@ -94,12 +94,12 @@ static inline float ptx_emu_elem(uint32_t w, int kk, int tf32) {
 /* c += A * B for the warp's m16n8k16 bf16 or m16n8k8 tf32 tile, from the 32 lanes' fragments:
  * a register holds P = 2 (bf16) or 1 (tf32) consecutive k, a lane 4 P of them per register. */
 PTX_EMU_FN void ptx_emu_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int tf32) {
-    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    const int tid = OMPK_EMU_TID(), w0 = tid & ~31, lane = tid & 31;
     const int P = tf32 ? 1 : 2, KG = 4 * P;
     for (int i = 0; i < 4; i++) ptx_emu_u[tid][i] = a[i];
     ptx_emu_u[tid][4] = b0;
     ptx_emu_u[tid][5] = b1;
-#pragma omp barrier
+    OMPK_EMU_SYNC();
     const int g = lane >> 2, t = lane & 3;
     for (int e = 0; e < 4; e++) {
         const int row = g + (e >= 2 ? 8 : 0), col = t * 2 + (e & 1);
@@ -114,7 +114,7 @@ PTX_EMU_FN void ptx_emu_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32
         }
         c[e] = ptx_emu_canon(acc);
     }
-#pragma omp barrier
+    OMPK_EMU_SYNC();
 }
 
 PTX_EMU_FN void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -126,9 +126,9 @@ PTX_EMU_FN void ptx_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b0, 
 }
 
 PTX_EMU_FN void ptx_emu_ldsm(uint32_t r[4], const uint16_t *p, int trans) {
-    const int tid = omp_get_thread_num(), w0 = tid & ~31, lane = tid & 31;
+    const int tid = OMPK_EMU_TID(), w0 = tid & ~31, lane = tid & 31;
     ptx_emu_p[tid] = p;
-#pragma omp barrier
+    OMPK_EMU_SYNC();
     const int g = lane >> 2, t = lane & 3;
     for (int mi = 0; mi < 4; mi++) {
         if (trans) {
@@ -140,7 +140,7 @@ PTX_EMU_FN void ptx_emu_ldsm(uint32_t r[4], const uint16_t *p, int trans) {
             r[mi] = (uint32_t)rp[2 * t] | ((uint32_t)rp[2 * t + 1] << 16);
         }
     }
-#pragma omp barrier
+    OMPK_EMU_SYNC();
 }
 PTX_EMU_FN void ptx_ldsm_x4(uint32_t r[4], const uint16_t *p) {
     ptx_emu_ldsm(r, p, 0);
@@ -150,11 +150,11 @@ PTX_EMU_FN void ptx_ldsm_x4_trans(uint32_t r[4], const uint16_t *p) {
 }
 
 PTX_EMU_FN float ptx_shfl_xor(float v, int mask) {
-    const int tid = omp_get_thread_num();
+    const int tid = OMPK_EMU_TID();
     ptx_emu_f[tid] = v;
-#pragma omp barrier
+    OMPK_EMU_SYNC();
     const float o = ptx_emu_f[tid ^ mask];
-#pragma omp barrier
+    OMPK_EMU_SYNC();
     return o;
 }
 #else

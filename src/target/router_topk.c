@@ -276,36 +276,38 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
  *    the portable per-token routine.
  * OMPK_ROUTER_VARIANT=portable forces the portable kernel. */
 #if defined(RT_WARP_EMULATE)
-/* tests/test_router_warp.c: the warp code on 32 host threads, collectives through memory */
+/* tests/test_router_warp.c: the warp code on an emulated team of 32 threads (emu_hooks.h),
+ * collectives through memory */
+#include "emu_hooks.h"
 #define RT_HAVE_WARP 1
 static unsigned rt_emu_u[32];
 static int rt_emu_i[32];
 static inline unsigned rt_wmax(unsigned v) {
-#pragma omp barrier
-    rt_emu_u[omp_get_thread_num()] = v;
-#pragma omp barrier
+    OMPK_EMU_SYNC();
+    rt_emu_u[OMPK_EMU_TID()] = v;
+    OMPK_EMU_SYNC();
     unsigned m = 0;
     for (int l = 0; l < 32; l++) m = rt_emu_u[l] > m ? rt_emu_u[l] : m;
     return m;
 }
 static inline int rt_wadd(int v) {
-#pragma omp barrier
-    rt_emu_i[omp_get_thread_num()] = v;
-#pragma omp barrier
+    OMPK_EMU_SYNC();
+    rt_emu_i[OMPK_EMU_TID()] = v;
+    OMPK_EMU_SYNC();
     int s = 0;
     for (int l = 0; l < 32; l++) s += rt_emu_i[l];
     return s;
 }
 static inline unsigned rt_wshfl(unsigned v, int src) {
-#pragma omp barrier
-    rt_emu_u[omp_get_thread_num()] = v;
-#pragma omp barrier
+    OMPK_EMU_SYNC();
+    rt_emu_u[OMPK_EMU_TID()] = v;
+    OMPK_EMU_SYNC();
     return rt_emu_u[src];
 }
 static inline unsigned rt_wballot(int pred) {
-#pragma omp barrier
-    rt_emu_i[omp_get_thread_num()] = pred != 0;
-#pragma omp barrier
+    OMPK_EMU_SYNC();
+    rt_emu_i[OMPK_EMU_TID()] = pred != 0;
+    OMPK_EMU_SYNC();
     unsigned m = 0;
     for (int l = 0; l < 32; l++) m |= (unsigned)rt_emu_i[l] << l;
     return m;

@@ -1,6 +1,42 @@
 /* The MoE layer's life: ompk_moe_create (config from the input), get_info, load_weights or
  * load_quantized, get_weights, set_lora, forward or forward_train + backward, get_stats,
  * destroy; each call checked on its own. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memfd_create */
+#endif
+#include <hwloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* Every input creates a layer, and each ompk_moe_create discovers the machine's topology with
+ * hwloc (/sys and /proc: most of an input's time). The process discovers it once and hands hwloc
+ * that topology as XML (HWLOC_XMLFILE, an in-memory file that forked workers inherit); with
+ * HWLOC_THISSYSTEM it stays this machine's, so binding acts as before. */
+static void fz_moe_topology(void) {
+    hwloc_topology_t t;
+    char *xml = NULL;
+    int len = 0; /* hwloc's buffer length, the final NUL included */
+    if (hwloc_topology_init(&t) != 0) return;
+    if (hwloc_topology_load(t) == 0 && hwloc_topology_export_xmlbuffer(t, &xml, &len, 0) == 0) {
+        const int fd = memfd_create("ompk-fuzz-topology", 0);
+        const size_t n = strlen(xml);
+        if (fd >= 0 && write(fd, xml, n) == (ssize_t)n) {
+            char path[64];
+            snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+            setenv("HWLOC_XMLFILE", path, 1);
+            setenv("HWLOC_THISSYSTEM", "1", 1);
+        } else if (fd >= 0) {
+            close(fd);
+        }
+        hwloc_free_xmlbuffer(t, xml);
+    }
+    hwloc_topology_destroy(t);
+}
+#define FZ_PROCESS_INIT() fz_moe_topology()
+
 #include "fuzz_common.h"
 
 static const int fz_isas[] = {OMPK_MOE_ISA_PORTABLE,
@@ -26,6 +62,23 @@ static void quantized(ompk_moe_quantized *w, ompk_tensor t[3], ompk_moe_format f
     }
 }
 
+/* Whether a layer of this config would hold many bytes (weights, scratch, cache, LoRA, roughly):
+ * its sizes are in their valid ranges and the sum passes FZ_MOE_MAX_BYTES (1), else 0. */
+#define FZ_MOE_MAX_BYTES (64.0 * (1 << 20))
+static int fz_moe_huge(const ompk_moe_config *c) {
+    if (c->experts < 1 || c->experts > (1 << 20) || c->hidden < 1 || c->hidden > 65536 ||
+        c->intermediate < 1 || c->intermediate > 65536 || c->top_k < 1 || c->top_k > 64 ||
+        c->max_tokens < 1 || c->max_tokens > (1 << 24) || c->cache_depth < 0 ||
+        c->cache_depth > 64 || c->lora_max_rank < 0 || c->lora_max_rank > 4096)
+        return 0;
+    const double E = (double)c->experts, H = (double)c->hidden + 64,
+                 I = (double)c->intermediate + 64, R = (double)c->max_tokens * c->top_k;
+    const double weights = E * 3 * H * I * 2, scratch = R * (H + I) * 8 + c->max_tokens * H * 16;
+    const double cache = (c->cache_depth + 1) * R * (I * 8 + H * 2);
+    const double lora = E * c->lora_max_rank * (H + I) * 3 * 8;
+    return weights + scratch + cache + lora > FZ_MOE_MAX_BYTES;
+}
+
 FZ_INIT {
     fz_begin(data, size);
     ompk_moe_config cfg;
@@ -49,6 +102,13 @@ FZ_INIT {
     cfg.cache_depth = (int)fz_int(fz_range(0, 2), 65, -1);
     cfg.lora_max_rank = (int)fz_int(fz_range(0, 2), -1, 1 << 20);
 
+    /* A valid config of a big layer (an edge value such as 65536 experts or 2^23 tokens) makes
+     * create allocate and zero up to gigabytes: seconds an input, most of the run's time. Those
+     * are left out; sizes out of range still reach create, which rejects them. */
+    if (fz_moe_huge(&cfg)) {
+        fz_end();
+        return 0;
+    }
     static int sentinel;
     ompk_moe *m = (ompk_moe *)&sentinel;
     ompk_status st = ompk_moe_create((fz_u8() == 255) ? NULL : &cfg, &m);
