@@ -2,6 +2,7 @@
  * staging of device tensors). */
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,9 +117,27 @@ static ompk_status check_config(const ompk_moe_config *c) {
     return OMPK_OK;
 }
 
+/* One topology per process, discovered once (reading the machine's description takes
+ * milliseconds) and shared read-only by every layer; refreshed after the load so concurrent
+ * reads build no lazy caches (hwloc_topology_refresh). */
+static hwloc_topology_t moe_topo;
+static int moe_topo_ok;
+static pthread_once_t moe_topo_once = PTHREAD_ONCE_INIT;
+
+static void moe_topo_load(void) {
+    if (hwloc_topology_init(&moe_topo) != 0) return;
+    if (hwloc_topology_load(moe_topo) != 0 || hwloc_topology_refresh(moe_topo) != 0) {
+        hwloc_topology_destroy(moe_topo);
+        return;
+    }
+    moe_topo_ok = 1;
+}
+
 static ompk_status setup_topology(ompk_moe *m) {
-    if (hwloc_topology_init(&m->topo) != 0 || hwloc_topology_load(m->topo) != 0)
+    pthread_once(&moe_topo_once, moe_topo_load);
+    if (!moe_topo_ok)
         return ompk_fail(OMPK_ERR_RUNTIME, FN_CREATE, "hwloc topology could not be loaded");
+    m->topo = moe_topo;
     int nn = hwloc_get_nbobjs_by_type(m->topo, HWLOC_OBJ_NUMANODE);
     m->nnodes = nn > 0 ? nn : 1;
     int nc = hwloc_get_nbobjs_by_type(m->topo, HWLOC_OBJ_CORE);
@@ -214,7 +233,6 @@ void ompk_moe_destroy(ompk_moe *m) {
     for (int c = 0; c < m->ncores; c++) hwloc_bitmap_free(m->core_set[c]);
     free(m->core_set);
     free(m->core_node);
-    if (m->topo) hwloc_topology_destroy(m->topo);
     free(m);
 }
 

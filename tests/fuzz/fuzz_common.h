@@ -46,17 +46,11 @@ static inline void fz_init_process(void) {
     omp_set_num_threads(1);
 }
 
-/* a harness may define FZ_PROCESS_INIT() (before this header) for its own process set-up */
-#ifndef FZ_PROCESS_INIT
-#define FZ_PROCESS_INIT() ((void)0)
-#endif
-
 #define FZ_INIT                                                                                    \
     int LLVMFuzzerInitialize(int *argc, char ***argv);                                             \
     int LLVMFuzzerInitialize(int *argc, char ***argv) {                                            \
         (void)argc, (void)argv;                                                                    \
         fz_init_process();                                                                         \
-        FZ_PROCESS_INIT();                                                                         \
         return 0;                                                                                  \
     }                                                                                              \
     int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -1,42 +1,6 @@
 /* The MoE layer's life: ompk_moe_create (config from the input), get_info, load_weights or
  * load_quantized, get_weights, set_lora, forward or forward_train + backward, get_stats,
  * destroy; each call checked on its own. */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* memfd_create */
-#endif
-#include <hwloc.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-/* Every input creates a layer, and each ompk_moe_create discovers the machine's topology with
- * hwloc (/sys and /proc: most of an input's time). The process discovers it once and hands hwloc
- * that topology as XML (HWLOC_XMLFILE, an in-memory file that forked workers inherit); with
- * HWLOC_THISSYSTEM it stays this machine's, so binding acts as before. */
-static void fz_moe_topology(void) {
-    hwloc_topology_t t;
-    char *xml = NULL;
-    int len = 0; /* hwloc's buffer length, the final NUL included */
-    if (hwloc_topology_init(&t) != 0) return;
-    if (hwloc_topology_load(t) == 0 && hwloc_topology_export_xmlbuffer(t, &xml, &len, 0) == 0) {
-        const int fd = memfd_create("ompk-fuzz-topology", 0);
-        const size_t n = strlen(xml);
-        if (fd >= 0 && write(fd, xml, n) == (ssize_t)n) {
-            char path[64];
-            snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-            setenv("HWLOC_XMLFILE", path, 1);
-            setenv("HWLOC_THISSYSTEM", "1", 1);
-        } else if (fd >= 0) {
-            close(fd);
-        }
-        hwloc_free_xmlbuffer(t, xml);
-    }
-    hwloc_topology_destroy(t);
-}
-#define FZ_PROCESS_INIT() fz_moe_topology()
-
 #include "fuzz_common.h"
 
 static const int fz_isas[] = {OMPK_MOE_ISA_PORTABLE,
