@@ -277,7 +277,7 @@ PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
 
 /* 16 read-only global bytes, asking L2 to fill the whole 256-byte block around them from DRAM:
  * loads of 64 bytes a row (the mma fragment layout) then reach DRAM as 256-byte requests
- * (bench/results/2026-11-21-h200-mhc-pre-fwd-s4/dram-probe.json). */
+ * (bench/results/INDEX.md, Decisions: the DRAM probe of the mHC pre forward). */
 PTX_INLINE void ptx_ld16_l2fill(const void *p, uint32_t w[4]) {
     memcpy(w, p, 16);
 }
