@@ -176,13 +176,14 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 const float wt = en->w[route], *dyt = dy + t * H, *ar = at + route * I + i0;
                 const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
                 const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
-                /* expf(-g) of the chunk, once for the sigmoid and (bf16) a~ = moe_train_act's
-                 * bf16(silu(g) u), the same operations */
+                /* expf(-g) of the chunk, once for the sigmoid and (bf16) a~, rounded as
+                 * moe_train_act rounds it */
                 float *ex = tq + 128;
                 for (int64_t ii = 0; ii < cw; ii++) ex[ii] = expf(-g[ii]);
                 if (m->fmt == OMPK_MOE_BF16)
                     for (int64_t ii = 0; ii < cw; ii++)
-                        at[route * I + i0 + ii] = ompk_round_bf16(g[ii] / (1.0f + ex[ii]) * u[ii]);
+                        at[route * I + i0 + ii] =
+                            ompk_round_bf16(moe_silu_mul(g[ii], ex[ii], u[ii]));
                 if (tiles) {
                     memcpy(q, dG + route * I + i0, (size_t)cw * 4);
                 } else {

@@ -286,6 +286,12 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
 void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                    float *scale);
 
+/* silu(g) * u with emg = expf(-g): the SwiGLU activation of the training forward
+ * (moe_train_act) and of the backward's recomputation, one expression for both */
+static inline float moe_silu_mul(float g, float emg, float u) {
+    return g / (1.0f + emg) * u;
+}
+
 /* <a, b> in 16 fixed lanes summed in lane order: vectorisable, and the same bits on every run
  * and thread count (the LoRA rank products of the forward and the backward) */
 static inline float moe_lane_dot(const float *a, const float *b, int64_t n) {
