@@ -59,6 +59,9 @@ tu_buf tu_buf_new(ompk_device d, ompk_dtype dtype, int64_t numel) {
         fprintf(stderr, "tu_buf_new: allocation of %zu bytes failed\n", b.bytes);
         abort();
     }
+    /* the device copy starts as the host one (zeros): a test that downloads a whole buffer of
+     * which a call writes a view reads defined memory (compute-sanitizer initcheck) */
+    tu_buf_upload(&b);
     return b;
 }
 

@@ -119,6 +119,8 @@ for s in "${steps[@]}"; do
                 # host-only suites: emulations (test_router_warp too), bad inputs, MoE
                 case $(basename "$t") in *_emu | *_bad | test_core | test_sizes | test_moe* | test_router_warp) continue ;; esac
                 suite=${t##*/test_}
+                # OMPK_CS_SUITES="router_fwd ...": only these suites
+                [ -n "${OMPK_CS_SUITES:-}" ] && [[ " $OMPK_CS_SUITES " != *" $suite "* ]] && continue
                 if [[ " ${OMPK_CS_SPLIT:-} " == *" $suite "* ]]; then
                     for name in $(run_ompk "$t" --list 2>/dev/null | sed -n -E 's/.*── (.*)$/\1/p'); do
                         while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
