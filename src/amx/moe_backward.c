@@ -135,7 +135,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
         for (int64_t rr = 0; rr < R; rr++) {
             const int64_t route = rroute[rr], t = route / k, e = en->ids[route];
             float sc;
-            /* bf16: a~ is elementwise and is made in phase 2, where the sigmoid reuses expf(-g) */
+            /* bf16: a~ is elementwise and is made in phase 2, where the sigmoid reuses moe_expf(-g)
+             */
             if (m->fmt != OMPK_MOE_BF16)
                 moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I,
                               (uint8_t *)tb, &sc);
@@ -176,10 +177,10 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 const float wt = en->w[route], *dyt = dy + t * H, *ar = at + route * I + i0;
                 const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
                 const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
-                /* expf(-g) of the chunk, once for the sigmoid and (bf16) a~, rounded as
+                /* moe_expf(-g) of the chunk, once for the sigmoid and (bf16) a~, rounded as
                  * moe_train_act rounds it */
                 float *ex = tq + 128;
-                for (int64_t ii = 0; ii < cw; ii++) ex[ii] = expf(-g[ii]);
+                for (int64_t ii = 0; ii < cw; ii++) ex[ii] = moe_expf(-g[ii]);
                 if (m->fmt == OMPK_MOE_BF16)
                     for (int64_t ii = 0; ii < cw; ii++)
                         at[route * I + i0 + ii] =

@@ -18,8 +18,10 @@
 #define OMPK_MOE_INTERNAL_H
 
 #include <hwloc.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ompk/moe.h"
 
@@ -286,7 +288,39 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
 void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                    float *scale);
 
-/* silu(g) * u with emg = expf(-g): the SwiGLU activation of the training forward
+/* e^x in fp32, vectorisable (no libm call): x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts),
+ * e^r by Cephes' degree-6 polynomial, then two exact power-of-two scalings so 2^n for n in
+ * [-150, 128] never leaves the normal range before the last (correctly rounded) multiply.
+ * Within 2 ulp of e^x (subnormal results: of the subnormal grid); +inf above 88.72 and for +inf,
+ * 0 below -103.97 and for -inf, NaN for NaN. Every multiply-add is an explicit fmaf, so every
+ * compilation of it (and every ISA level) gives the same bits. */
+static inline float moe_expf(float x) {
+    float xc = x > 89.0f ? 89.0f : x; /* NaN compares false and passes through */
+    xc = xc < -104.0f ? -104.0f : xc;
+    const float kn = fmaf(xc, 0x1.715476p+0f, 0x1.8p+23f); /* round(x log2 e) + 1.5 * 2^23 */
+    const float n = kn - 0x1.8p+23f;
+    uint32_t kb;
+    memcpy(&kb, &kn, 4);
+    float r = fmaf(n, -0.693359375f, xc);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = fmaf(1.9875691500e-4f, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float rr = r * r;
+    const float y = fmaf(p, rr, r) + 1.0f;
+    /* n = kb - 0x4b400000 in [-150, 128]; split into two halves, each a normal 2^k */
+    const int32_t ni = (int32_t)(kb - 0x4b400000u);
+    const int32_t n1 = ni / 2, n2 = ni - n1;
+    const uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, 4);
+    memcpy(&s2, &b2, 4);
+    return y * s1 * s2;
+}
+
+/* silu(g) * u with emg = moe_expf(-g): the SwiGLU activation of the training forward
  * (moe_train_act) and of the backward's recomputation, one expression for both */
 static inline float moe_silu_mul(float g, float emg, float u) {
     return g / (1.0f + emg) * u;

@@ -24,7 +24,7 @@
 void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                    float *scale) {
     const int64_t I = m->I;
-    for (int64_t i = 0; i < I; i++) af[i] = moe_silu_mul(g[i], expf(-g[i]), u[i]);
+    for (int64_t i = 0; i < I; i++) af[i] = moe_silu_mul(g[i], moe_expf(-g[i]), u[i]);
     if (m->fmt == OMPK_MOE_BF16) {
         for (int64_t i = 0; i < I; i++) {
             uint16_t b = ompk_f32_to_bf16(af[i]);
