@@ -3,10 +3,12 @@
  * the LoRA terms in fp32, and the down output per route before its routing weight.
  *
  * Phases (one parallel region, barriers between): x as consumed per token into the entry;
- * expert-sorted gather; gate/up kernels (tasks over partition, expert, n-block) write g, u into
- * the entry's token-order rows; per route: LoRA of gate/up added, a~ = act(silu(g)*u) into the
- * kernel's operand rows, A_d a~; down kernels into per-partition fp32 partials of z; per token:
- * z = partials in partition order + s B_d (A_d a~), y = sum over slots of w z, rounded once.
+ * expert-sorted gather; per route: the LoRA inputs A_g (m x~), A_u (m x~); gate/up kernels (tasks
+ * over partition, expert, n-block) whose epilogue adds s B (A x) and writes g, u into the entry's
+ * token-order rows (bf16: and a~ into the down operand rows); per route: a~ of the int formats,
+ * A_d a~; down kernels into per-partition fp32 partials of z (one partition: the epilogue adds
+ * s B_d (A_d a~) and z is final); more partitions: per route, z = partials in partition order +
+ * s B_d (A_d a~); per token: y = sum over slots of w z, rounded once.
  * Every value is written by one thread in a fixed order: results do not depend on the thread
  * count. */
 #include <math.h>
@@ -61,6 +63,60 @@ static void set_scales(const ompk_moe *m, const moe_part *pp, int64_t e, int nb,
         ka->ws[s] = pp->gu_ws + so;
         if (pp->gu_z) ka->z[s] = pp->gu_z + ((size_t)(e * 2 + s) * m->gg * pp->nbg + nb) * 64;
     }
+}
+
+/* Gate/up epilogue of one route row over nw <= 16 columns: g = kout + s B_g (A_g x) (B_g^T
+ * rows of stride ldb from column c0; each sum over q in order, as moe_axpy_rows), u likewise;
+ * g, u stored; codes (bf16 base, may be NULL): a~ = bf16(silu(g) u) */
+static void gu_epilogue(const float *kg, const float *ku, int nw, int r, const float *bg,
+                        const float *bu, int64_t ldb, const float *lx, int64_t rm, float s,
+                        float *g, float *u, uint16_t *codes) {
+    float gv[16], uv[16];
+    for (int n = 0; n < nw; n++) {
+        gv[n] = kg[n];
+        uv[n] = ku[n];
+    }
+    if (r) {
+        float ag[16] = {0}, au[16] = {0};
+        for (int q = 0; q < r; q++) {
+            const float cg = lx[q], cu = lx[rm + q], *b0 = bg + q * ldb, *b1 = bu + q * ldb;
+            for (int n = 0; n < nw; n++) {
+                ag[n] += b0[n] * cg;
+                au[n] += b1[n] * cu;
+            }
+        }
+        for (int n = 0; n < nw; n++) {
+            gv[n] += s * ag[n];
+            uv[n] += s * au[n];
+        }
+    }
+    for (int n = 0; n < nw; n++) {
+        g[n] = gv[n];
+        u[n] = uv[n];
+    }
+    if (codes)
+        for (int n = 0; n < nw; n++)
+            codes[n] = ompk_f32_to_bf16(moe_silu_mul(gv[n], moe_expf(-gv[n]), uv[n]));
+}
+
+/* Down epilogue of one route row (one partition): z = (0 + kout) + s B_d (A_d a~) over the 32
+ * columns (the LoRA term on the nw < H ones), the per-token pass's operations in its order */
+static void dn_epilogue(const float *k0, const float *k1, int nw, int r, const float *b,
+                        int64_t ldb, const float *lxd, float s, float *zr) {
+    float z[32];
+    for (int n = 0; n < 16; n++) {
+        z[n] = 0.0f + k0[n];
+        z[16 + n] = 0.0f + k1[n];
+    }
+    if (r) {
+        float a[32] = {0};
+        for (int q = 0; q < r; q++) {
+            const float c = lxd[q], *bq = b + q * ldb;
+            for (int n = 0; n < nw; n++) a[n] += bq[n] * c;
+        }
+        for (int n = 0; n < nw; n++) z[n] += s * a[n];
+    }
+    memcpy(zr, z, sizeof z);
 }
 
 ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
@@ -121,6 +177,9 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
     }
     tgu[P] = ntask_gu;
     tdn[P] = ntask_dn;
+    int live = 0;
+    for (int p = 0; p < P; p++) live += m->part[p].ip > 0;
+    const int solo = live == 1; /* one partition: the down epilogue makes z final */
 
     double tm[6];
     tm[0] = omp_get_wtime();
@@ -156,9 +215,23 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             memcpy(dst, en->xq + (size_t)(t * H) * es, (size_t)H * es);
             if (isint) sx[rr] = en->xs[t];
         }
-        /* gate and up: g, u into the entry's token-order rows */
+        /* the LoRA inputs of gate and up per route (routes of an expert are adjacent, so its A
+         * stays in cache) */
 #pragma omp master
         tm[1] = omp_get_wtime();
+#pragma omp for schedule(static)
+        for (int64_t rr = 0; rr < R; rr++) {
+            if (!r) continue;
+            const int64_t route = rroute[rr], t = route / k, e = ids[route];
+            float *lx = en->lx + route * 3 * rm;
+            x_tilde(m, en, t, xf);
+            for (int p = 0; p < 2; p++) {
+                for (int64_t h = 0; h < H; h++)
+                    xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
+                moe_lane_dots(la[p] + e * r * H, H, r, xm, H, lx + p * rm);
+            }
+        }
+        /* gate and up: g, u (LoRA added) into the entry's token-order rows, bf16: a~ */
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask_gu; task++) {
             int p = 0;
@@ -188,46 +261,39 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 ka.scratch = kscr;
                 ka.nsteps = 1;
                 moe_run_kernel(kind, &ka);
-                for (int rw = 0; rw < mr; rw++) {
+                const int64_t c0 = pp->i0 + nb * 16; /* global column of n = 0 */
+                const int nw = (int)(pp->iw - nb * 16 < 16 ? pp->iw - nb * 16 : 16);
+                for (int rw = 0; rw < mr && nw > 0; rw++) {
                     const int64_t route = rroute[row0 + rw];
-                    for (int n = 0; n < 16; n++) {
-                        const int64_t col = nb * 16 + n;
-                        if (col >= pp->iw) break;
-                        en->g[route * I + pp->i0 + col] = kout[rw * 16 + n];
-                        en->u[route * I + pp->i0 + col] = kout[(32 + rw) * 16 + n];
-                    }
+                    gu_epilogue(kout + rw * 16, kout + (32 + rw) * 16, nw, r,
+                                r ? lb[0] + e * r * I + c0 : NULL,
+                                r ? lb[1] + e * r * I + c0 : NULL, I, en->lx + route * 3 * rm, rm,
+                                s, en->g + route * I + c0, en->u + route * I + c0,
+                                isint ? NULL : (uint16_t *)(abuf + (row0 + rw) * lda) + c0);
                 }
             }
         }
         if (used_amx) moe_amx_release();
         used_amx = 0;
-        /* per route: LoRA of gate/up, a~ into the down operand rows, A_d a~ */
+        /* per route: a~ of the int formats into the down operand rows, A_d a~ */
 #pragma omp master
         tm[2] = omp_get_wtime();
 #pragma omp for schedule(static)
         for (int64_t rr = 0; rr < R; rr++) {
+            if (!isint && !r) continue;
             const int64_t route = rroute[rr], t = route / k, e = ids[route];
-            float *g = en->g + route * I, *u = en->u + route * I, *lx = en->lx + route * 3 * rm;
-            if (r) {
-                x_tilde(m, en, t, xf);
-                for (int p = 0; p < 2; p++) {
-                    const float *A = la[p] + e * r * H, *B = lb[p] + e * r * I;
-                    for (int64_t h = 0; h < H; h++)
-                        xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
-                    moe_lane_dots(A, H, r, xm, H, lx + p * rm);
-                    /* rank outer, i inner (vectorised): each sum still runs over q in order */
-                    float *dst = p ? u : g, *acc = xm;
-                    for (int64_t i = 0; i < I; i++) acc[i] = 0.0f;
-                    moe_axpy_rows(acc, B, I, r, lx + p * rm, I);
-                    for (int64_t i = 0; i < I; i++) dst[i] += s * acc[i];
-                }
+            if (isint) {
+                moe_train_act(m, en->g + route * I, en->u + route * I, af, abuf + rr * lda,
+                              &sa[rr]);
+            } else {
+                const uint16_t *cd = (const uint16_t *)(abuf + rr * lda);
+                for (int64_t i = 0; i < I; i++) af[i] = ompk_bf16_to_f32(cd[i]);
             }
-            moe_train_act(m, g, u, af, abuf + rr * lda, isint ? &sa[rr] : NULL);
             if (r) {
                 const float *A = la[2] + e * r * I;
                 for (int64_t i = 0; i < I; i++)
                     xm[i] = af[i] * ompk_moe_lora_keep(seed, 2, t, i, drop);
-                moe_lane_dots(A, I, r, xm, I, lx + 2 * rm);
+                moe_lane_dots(A, I, r, xm, I, en->lx + route * 3 * rm + 2 * rm);
             }
         }
         /* down: per-partition fp32 partials of z in token-order rows */
@@ -274,8 +340,17 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 ka.scratch = kscr;
                 ka.nsteps = 1;
                 moe_run_kernel(kind, &ka);
+                const int nw = (int)(H - nb * 16 < 32 ? H - nb * 16 : 32);
                 for (int rw = 0; rw < mr; rw++) {
-                    float *zr = zp + ((size_t)p * Rc + rroute[row0 + rw]) * Hn + nb * 16;
+                    const int64_t route = rroute[row0 + rw];
+                    if (solo) { /* the final z into plane 0 */
+                        dn_epilogue(kout + rw * 16, kout + (32 + rw) * 16, nw, r,
+                                    r ? lb[2] + e * r * H + nb * 16 : NULL, H,
+                                    en->lx + route * 3 * rm + 2 * rm, s,
+                                    zp + (size_t)route * Hn + nb * 16);
+                        continue;
+                    }
+                    float *zr = zp + ((size_t)p * Rc + route) * Hn + nb * 16;
                     for (int n = 0; n < 16; n++) {
                         zr[n] = kout[rw * 16 + n];
                         zr[16 + n] = kout[(32 + rw) * 16 + n];
@@ -284,34 +359,40 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             }
         }
         if (used_amx) moe_amx_release();
-        /* y per token: z of each slot (partials in partition order + LoRA), weighted, in slot
-         * order, rounded once */
+        /* several partitions: z per route (routes of an expert adjacent, B_d stays in cache) =
+         * partials in partition order + s B_d (A_d a~), into plane 0 */
 #pragma omp master
         tm[4] = omp_get_wtime();
+#pragma omp for schedule(static)
+        for (int64_t rr = 0; rr < R; rr++) {
+            if (solo) continue;
+            const int64_t route = rroute[rr], e = ids[route];
+            const float *lx = en->lx + route * 3 * rm;
+            /* B_d (A_d a~) rank outer into af, each sum over q in order; z in xm, one pass per
+             * partition: each element's sums keep their order and the loops over h vectorise */
+            if (r) {
+                for (int64_t h = 0; h < H; h++) af[h] = 0.0f;
+                moe_axpy_rows(af, lb[2] + e * r * H, H, r, lx + 2 * rm, H);
+            }
+            float *z = xm;
+            for (int64_t h = 0; h < H; h++) z[h] = 0.0f;
+            for (int p = 0; p < P; p++) {
+                if (!m->part[p].ip) continue;
+                const float *zr = zp + ((size_t)p * Rc + route) * Hn;
+                for (int64_t h = 0; h < H; h++) z[h] += zr[h];
+            }
+            for (int64_t h = 0; h < H && r; h++) z[h] += s * af[h];
+            memcpy(zp + (size_t)route * Hn, z, (size_t)H * 4);
+        }
+        /* y per token: w z of each slot in slot order, rounded once */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
             uint8_t *yrow = (uint8_t *)yd + (size_t)(t * ys) * (ydt == OMPK_BF16 ? 2 : 4);
             for (int64_t h = 0; h < H; h++) xf[h] = 0.0f;
             for (int j = 0; j < k; j++) {
-                const int64_t route = t * k + j, e = ids[route];
-                if (e < 0) continue;
-                const float wt = w[route], *lx = en->lx + route * 3 * rm;
-                /* B_d (A_d a~) rank outer into af (free here), each sum over q in order */
-                if (r) {
-                    const float *B = lb[2] + e * r * H;
-                    for (int64_t h = 0; h < H; h++) af[h] = 0.0f;
-                    moe_axpy_rows(af, B, H, r, lx + 2 * rm, H);
-                }
-                /* z in xm (free here), one pass per partition: each element's sums keep their
-                 * order and the loops over h vectorise */
-                float *z = xm;
-                for (int64_t h = 0; h < H; h++) z[h] = 0.0f;
-                for (int p = 0; p < P; p++) {
-                    if (!m->part[p].ip) continue;
-                    const float *zr = zp + ((size_t)p * Rc + route) * Hn;
-                    for (int64_t h = 0; h < H; h++) z[h] += zr[h];
-                }
-                for (int64_t h = 0; h < H && r; h++) z[h] += s * af[h];
+                const int64_t route = t * k + j;
+                if (ids[route] < 0) continue;
+                const float wt = w[route], *z = zp + (size_t)route * Hn;
                 for (int64_t h = 0; h < H; h++) xf[h] += wt * z[h];
             }
             for (int64_t h = 0; h < H; h++) ompk_store_f(yrow, h, xf[h], ydt == OMPK_BF16);
