@@ -64,6 +64,25 @@ static void deq_chunk_h(const ompk_moe *m, int64_t e, int64_t h0, int hw, float 
         }
 }
 
+/* o[i*r + q] += (sc * v[i]) * c[q] for i < n, q < r: the LoRA B gradient of one route, the
+ * product as the per-element expression s * v * c rounds it, vectorised over q */
+static void rank1_rows(float *restrict o, int64_t n, int r, const float *restrict v, float sc,
+                       const float *restrict c) {
+    for (int64_t i = 0; i < n; i++) {
+        const float t = sc * v[i];
+        float *restrict oi = o + i * r;
+        int q = 0;
+        for (; q + 8 <= r; q += 8) /* a fixed width the vectoriser takes at any rank */
+            for (int j = 0; j < 8; j++) oi[q + j] += t * c[q + j];
+        for (; q < r; q++) oi[q] += t * c[q];
+    }
+}
+
+/* the 64-float chunk at p (two lines beyond 128 bytes) towards L1 */
+static inline void pf_chunk(const void *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
+}
+
 static float *gdata(const ompk_tensor *t) {
     return t ? (float *)t->data : NULL;
 }
@@ -160,7 +179,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             const int64_t e = task / nch, c = task % nch, i0 = c * 64;
             const int64_t cw = I - i0 < 64 ? I - i0 : 64;
             if (offs[e + 1] == offs[e]) continue;
-            float *wd = tb, *q = tb + 64 * H, *tq = q + 64;
+            float *wd = tb, *q4 = tb + 64 * H, *ex4 = q4 + 256, *ar4 = ex4 + 256;
+            float *tq = ar4 + 256, *km = tq + 64, *zero64 = km + 64;
+            for (int ii = 0; ii < 64; ii++) zero64[ii] = 0.0f;
             if (!tiles) deq_chunk_i(m, e, i0, (int)cw, wd);
             if (!acc) {
                 for (int p = 0; p < 3; p++) {
@@ -172,59 +193,81 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t h = 0; h < H && dW[2]; h++)
                     memset(dW[2] + (e * H + h) * I + i0, 0, (size_t)cw * 4);
             }
-            for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
-                const int64_t route = rroute[rr], t = route / k;
-                const float wt = en->w[route], *dyt = dy + t * H, *ar = at + route * I + i0;
-                const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
-                const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
-                /* moe_expf(-g) of the chunk, once for the sigmoid and (bf16) a~, rounded as
-                 * moe_train_act rounds it */
-                float *ex = tq + 128;
-                for (int64_t ii = 0; ii < cw; ii++) ex[ii] = moe_expf(-g[ii]);
-                if (m->fmt == OMPK_MOE_BF16)
-                    for (int64_t ii = 0; ii < cw; ii++)
-                        at[route * I + i0 + ii] =
-                            ompk_round_bf16(moe_silu_mul(g[ii], ex[ii], u[ii]));
-                if (tiles) {
-                    memcpy(q, dG + route * I + i0, (size_t)cw * 4);
-                } else {
-                    for (int64_t ii = 0; ii < 64; ii++) q[ii] = 0.0f;
-                    for (int64_t h = 0; h < H; h++)
-                        for (int64_t ii = 0; ii < cw; ii++) q[ii] += wd[h * 64 + ii] * dyt[h];
+            /* routes in groups of four: the four dw chunk dots run as independent chains */
+            const int keep_at = m->fmt != OMPK_MOE_BF16 || dW[2]; /* a~ needed past the route */
+            for (int64_t rg = offs[e]; rg < offs[e + 1]; rg += 4) {
+                const int nr = (int)(offs[e + 1] - rg < 4 ? offs[e + 1] - rg : 4);
+                const float *qv[4], *av[4];
+                for (int64_t rn = rg + 4; rn < rg + 8 && rn < offs[e + 1]; rn++) {
+                    const int64_t rt = rroute[rn] * I + i0; /* the next group's rows */
+                    pf_chunk(en->g + rt, (int)cw * 4);
+                    pf_chunk(en->u + rt, (int)cw * 4);
+                    pf_chunk(dG + rt, (int)cw * 4);
                 }
-                float d = 0.0f;
-                for (int64_t ii = 0; ii < cw; ii++) d += q[ii] * ar[ii];
-                dwp[route * nch + c] = d;
-                for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
-                if (r) {
-                    const float *A = la[2] + e * r * I;
-                    moe_axpy_rows(tq, A + i0, I, r, bq, cw);
-                }
-                float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
-                float *km = tq + 64; /* the dropout mask of the chunk, once per route */
-                for (int64_t ii = 0; ii < cw && r; ii++)
-                    km[ii] = ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop);
-                for (int64_t ii = 0; ii < cw; ii++) {
-                    const float keep = r ? km[ii] : 0.0f;
-                    const float da = wt * (q[ii] + s * keep * tq[ii]);
-                    const float sg = 1.0f / (1.0f + ex[ii]);
-                    dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
-                    dur[ii] = da * g[ii] * sg;
-                }
-                for (int p = 0; p < 2 && r; p++) {
-                    if (!dB[p]) continue;
-                    const float *dv = p ? dur : dgr;
-                    float *o = dB[p] + (e * I + i0) * r;
-                    for (int64_t ii = 0; ii < cw; ii++)
-                        for (int qq = 0; qq < r; qq++)
-                            o[ii * r + qq] += s * dv[ii] * lx[p * rm + qq];
-                }
-                if (r && dA[2])
-                    for (int qq = 0; qq < r; qq++) {
-                        float *o = dA[2] + (e * r + qq) * I + i0;
-                        const float b = s * wt * bq[qq];
-                        for (int64_t ii = 0; ii < cw; ii++) o[ii] += b * (ar[ii] * km[ii]);
+                for (int b = 0; b < 4; b++) {
+                    qv[b] = av[b] = zero64;
+                    if (b >= nr) continue;
+                    const int64_t route = rroute[rg + b];
+                    const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
+                    float *ex = ex4 + b * 64, *q = q4 + b * 64;
+                    /* moe_expf(-g) of the chunk, once for the sigmoid and (bf16) a~, rounded as
+                     * moe_train_act rounds it */
+                    for (int64_t ii = 0; ii < cw; ii++) ex[ii] = moe_expf(-g[ii]);
+                    float *ar = keep_at ? at + route * I + i0 : ar4 + b * 64;
+                    if (m->fmt == OMPK_MOE_BF16)
+                        for (int64_t ii = 0; ii < cw; ii++)
+                            ar[ii] = ompk_round_bf16(moe_silu_mul(g[ii], ex[ii], u[ii]));
+                    if (tiles) {
+                        memcpy(q, dG + route * I + i0, (size_t)cw * 4);
+                    } else {
+                        const float *dyt = dy + (route / k) * H;
+                        for (int64_t ii = 0; ii < 64; ii++) q[ii] = 0.0f;
+                        for (int64_t h = 0; h < H; h++)
+                            for (int64_t ii = 0; ii < cw; ii++) q[ii] += wd[h * 64 + ii] * dyt[h];
                     }
+                    qv[b] = q;
+                    av[b] = ar;
+                }
+                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+                for (int64_t ii = 0; ii < cw; ii++) {
+                    d0 += qv[0][ii] * av[0][ii];
+                    d1 += qv[1][ii] * av[1][ii];
+                    d2 += qv[2][ii] * av[2][ii];
+                    d3 += qv[3][ii] * av[3][ii];
+                }
+                const float dd[4] = {d0, d1, d2, d3};
+                for (int b = 0; b < nr; b++) {
+                    const int64_t route = rroute[rg + b], t = route / k;
+                    const float wt = en->w[route], *q = qv[b], *ar = av[b], *ex = ex4 + b * 64;
+                    const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
+                    const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
+                    dwp[route * nch + c] = dd[b];
+                    for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
+                    if (r) {
+                        const float *A = la[2] + e * r * I;
+                        moe_axpy_rows(tq, A + i0, I, r, bq, cw);
+                    }
+                    float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
+                    for (int64_t ii = 0; ii < cw && r; ii++)
+                        km[ii] = ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop);
+                    for (int64_t ii = 0; ii < cw; ii++) {
+                        const float keep = r ? km[ii] : 0.0f;
+                        const float da = wt * (q[ii] + s * keep * tq[ii]);
+                        const float sg = 1.0f / (1.0f + ex[ii]);
+                        dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
+                        dur[ii] = da * g[ii] * sg;
+                    }
+                    for (int p = 0; p < 2 && r; p++)
+                        if (dB[p])
+                            rank1_rows(dB[p] + (e * I + i0) * r, cw, r, p ? dur : dgr, s,
+                                       lx + p * rm);
+                    if (r && dA[2])
+                        for (int qq = 0; qq < r; qq++) {
+                            float *o = dA[2] + (e * r + qq) * I + i0;
+                            const float b = s * wt * bq[qq];
+                            for (int64_t ii = 0; ii < cw; ii++) o[ii] += b * (ar[ii] * km[ii]);
+                        }
+                }
             }
             /* full-weight gradients as GEMMs with the routes as K: an output block stays in
              * cache over all routes (each element still sums its routes in token order) */
@@ -288,6 +331,13 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 const int64_t route = rroute[rr], t = route / k;
                 const float *dgr = dG + route * I, *dur = dU + route * I;
                 float *o = dxr + route * H + h0;
+                if (rr + 2 < offs[e + 1]) { /* the route after next: its dx, dy and x chunks */
+                    const int64_t rn = rroute[rr + 2], tn = rn / k;
+                    pf_chunk(dxr + rn * H + h0, (int)hw * 4);
+                    pf_chunk(dy + tn * H + h0, (int)hw * 4);
+                    pf_chunk(en->xq + (size_t)(tn * H + h0) * (m->fmt == OMPK_MOE_BF16 ? 2 : 1),
+                             (int)hw * 2);
+                }
                 if (tiles) {
                     memcpy(xv, o, (size_t)hw * 4);
                 } else {
@@ -315,11 +365,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t hh = 0; hh < hw; hh++) o[hh] = xv[hh];
                 if (r && dB[2]) {
                     const float wt = en->w[route], *lx = en->lx + route * 3 * rm + 2 * rm;
-                    for (int64_t hh = 0; hh < hw; hh++) {
-                        const float gy = wt * dy[t * H + h0 + hh];
-                        for (int qq = 0; qq < r; qq++)
-                            dB[2][(e * H + h0 + hh) * r + qq] += s * gy * lx[qq];
-                    }
+                    float *gy = xk + 64;
+                    for (int64_t hh = 0; hh < hw; hh++) gy[hh] = wt * dy[t * H + h0 + hh];
+                    rank1_rows(dB[2] + (e * H + h0) * r, hw, r, gy, s, lx);
                 }
             }
         }
