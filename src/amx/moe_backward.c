@@ -24,6 +24,12 @@
 #include <omp.h>
 #include <string.h>
 
+/* moe_backward_v4.c compiles this file again for x86-64-v4 under other names */
+#ifdef MOE_PASS_V4
+#define moe_run_backward moe_run_backward_v4
+#define moe_train_act moe_train_act_v4
+#endif
+
 #include "bf16.h"
 #include "error.h"
 #include "moe_internal.h"
@@ -94,6 +100,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     const float s = m->lora.s, drop = m->lora.dropout;
     const uint64_t seed = m->lora.seed;
     const int64_t nch = (I + 63) / 64, nhc = (H + 63) / 64;
+#if !defined(MOE_PASS_V4) && defined(__x86_64__)
+    if (moe_cpu_has_avx512()) return moe_run_backward_v4(m, en, dy, dxd, dxs, dw, gr);
+#endif
     int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *goff = TBUF(m, TB_GOFFS, int64_t);
     uint8_t *split = TBUF(m, TB_ZP, uint8_t);
     int32_t *rroute = TBUF(m, TB_RROUTE, int32_t);

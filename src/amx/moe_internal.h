@@ -430,4 +430,16 @@ void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int64_t *goff
 ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
                              int64_t dxs, float *dw, const ompk_moe_grads *gr);
 
+/* moe_train_fwd_v4.c, moe_backward_v4.c: the same sources compiled for x86-64-v4 (AVX-512), which
+ * moe_run_train and moe_run_backward call where moe_cpu_has_avx512() (its AVX-512 BF16 CPUs all
+ * have v4's F, BW, CD, DQ, VL). Every multiply-add of the passes is a contraction both builds make
+ * (or an explicit fmaf), so both give the same bits. */
+ompk_status moe_run_train_v4(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
+                             ompk_dtype xdt, const int64_t *ids, const float *w, void *yd,
+                             int64_t ys, ompk_dtype ydt);
+void moe_train_act_v4(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
+                      float *scale);
+ompk_status moe_run_backward_v4(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
+                                int64_t dxs, float *dw, const ompk_moe_grads *gr);
+
 #endif

@@ -15,6 +15,12 @@
 #include <omp.h>
 #include <string.h>
 
+/* moe_train_fwd_v4.c compiles this file again for x86-64-v4 under other names */
+#ifdef MOE_PASS_V4
+#define moe_run_train moe_run_train_v4
+#define moe_train_act moe_train_act_v4
+#endif
+
 #include "bf16.h"
 #include "error.h"
 #include "moe_internal.h"
@@ -128,6 +134,9 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
     const float s = m->lora.s, drop = m->lora.dropout;
     const uint64_t seed = m->lora.seed;
     const size_t es = isint ? 1 : 2;
+#if !defined(MOE_PASS_V4) && defined(__x86_64__)
+    if (moe_cpu_has_avx512()) return moe_run_train_v4(m, en, T, xd, xs, xdt, ids, w, yd, ys, ydt);
+#endif
     int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *cur = BUF(m, MB_CURSOR, int64_t);
     int32_t *active = BUF(m, MB_ACTIVE, int32_t), *rroute = TBUF(m, TB_RROUTE, int32_t);
     uint8_t *xg = BUF(m, MB_XG, uint8_t), *abuf = BUF(m, MB_A, uint8_t);
