@@ -42,6 +42,18 @@ static float x_at(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h) 
     return (float)((const int8_t *)en->xq)[t * m->H + h] * en->xs[t];
 }
 
+/* x as consumed, f32, features h0..h0+n-1 of token t */
+static void x_chunk(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h0, int64_t n,
+                    float *out) {
+    if (m->fmt == OMPK_MOE_BF16) {
+        const uint16_t *q = (const uint16_t *)en->xq + t * m->H + h0;
+        for (int64_t h = 0; h < n; h++) out[h] = ompk_bf16_to_f32(q[h]);
+    } else {
+        const int8_t *q = (const int8_t *)en->xq + t * m->H + h0;
+        for (int64_t h = 0; h < n; h++) out[h] = (float)q[h] * en->xs[t];
+    }
+}
+
 /* Dequantized down block of one work item, tile by tile: wd[h][ii] = down[e][h][i0+ii] for the
  * 64-column chunk i0 of I */
 static void deq_chunk_i(const ompk_moe *m, int64_t e, int64_t i0, int cw, float *wd) {
@@ -70,18 +82,48 @@ static void deq_chunk_h(const ompk_moe *m, int64_t e, int64_t h0, int hw, float 
         }
 }
 
-/* o[i*r + q] += (sc * v[i]) * c[q] for i < n, q < r: the LoRA B gradient of one route, the
- * product as the per-element expression s * v * c rounds it, vectorised over q */
-static void rank1_rows(float *restrict o, int64_t n, int r, const float *restrict v, float sc,
-                       const float *restrict c) {
+/* o[i*r + q] += (sc * v[b][i]) * c[b][q] for i < n, q < r, routes b = 0..nb-1 in order: the LoRA
+ * B gradient of a route group, the product rounded as the expression s * v * c rounds it, each
+ * element loaded and stored once, vectorised over q in fixed widths (any rank) */
+static void rank1_rows_g(float *restrict o, int64_t n, int r, const float *const *v, float sc,
+                         const float *const *c, int nb) {
     for (int64_t i = 0; i < n; i++) {
-        const float t = sc * v[i];
+        float t[4];
+        for (int b = 0; b < nb; b++) t[b] = sc * v[b][i];
         float *restrict oi = o + i * r;
         int q = 0;
-        for (; q + 8 <= r; q += 8) /* a fixed width the vectoriser takes at any rank */
-            for (int j = 0; j < 8; j++) oi[q + j] += t * c[q + j];
-        for (; q < r; q++) oi[q] += t * c[q];
+        for (; q + 8 <= r; q += 8) {
+            float a[8];
+            for (int j = 0; j < 8; j++) a[j] = oi[q + j];
+            for (int b = 0; b < nb; b++)
+                for (int j = 0; j < 8; j++) a[j] += t[b] * c[b][q + j];
+            for (int j = 0; j < 8; j++) oi[q + j] = a[j];
+        }
+        for (; q < r; q++) {
+            float a = oi[q];
+            for (int b = 0; b < nb; b++) a += t[b] * c[b][q];
+            oi[q] = a;
+        }
     }
+}
+
+/* o[i] += coef[b] * x[b][i] for b = 0..nb-1 in order (the LoRA A gradient rows of nb routes) */
+static void axpy_g(float *restrict o, int64_t n, const float *coef, const float *const *x, int nb) {
+    for (int64_t i = 0; i < n; i++) {
+        float a = o[i];
+        for (int b = 0; b < nb; b++) a += coef[b] * x[b][i];
+        o[i] = a;
+    }
+}
+
+/* the dropout keep factors of features f0..f0+n-1 (1 without dropout, filled without hashing) */
+static void keep_fill(float *k, uint64_t seed, int proj, int64_t t, int64_t f0, int64_t n,
+                      float drop) {
+    if (!(drop > 0.0f)) {
+        for (int64_t i = 0; i < n; i++) k[i] = 1.0f;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) k[i] = ompk_moe_lora_keep(seed, proj, t, f0 + i, drop);
 }
 
 /* the 64-float chunk at p (two lines beyond 128 bytes) towards L1 */
@@ -189,7 +231,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             const int64_t cw = I - i0 < 64 ? I - i0 : 64;
             if (offs[e + 1] == offs[e]) continue;
             float *wd = tb, *q4 = tb + 64 * H, *ex4 = q4 + 256, *ar4 = ex4 + 256;
-            float *tq = ar4 + 256, *km = tq + 64, *zero64 = km + 64;
+            float *tq = ar4 + 256, *km4 = tq + 64, *zero64 = km4 + 256, *cfa = zero64 + 64;
             for (int ii = 0; ii < 64; ii++) zero64[ii] = 0.0f;
             if (!tiles) deq_chunk_i(m, e, i0, (int)cw, wd);
             if (!acc) {
@@ -245,20 +287,21 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                     d3 += qv[3][ii] * av[3][ii];
                 }
                 const float dd[4] = {d0, d1, d2, d3};
+                const float *dgv[4], *duv[4], *lgv[4], *luv[4], *akm[4];
                 for (int b = 0; b < nr; b++) {
                     const int64_t route = rroute[rg + b], t = route / k;
                     const float wt = en->w[route], *q = qv[b], *ar = av[b], *ex = ex4 + b * 64;
                     const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
                     const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
+                    float *km = km4 + b * 64;
                     dwp[route * nch + c] = dd[b];
                     for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
                     if (r) {
                         const float *A = la[2] + e * r * I;
                         moe_axpy_rows(tq, A + i0, I, r, bq, cw);
+                        keep_fill(km, seed, 2, t, i0, cw, drop);
                     }
                     float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
-                    for (int64_t ii = 0; ii < cw && r; ii++)
-                        km[ii] = ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop);
                     for (int64_t ii = 0; ii < cw; ii++) {
                         const float keep = r ? km[ii] : 0.0f;
                         const float da = wt * (q[ii] + s * keep * tq[ii]);
@@ -266,17 +309,18 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
                         dur[ii] = da * g[ii] * sg;
                     }
-                    for (int p = 0; p < 2 && r; p++)
-                        if (dB[p])
-                            rank1_rows(dB[p] + (e * I + i0) * r, cw, r, p ? dur : dgr, s,
-                                       lx + p * rm);
-                    if (r && dA[2])
-                        for (int qq = 0; qq < r; qq++) {
-                            float *o = dA[2] + (e * r + qq) * I + i0;
-                            const float b = s * wt * bq[qq];
-                            for (int64_t ii = 0; ii < cw; ii++) o[ii] += b * (ar[ii] * km[ii]);
-                        }
+                    dgv[b] = dgr, duv[b] = dur, lgv[b] = lx, luv[b] = lx + rm;
+                    /* the masked a~ of dA_down (the mask is 1 without dropout) */
+                    if (r && drop > 0.0f)
+                        for (int64_t ii = 0; ii < cw; ii++) km[ii] = ar[ii] * km[ii];
+                    akm[b] = drop > 0.0f ? km : ar;
+                    for (int qq = 0; qq < r; qq++) cfa[qq * 4 + b] = s * wt * bq[qq];
                 }
+                /* the group's LoRA gradients, each element's sum over the routes in order */
+                if (r && dB[0]) rank1_rows_g(dB[0] + (e * I + i0) * r, cw, r, dgv, s, lgv, nr);
+                if (r && dB[1]) rank1_rows_g(dB[1] + (e * I + i0) * r, cw, r, duv, s, luv, nr);
+                for (int qq = 0; qq < r && dA[2]; qq++)
+                    axpy_g(dA[2] + (e * r + qq) * I + i0, cw, cfa + qq * 4, akm, nr);
             }
             /* full-weight gradients as GEMMs with the routes as K: an output block stays in
              * cache over all routes (each element still sums its routes in token order) */
@@ -329,6 +373,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             const int64_t hw = H - h0 < 64 ? H - h0 : 64;
             if (offs[e + 1] == offs[e] || (tiles && !r)) continue;
             float *wg = tb, *wu = tb + 64 * I, *xv = wu + 64 * I;
+            /* per route of a group: x~ masked per projection, gy; the dA coefficients [2][r][4] */
+            float *xk4 = xv + 512, *gy4 = xk4 + 512, *cf[2] = {gy4 + 256, gy4 + 256 + 4 * r};
             if (!tiles) deq_chunk_h(m, e, h0, (int)hw, wg, wu);
             if (!acc) {
                 for (int p = 0; p < 2 && r; p++)
@@ -336,48 +382,58 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         memset(dA[p] + (e * r + qq) * H + h0, 0, (size_t)hw * 4);
                 if (r && dB[2]) memset(dB[2] + (e * H + h0) * r, 0, (size_t)(hw * r) * 4);
             }
-            for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
-                const int64_t route = rroute[rr], t = route / k;
-                const float *dgr = dG + route * I, *dur = dU + route * I;
-                float *o = dxr + route * H + h0;
-                if (rr + 2 < offs[e + 1]) { /* the route after next: its dx, dy and x chunks */
-                    const int64_t rn = rroute[rr + 2], tn = rn / k;
-                    pf_chunk(dxr + rn * H + h0, (int)hw * 4);
-                    pf_chunk(dy + tn * H + h0, (int)hw * 4);
-                    pf_chunk(en->xq + (size_t)(tn * H + h0) * (m->fmt == OMPK_MOE_BF16 ? 2 : 1),
-                             (int)hw * 2);
-                }
-                if (tiles) {
-                    memcpy(xv, o, (size_t)hw * 4);
-                } else {
-                    for (int64_t hh = 0; hh < hw; hh++) xv[hh] = 0.0f;
-                    for (int64_t i = 0; i < I; i++)
-                        for (int64_t hh = 0; hh < hw; hh++)
-                            xv[hh] += wg[i * 64 + hh] * dgr[i] + wu[i * 64 + hh] * dur[i];
-                }
-                /* rank-outer loops over contiguous h: each element's sums keep their order */
-                float *av = xv + 64, *kp = av + 64, *xk = kp + 64;
-                for (int p = 0; p < 2 && r; p++) {
-                    const float *A = la[p] + e * r * H, *b = bv + (route * 3 + p) * rm;
-                    for (int64_t hh = 0; hh < hw; hh++) {
-                        av[hh] = 0.0f;
-                        kp[hh] = ompk_moe_lora_keep(seed, p, t, h0 + hh, drop);
-                        xk[hh] = x_at(m, en, t, h0 + hh) * kp[hh];
+            /* routes in groups of four: the LoRA gradients of a group in one pass over their
+             * rows */
+            for (int64_t rg = offs[e]; rg < offs[e + 1]; rg += 4) {
+                const int nr = (int)(offs[e + 1] - rg < 4 ? offs[e + 1] - rg : 4);
+                const float *xkv[2][4], *gyv[4], *lxv[4];
+                for (int b = 0; b < nr; b++) {
+                    const int64_t rr = rg + b, route = rroute[rr], t = route / k;
+                    const float *dgr = dG + route * I, *dur = dU + route * I;
+                    float *o = dxr + route * H + h0;
+                    if (rr + 2 < offs[e + 1]) { /* the route after next: dx, dy and x chunks */
+                        const int64_t rn = rroute[rr + 2], tn = rn / k;
+                        pf_chunk(dxr + rn * H + h0, (int)hw * 4);
+                        pf_chunk(dy + tn * H + h0, (int)hw * 4);
+                        pf_chunk(en->xq + (size_t)(tn * H + h0) * (m->fmt == OMPK_MOE_BF16 ? 2 : 1),
+                                 (int)hw * 2);
                     }
-                    moe_axpy_rows(av, A + h0, H, r, b, hw);
-                    for (int64_t hh = 0; hh < hw; hh++) xv[hh] += s * kp[hh] * av[hh];
-                    for (int qq = 0; qq < r && dA[p]; qq++) {
-                        float *d = dA[p] + (e * r + qq) * H + h0;
-                        for (int64_t hh = 0; hh < hw; hh++) d[hh] += s * b[qq] * xk[hh];
+                    if (tiles) {
+                        memcpy(xv, o, (size_t)hw * 4);
+                    } else {
+                        for (int64_t hh = 0; hh < hw; hh++) xv[hh] = 0.0f;
+                        for (int64_t i = 0; i < I; i++)
+                            for (int64_t hh = 0; hh < hw; hh++)
+                                xv[hh] += wg[i * 64 + hh] * dgr[i] + wu[i * 64 + hh] * dur[i];
+                    }
+                    /* rank-outer loops over contiguous h: each element's sums keep their order */
+                    float *av = xv + 64, *kp = av + 64, *xf = kp + 64 + b * 64;
+                    if (r) x_chunk(m, en, t, h0, hw, xf);
+                    for (int p = 0; p < 2 && r; p++) {
+                        const float *A = la[p] + e * r * H, *bb = bv + (route * 3 + p) * rm;
+                        float *xk = xk4 + (p * 4 + b) * 64;
+                        for (int64_t hh = 0; hh < hw; hh++) av[hh] = 0.0f;
+                        keep_fill(kp, seed, p, t, h0, hw, drop);
+                        for (int64_t hh = 0; hh < hw; hh++) xk[hh] = xf[hh] * kp[hh];
+                        moe_axpy_rows(av, A + h0, H, r, bb, hw);
+                        for (int64_t hh = 0; hh < hw; hh++) xv[hh] += s * kp[hh] * av[hh];
+                        xkv[p][b] = xk;
+                        for (int qq = 0; qq < r; qq++) cf[p][qq * 4 + b] = s * bb[qq];
+                    }
+                    for (int64_t hh = 0; hh < hw; hh++) o[hh] = xv[hh];
+                    if (r && dB[2]) {
+                        const float wt = en->w[route];
+                        float *gy = gy4 + b * 64;
+                        for (int64_t hh = 0; hh < hw; hh++) gy[hh] = wt * dy[t * H + h0 + hh];
+                        gyv[b] = gy;
+                        lxv[b] = en->lx + route * 3 * rm + 2 * rm;
                     }
                 }
-                for (int64_t hh = 0; hh < hw; hh++) o[hh] = xv[hh];
-                if (r && dB[2]) {
-                    const float wt = en->w[route], *lx = en->lx + route * 3 * rm + 2 * rm;
-                    float *gy = xk + 64;
-                    for (int64_t hh = 0; hh < hw; hh++) gy[hh] = wt * dy[t * H + h0 + hh];
-                    rank1_rows(dB[2] + (e * H + h0) * r, hw, r, gy, s, lx);
-                }
+                /* the group's LoRA gradients, each element's sum over the routes in order */
+                for (int p = 0; p < 2 && r; p++)
+                    for (int qq = 0; qq < r && dA[p]; qq++)
+                        axpy_g(dA[p] + (e * r + qq) * H + h0, hw, cf[p] + qq * 4, xkv[p], nr);
+                if (r && dB[2]) rank1_rows_g(dB[2] + (e * H + h0) * r, hw, r, gyv, s, lxv, nr);
             }
         }
         /* 5: per token */

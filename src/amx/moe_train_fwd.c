@@ -86,10 +86,16 @@ static void gu_epilogue(const float *kg, const float *ku, int nw, int r, const f
         float ag[16] = {0}, au[16] = {0};
         for (int q = 0; q < r; q++) {
             const float cg = lx[q], cu = lx[rm + q], *b0 = bg + q * ldb, *b1 = bu + q * ldb;
-            for (int n = 0; n < nw; n++) {
-                ag[n] += b0[n] * cg;
-                au[n] += b1[n] * cu;
-            }
+            if (nw == 16) /* a constant trip count: one vector */
+                for (int n = 0; n < 16; n++) {
+                    ag[n] += b0[n] * cg;
+                    au[n] += b1[n] * cu;
+                }
+            else
+                for (int n = 0; n < nw; n++) {
+                    ag[n] += b0[n] * cg;
+                    au[n] += b1[n] * cu;
+                }
         }
         for (int n = 0; n < nw; n++) {
             gv[n] += s * ag[n];
@@ -118,7 +124,10 @@ static void dn_epilogue(const float *k0, const float *k1, int nw, int r, const f
         float a[32] = {0};
         for (int q = 0; q < r; q++) {
             const float c = lxd[q], *bq = b + q * ldb;
-            for (int n = 0; n < nw; n++) a[n] += bq[n] * c;
+            if (nw == 32) /* a constant trip count: whole vectors */
+                for (int n = 0; n < 32; n++) a[n] += bq[n] * c;
+            else
+                for (int n = 0; n < nw; n++) a[n] += bq[n] * c;
         }
         for (int n = 0; n < nw; n++) z[n] += s * a[n];
     }
@@ -235,9 +244,13 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             float *lx = en->lx + route * 3 * rm;
             x_tilde(m, en, t, xf);
             for (int p = 0; p < 2; p++) {
-                for (int64_t h = 0; h < H; h++)
-                    xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
-                moe_lane_dots(la[p] + e * r * H, H, r, xm, H, lx + p * rm);
+                const float *xin = xf; /* no dropout: the mask is 1 */
+                if (drop > 0.0f) {
+                    for (int64_t h = 0; h < H; h++)
+                        xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
+                    xin = xm;
+                }
+                moe_lane_dots(la[p] + e * r * H, H, r, xin, H, lx + p * rm);
             }
         }
         /* gate and up: g, u (LoRA added) into the entry's token-order rows, bf16: a~ */
@@ -299,10 +312,13 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 for (int64_t i = 0; i < I; i++) af[i] = ompk_bf16_to_f32(cd[i]);
             }
             if (r) {
-                const float *A = la[2] + e * r * I;
-                for (int64_t i = 0; i < I; i++)
-                    xm[i] = af[i] * ompk_moe_lora_keep(seed, 2, t, i, drop);
-                moe_lane_dots(A, I, r, xm, I, en->lx + route * 3 * rm + 2 * rm);
+                const float *A = la[2] + e * r * I, *ain = af;
+                if (drop > 0.0f) {
+                    for (int64_t i = 0; i < I; i++)
+                        xm[i] = af[i] * ompk_moe_lora_keep(seed, 2, t, i, drop);
+                    ain = xm;
+                }
+                moe_lane_dots(A, I, r, ain, I, en->lx + route * 3 * rm + 2 * rm);
             }
         }
         /* down: per-partition fp32 partials of z in token-order rows */
