@@ -92,13 +92,19 @@ static void rank1_rows_g(float *restrict o, int64_t n, int r, const float *const
         for (int b = 0; b < nb; b++) t[b] = sc * v[b][i];
         float *restrict oi = o + i * r;
         int q = 0;
-        for (; q + 8 <= r; q += 8) {
-            float a[8];
-            for (int j = 0; j < 8; j++) a[j] = oi[q + j];
+        if (nb == 4) /* straight-line bodies of a fixed width: vectorised at any rank */
+            for (; q + 8 <= r; q += 8)
+                for (int j = 0; j < 8; j++) {
+                    float a = oi[q + j];
+                    a += t[0] * c[0][q + j];
+                    a += t[1] * c[1][q + j];
+                    a += t[2] * c[2][q + j];
+                    a += t[3] * c[3][q + j];
+                    oi[q + j] = a;
+                }
+        for (; q + 8 <= r; q += 8)
             for (int b = 0; b < nb; b++)
-                for (int j = 0; j < 8; j++) a[j] += t[b] * c[b][q + j];
-            for (int j = 0; j < 8; j++) oi[q + j] = a[j];
-        }
+                for (int j = 0; j < 8; j++) oi[q + j] += t[b] * c[b][q + j];
         for (; q < r; q++) {
             float a = oi[q];
             for (int b = 0; b < nb; b++) a += t[b] * c[b][q];
@@ -109,10 +115,23 @@ static void rank1_rows_g(float *restrict o, int64_t n, int r, const float *const
 
 /* o[i] += coef[b] * x[b][i] for b = 0..nb-1 in order (the LoRA A gradient rows of nb routes) */
 static void axpy_g(float *restrict o, int64_t n, const float *coef, const float *const *x, int nb) {
-    for (int64_t i = 0; i < n; i++) {
-        float a = o[i];
-        for (int b = 0; b < nb; b++) a += coef[b] * x[b][i];
-        o[i] = a;
+    if (nb == 4) { /* a straight-line body: the loop over i vectorises */
+        const float c0 = coef[0], c1 = coef[1], c2 = coef[2], c3 = coef[3];
+        const float *restrict x0 = x[0], *restrict x1 = x[1], *restrict x2 = x[2],
+                              *restrict x3 = x[3];
+        for (int64_t i = 0; i < n; i++) {
+            float a = o[i];
+            a += c0 * x0[i];
+            a += c1 * x1[i];
+            a += c2 * x2[i];
+            a += c3 * x3[i];
+            o[i] = a;
+        }
+        return;
+    }
+    for (int b = 0; b < nb; b++) {
+        const float cb = coef[b], *restrict xb = x[b];
+        for (int64_t i = 0; i < n; i++) o[i] += cb * xb[i];
     }
 }
 
