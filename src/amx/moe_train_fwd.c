@@ -235,8 +235,6 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         }
         /* the LoRA inputs of gate and up per route (routes of an expert are adjacent, so its A
          * stays in cache) */
-#pragma omp master
-        tm[1] = omp_get_wtime();
 #pragma omp for schedule(static)
         for (int64_t rr = 0; rr < R; rr++) {
             if (!r) continue;
@@ -254,6 +252,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             }
         }
         /* gate and up: g, u (LoRA added) into the entry's token-order rows, bf16: a~ */
+#pragma omp master
+        tm[1] = omp_get_wtime();
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask_gu; task++) {
             int p = 0;
