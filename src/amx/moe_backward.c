@@ -145,6 +145,28 @@ static void keep_fill(float *k, uint64_t seed, int proj, int64_t t, int64_t f0, 
     for (int64_t i = 0; i < n; i++) k[i] = ompk_moe_lora_keep(seed, proj, t, f0 + i, drop);
 }
 
+/* ex = moe_expf(-g) of a chunk; ar (may be NULL) = bf16 a~ as moe_train_act rounds it */
+static void exp_act_chunk(int64_t n, const float *restrict g, const float *restrict u,
+                          float *restrict ex, float *restrict ar) {
+    for (int64_t i = 0; i < n; i++) ex[i] = moe_expf(-g[i]);
+    if (ar)
+        for (int64_t i = 0; i < n; i++) ar[i] = ompk_round_bf16(moe_silu_mul(g[i], ex[i], u[i]));
+}
+
+/* dg, du of a chunk from q = down^T dy, the LoRA term tq with its keep factors (0 without LoRA)
+ * and ex = e^-g (KERNELS.md section 3) */
+static void dgdu_chunk(int64_t n, float wt, float s, const float *restrict q,
+                       const float *restrict keep, const float *restrict tq,
+                       const float *restrict ex, const float *restrict g, const float *restrict u,
+                       float *restrict dg, float *restrict du) {
+    for (int64_t i = 0; i < n; i++) {
+        const float da = wt * (q[i] + s * keep[i] * tq[i]);
+        const float sg = 1.0f / (1.0f + ex[i]);
+        dg[i] = da * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+        du[i] = da * g[i] * sg;
+    }
+}
+
 /* the 64-float chunk at p (two lines beyond 128 bytes) towards L1 */
 static inline void pf_chunk(const void *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
@@ -282,11 +304,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                     float *ex = ex4 + b * 64, *q = q4 + b * 64;
                     /* moe_expf(-g) of the chunk, once for the sigmoid and (bf16) a~, rounded as
                      * moe_train_act rounds it */
-                    for (int64_t ii = 0; ii < cw; ii++) ex[ii] = moe_expf(-g[ii]);
                     float *ar = keep_at ? at + route * I + i0 : ar4 + b * 64;
-                    if (m->fmt == OMPK_MOE_BF16)
-                        for (int64_t ii = 0; ii < cw; ii++)
-                            ar[ii] = ompk_round_bf16(moe_silu_mul(g[ii], ex[ii], u[ii]));
+                    exp_act_chunk(cw, g, u, ex, m->fmt == OMPK_MOE_BF16 ? ar : NULL);
                     if (tiles) {
                         memcpy(q, dG + route * I + i0, (size_t)cw * 4);
                     } else {
@@ -321,13 +340,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         keep_fill(km, seed, 2, t, i0, cw, drop);
                     }
                     float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
-                    for (int64_t ii = 0; ii < cw; ii++) {
-                        const float keep = r ? km[ii] : 0.0f;
-                        const float da = wt * (q[ii] + s * keep * tq[ii]);
-                        const float sg = 1.0f / (1.0f + ex[ii]);
-                        dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
-                        dur[ii] = da * g[ii] * sg;
-                    }
+                    dgdu_chunk(cw, wt, s, q, r ? km : zero64, tq, ex, g, u, dgr, dur);
                     dgv[b] = dgr, duv[b] = dur, lgv[b] = lx, luv[b] = lx + rm;
                     /* the masked a~ of dA_down (the mask is 1 without dropout) */
                     if (r && drop > 0.0f)
