@@ -1,11 +1,10 @@
 /* Diagnostic (not part of the library): bit-identity and phase timing of the MoE fine-tuning
  * step through the public API, so one source runs against any build of libompk.
  *
- *   moe_sft_hash hash        one line per case (format x LoRA rank x dropout x ISA x threads /
- *                            NUMA split): FNV-1a hashes of y, dx, dw, each LoRA gradient and
- *                            (bf16) the full-weight gradients; diff two builds' outputs
- *   moe_sft_hash time E H I k T r fmt reps
- *                            minimum forward / backward ms and phase times over reps pairs
+ *   moe_sft_hash hash        one line per case (format x LoRA rank x dropout x ISA (those this
+ *                            CPU has) x threads / NUMA split): FNV-1a hashes of y, dx, dw, each
+ * LoRA gradient and (bf16) the full-weight gradients; diff two builds' outputs moe_sft_hash time E
+ * H I k T r fmt reps minimum forward / backward ms and phase times over reps pairs
  *
  * Build: bench/diag/moe_sft/build.sh BUILD_DIR OUT (links BUILD_DIR's libompk). */
 #include <math.h>
@@ -224,13 +223,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s hash | time E H I k T r fmt reps\n", argv[0]);
         return 2;
     }
-    static const ompk_moe_isa isas[3] = {OMPK_MOE_ISA_AVX512BF16, OMPK_MOE_ISA_PORTABLE,
-                                         OMPK_MOE_ISA_AMX_EMULATED};
+    static const ompk_moe_isa isas[4] = {OMPK_MOE_ISA_AVX512BF16, OMPK_MOE_ISA_PORTABLE,
+                                         OMPK_MOE_ISA_AMX_EMULATED, OMPK_MOE_ISA_AMX};
     static const int ranks[4] = {0, 8, 13, 32};
     static const int tsplit[3][2] = {{1, 1}, {2, 1}, {2, 2}}; /* threads, NUMA split */
     int bad = 0;
-    for (int ii = 0; ii < 3; ii++) {
-        if (!ompk_moe_isa_available(isas[ii])) continue;
+    for (int ii = 0; ii < 4; ii++) {
+        if (!ompk_moe_isa_available(isas[ii])) continue; /* amx: on an AMX machine only */
         for (int f = 0; f < 4; f++)
             for (int ri = 0; ri < 4; ri++)
                 for (int d = 0; d < 2; d++) {
