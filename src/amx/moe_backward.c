@@ -42,6 +42,20 @@ static float x_at(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h) 
     return (float)((const int8_t *)en->xq)[t * m->H + h] * en->xs[t];
 }
 
+/* out = M[e] va for route ra (r rows of n, expert e's block at M + e*es) and likewise for route rb
+ * (-1: none); one pass over the rows where both routes have the same expert */
+static void lora_dots_pair(const float *M, int64_t es, int64_t n, int r, const int32_t *ids,
+                           int64_t ra, int64_t rb, const float *va, const float *vb, float *oa,
+                           float *ob) {
+    const int64_t ea = ids[ra];
+    if (rb >= 0 && ids[rb] == ea) {
+        moe_lane_dots2(M + ea * es, n, r, va, vb, n, oa, ob);
+        return;
+    }
+    moe_lane_dots(M + ea * es, n, r, va, n, oa);
+    if (rb >= 0) moe_lane_dots(M + ids[rb] * es, n, r, vb, n, ob);
+}
+
 /* x as consumed, f32, features h0..h0+n-1 of token t */
 static void x_chunk(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h0, int64_t n,
                     float *out) {
@@ -243,23 +257,27 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
         }
         /* 1: a~ and B_d^T dy per route */
 #pragma omp for schedule(static)
-        for (int64_t rr = 0; rr < R; rr++) {
-            const int64_t route = rroute[rr], t = route / k, e = en->ids[route];
-            float sc;
-            /* bf16: a~ is elementwise and is made in phase 2, where the sigmoid reuses moe_expf(-g)
-             */
-            if (m->fmt != OMPK_MOE_BF16)
-                moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I,
-                              (uint8_t *)tb, &sc);
-            if (r) {
-                const float *B = lb[2] + e * r * H;
-                float *o = bv + (route * 3 + 2) * rm;
-                moe_lane_dots(B, H, r, dy + t * H, H, o);
+        for (int64_t rp = 0; rp < (R + 1) / 2; rp++) { /* pairs of adjacent routes */
+            const int64_t rr0 = 2 * rp, nr = rr0 + 1 < R ? 2 : 1;
+            for (int64_t rr = rr0; rr < rr0 + nr; rr++) {
+                const int64_t route = rroute[rr], t = route / k;
+                float sc;
+                /* bf16: a~ is elementwise and is made in phase 2, where the sigmoid reuses
+                 * moe_expf(-g) */
+                if (m->fmt != OMPK_MOE_BF16)
+                    moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I,
+                                  (uint8_t *)tb, &sc);
+                /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
+                 * phase 4 reuse the buffer) */
+                if (dW[0] || dW[1])
+                    for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
             }
-            /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
-             * phase 4 reuse the buffer) */
-            if (dW[0] || dW[1])
-                for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
+            if (r) {
+                const int64_t ra = rroute[rr0], rb = nr > 1 ? rroute[rr0 + 1] : -1;
+                lora_dots_pair(lb[2], r * H, H, r, en->ids, ra, rb, dy + (ra / k) * H,
+                               rb >= 0 ? dy + (rb / k) * H : NULL, bv + (ra * 3 + 2) * rm,
+                               rb >= 0 ? bv + (rb * 3 + 2) * rm : NULL);
+            }
         }
         /* down^T dy per route into dG (phase 2 reads it before writing dg there) */
         if (tiles) moe_bwd_gemm_dh(m, dy, offs, goff, rroute, en->ids, split, dG, tb);
@@ -385,13 +403,14 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
 #pragma omp master
         tm[2] = omp_get_wtime();
 #pragma omp for schedule(static)
-        for (int64_t rr = 0; rr < R; rr++) {
+        for (int64_t rp = 0; rp < (R + 1) / 2; rp++) { /* pairs of adjacent routes */
             if (!r) continue;
-            const int64_t route = rroute[rr], e = en->ids[route];
+            const int64_t ra = rroute[2 * rp], rb = 2 * rp + 1 < R ? rroute[2 * rp + 1] : -1;
             for (int p = 0; p < 2; p++) {
-                const float *B = lb[p] + e * r * I, *dv = (p ? dU : dG) + route * I;
-                float *o = bv + (route * 3 + p) * rm;
-                moe_lane_dots(B, I, r, dv, I, o);
+                const float *dv = p ? dU : dG;
+                lora_dots_pair(lb[p], r * I, I, r, en->ids, ra, rb, dv + ra * I,
+                               rb >= 0 ? dv + rb * I : NULL, bv + (ra * 3 + p) * rm,
+                               rb >= 0 ? bv + (rb * 3 + p) * rm : NULL);
             }
         }
         /* base part of the per-route dx rows (phase 2 is done with x in dxr) */

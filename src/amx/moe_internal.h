@@ -376,6 +376,58 @@ static inline void moe_lane_dots(const float *M, int64_t ld, int nq, const float
     for (; q < nq; q++) out[q] = moe_lane_dot(M + q * ld, v, n);
 }
 
+/* moe_lane_dots of two vectors against the same rows (two routes of one expert): each row of M
+ * is read once for both, each dot's operations and order unchanged (the same bits) */
+static inline void moe_lane_dots2(const float *M, int64_t ld, int nq, const float *v,
+                                  const float *w, int64_t n, float *ov, float *ow) {
+    int q = 0;
+    for (; q + 4 <= nq; q += 4) {
+        const float *a0 = M + q * ld, *a1 = a0 + ld, *a2 = a1 + ld, *a3 = a2 + ld;
+        float l0[16] = {0}, l1[16] = {0}, l2[16] = {0}, l3[16] = {0};
+        float k0[16] = {0}, k1[16] = {0}, k2[16] = {0}, k3[16] = {0};
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) {
+                l0[j] += a0[i + j] * v[i + j];
+                l1[j] += a1[i + j] * v[i + j];
+                l2[j] += a2[i + j] * v[i + j];
+                l3[j] += a3[i + j] * v[i + j];
+                k0[j] += a0[i + j] * w[i + j];
+                k1[j] += a1[i + j] * w[i + j];
+                k2[j] += a2[i + j] * w[i + j];
+                k3[j] += a3[i + j] * w[i + j];
+            }
+        for (int j = 0; i + j < n; j++) {
+            l0[j] += a0[i + j] * v[i + j];
+            l1[j] += a1[i + j] * v[i + j];
+            l2[j] += a2[i + j] * v[i + j];
+            l3[j] += a3[i + j] * v[i + j];
+            k0[j] += a0[i + j] * w[i + j];
+            k1[j] += a1[i + j] * w[i + j];
+            k2[j] += a2[i + j] * w[i + j];
+            k3[j] += a3[i + j] * w[i + j];
+        }
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            s0 += l0[j];
+            s1 += l1[j];
+            s2 += l2[j];
+            s3 += l3[j];
+            t0 += k0[j];
+            t1 += k1[j];
+            t2 += k2[j];
+            t3 += k3[j];
+        }
+        ov[q] = s0, ov[q + 1] = s1, ov[q + 2] = s2, ov[q + 3] = s3;
+        ow[q] = t0, ow[q + 1] = t1, ow[q + 2] = t2, ow[q + 3] = t3;
+    }
+    for (; q < nq; q++) {
+        ov[q] = moe_lane_dot(M + q * ld, v, n);
+        ow[q] = moe_lane_dot(M + q * ld, w, n);
+    }
+}
+
 /* acc[i] += M[q*ld + i] * c[q] for q = 0..nq-1 in this order (the LoRA rank products), four
  * rows per pass over acc so it is loaded and stored once per four: same operations per element */
 static inline void moe_axpy_rows(float *acc, const float *M, int64_t ld, int nq, const float *c,

@@ -236,19 +236,30 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         /* the LoRA inputs of gate and up per route (routes of an expert are adjacent, so its A
          * stays in cache) */
 #pragma omp for schedule(static)
-        for (int64_t rr = 0; rr < R; rr++) {
+        for (int64_t rp = 0; rp < (R + 1) / 2; rp++) {
             if (!r) continue;
-            const int64_t route = rroute[rr], t = route / k, e = ids[route];
-            float *lx = en->lx + route * 3 * rm;
-            x_tilde(m, en, t, xf);
+            /* a pair of adjacent routes: one pass over A where they share the expert */
+            const int64_t rr0 = 2 * rp, nr = rr0 + 1 < R ? 2 : 1;
+            const int64_t ra = rroute[rr0], rb = nr > 1 ? rroute[rr0 + 1] : -1;
+            const int pair = rb >= 0 && ids[rb] == ids[ra];
+            float *xs2[2] = {xf, af}, *xm2[2] = {xm, xm + (H > I ? H : I)};
+            for (int b = 0; b < nr; b++) x_tilde(m, en, (b ? rb : ra) / k, xs2[b]);
             for (int p = 0; p < 2; p++) {
-                const float *xin = xf; /* no dropout: the mask is 1 */
-                if (drop > 0.0f) {
+                const float *xin[2] = {xf, af}; /* no dropout: the mask is 1 */
+                for (int b = 0; b < nr && drop > 0.0f; b++) {
+                    const int64_t t = (b ? rb : ra) / k;
                     for (int64_t h = 0; h < H; h++)
-                        xm[h] = xf[h] * ompk_moe_lora_keep(seed, p, t, h, drop);
-                    xin = xm;
+                        xm2[b][h] = xs2[b][h] * ompk_moe_lora_keep(seed, p, t, h, drop);
+                    xin[b] = xm2[b];
                 }
-                moe_lane_dots(la[p] + e * r * H, H, r, xin, H, lx + p * rm);
+                float *oa = en->lx + ra * 3 * rm + p * rm;
+                if (pair)
+                    moe_lane_dots2(la[p] + ids[ra] * r * H, H, r, xin[0], xin[1], H, oa,
+                                   en->lx + rb * 3 * rm + p * rm);
+                else
+                    for (int b = 0; b < nr; b++)
+                        moe_lane_dots(la[p] + ids[b ? rb : ra] * r * H, H, r, xin[b], H,
+                                      b ? en->lx + rb * 3 * rm + p * rm : oa);
             }
         }
         /* gate and up: g, u (LoRA added) into the entry's token-order rows, bf16: a~ */
