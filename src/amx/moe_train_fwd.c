@@ -312,24 +312,35 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
 #pragma omp master
         tm[2] = omp_get_wtime();
 #pragma omp for schedule(static)
-        for (int64_t rr = 0; rr < R; rr++) {
+        for (int64_t rp = 0; rp < (R + 1) / 2; rp++) { /* pairs of adjacent routes */
             if (!isint && !r) continue;
-            const int64_t route = rroute[rr], t = route / k, e = ids[route];
-            if (isint) {
-                moe_train_act(m, en->g + route * I, en->u + route * I, af, abuf + rr * lda,
-                              &sa[rr]);
-            } else {
-                const uint16_t *cd = (const uint16_t *)(abuf + rr * lda);
-                for (int64_t i = 0; i < I; i++) af[i] = ompk_bf16_to_f32(cd[i]);
-            }
-            if (r) {
-                const float *A = la[2] + e * r * I, *ain = af;
-                if (drop > 0.0f) {
-                    for (int64_t i = 0; i < I; i++)
-                        xm[i] = af[i] * ompk_moe_lora_keep(seed, 2, t, i, drop);
-                    ain = xm;
+            const int64_t rr0 = 2 * rp, nr = rr0 + 1 < R ? 2 : 1;
+            float *a2[2] = {af, xf}, *m2[2] = {xm, xm + (H > I ? H : I)};
+            const float *ain[2] = {af, xf}; /* no dropout: the mask is 1 */
+            for (int b = 0; b < nr; b++) {
+                const int64_t rr = rr0 + b, route = rroute[rr], t = route / k;
+                if (isint) {
+                    moe_train_act(m, en->g + route * I, en->u + route * I, a2[b], abuf + rr * lda,
+                                  &sa[rr]);
+                } else {
+                    const uint16_t *cd = (const uint16_t *)(abuf + rr * lda);
+                    for (int64_t i = 0; i < I; i++) a2[b][i] = ompk_bf16_to_f32(cd[i]);
                 }
-                moe_lane_dots(A, I, r, ain, I, en->lx + route * 3 * rm + 2 * rm);
+                if (r && drop > 0.0f) {
+                    for (int64_t i = 0; i < I; i++)
+                        m2[b][i] = a2[b][i] * ompk_moe_lora_keep(seed, 2, t, i, drop);
+                    ain[b] = m2[b];
+                }
+            }
+            if (!r) continue;
+            const int64_t ra = rroute[rr0], rb = nr > 1 ? rroute[rr0 + 1] : -1;
+            float *oa = en->lx + ra * 3 * rm + 2 * rm,
+                  *ob = rb >= 0 ? en->lx + rb * 3 * rm + 2 * rm : NULL;
+            if (rb >= 0 && ids[rb] == ids[ra]) {
+                moe_lane_dots2(la[2] + ids[ra] * r * I, I, r, ain[0], ain[1], I, oa, ob);
+            } else {
+                moe_lane_dots(la[2] + ids[ra] * r * I, I, r, ain[0], I, oa);
+                if (rb >= 0) moe_lane_dots(la[2] + ids[rb] * r * I, I, r, ain[1], I, ob);
             }
         }
         /* down: per-partition fp32 partials of z in token-order rows */
