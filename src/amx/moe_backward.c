@@ -17,6 +17,9 @@
  *     ascending; then the LoRA terms), dA_gate, dA_up columns, dB_down rows.
  *  5. per token: dx = sum over its slots in slot order, rounded once; dw = chunk partials in
  *     chunk order + s <B_d^T dy, A_d a~>.
+ * Phases 2 and 4 take an expert's routes in groups of four, the group's LoRA gradient updates in
+ * one pass over their rows (each element still adds its routes one by one, in order); the
+ * per-route rank products of phases 1 and 3 take adjacent routes of one expert in pairs.
  * Every output element is produced by one thread in a fixed order: results are bit-identical
  * across runs, thread counts and NUMA splits. Routes of an expert are walked in token order.
  * Threads are not pinned per partition here (the forward pins them). */
@@ -41,6 +44,17 @@ static float x_at(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h) 
     if (m->fmt == OMPK_MOE_BF16) return ompk_bf16_to_f32(((const uint16_t *)en->xq)[t * m->H + h]);
     return (float)((const int8_t *)en->xq)[t * m->H + h] * en->xs[t];
 }
+
+#ifndef MOE_PASS_V4
+/* <b, c> over r in order, compiled once (x86-64-v3) for both builds: GCC vectorises this in-order
+ * sum with unfused products in whole vectors and fused ones in the remainder, a split that
+ * depends on the vector width (so an x86-64-v4 copy would change the bits) */
+__attribute__((noinline)) float moe_bwd_rank_dot(const float *b, const float *c, int r) {
+    float l = 0.0f;
+    for (int q = 0; q < r; q++) l += b[q] * c[q];
+    return l;
+}
+#endif
 
 /* out = M[e] va for route ra (r rows of n, expert e's block at M + e*es) and likewise for route rb
  * (-1: none); one pass over the rows where both routes have the same expert */
@@ -197,7 +211,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     const float s = m->lora.s, drop = m->lora.dropout;
     const uint64_t seed = m->lora.seed;
     const int64_t nch = (I + 63) / 64, nhc = (H + 63) / 64;
-#if !defined(MOE_PASS_V4) && defined(__x86_64__)
+#if !defined(MOE_PASS_V4) && defined(__x86_64__) && !defined(OMPK_MOE_NO_V4)
     if (moe_cpu_has_avx512()) return moe_run_backward_v4(m, en, dy, dxd, dxs, dw, gr);
 #endif
     int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *goff = TBUF(m, TB_GOFFS, int64_t);
@@ -512,9 +526,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t c = 0; c < nch; c++) a += dwp[route * nch + c];
                 if (r) {
                     const float *bq = bv + (route * 3 + 2) * rm, *lx = en->lx + route * 3 * rm;
-                    float l = 0.0f;
-                    for (int qq = 0; qq < r; qq++) l += bq[qq] * lx[2 * rm + qq];
-                    a += s * l;
+                    a += s * moe_bwd_rank_dot(bq, lx + 2 * rm, r);
                 }
                 dw[route] = a;
             }

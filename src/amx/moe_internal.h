@@ -484,8 +484,10 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
 
 /* moe_train_fwd_v4.c, moe_backward_v4.c: the same sources compiled for x86-64-v4 (AVX-512), which
  * moe_run_train and moe_run_backward call where moe_cpu_has_avx512() (its AVX-512 BF16 CPUs all
- * have v4's F, BW, CD, DQ, VL). Every multiply-add of the passes is a contraction both builds make
- * (or an explicit fmaf), so both give the same bits. */
+ * have v4's F, BW, CD, DQ, VL). Their per-element arithmetic does not depend on the vector width
+ * (the one in-order sum GCC vectorises width-dependently, moe_bwd_rank_dot, is compiled once), so
+ * both give the same bits; bench/diag/moe_sft checks it against a build with -DOMPK_MOE_NO_V4,
+ * which keeps the x86-64-v3 code on every CPU. */
 ompk_status moe_run_train_v4(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
                              ompk_dtype xdt, const int64_t *ids, const float *w, void *yd,
                              int64_t ys, ompk_dtype ydt);
@@ -493,5 +495,7 @@ void moe_train_act_v4(const ompk_moe *m, const float *g, const float *u, float *
                       float *scale);
 ompk_status moe_run_backward_v4(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
                                 int64_t dxs, float *dw, const ompk_moe_grads *gr);
+/* moe_backward.c (x86-64-v3 only): sum over q < r of b[q] c[q] in order, the LoRA part of dw */
+float moe_bwd_rank_dot(const float *b, const float *c, int r);
 
 #endif

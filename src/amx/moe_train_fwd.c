@@ -143,7 +143,7 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
     const float s = m->lora.s, drop = m->lora.dropout;
     const uint64_t seed = m->lora.seed;
     const size_t es = isint ? 1 : 2;
-#if !defined(MOE_PASS_V4) && defined(__x86_64__)
+#if !defined(MOE_PASS_V4) && defined(__x86_64__) && !defined(OMPK_MOE_NO_V4)
     if (moe_cpu_has_avx512()) return moe_run_train_v4(m, en, T, xd, xs, xdt, ids, w, yd, ys, ydt);
 #endif
     int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *cur = BUF(m, MB_CURSOR, int64_t);
