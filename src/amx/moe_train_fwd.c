@@ -71,37 +71,61 @@ static void set_scales(const ompk_moe *m, const moe_part *pp, int64_t e, int nb,
     }
 }
 
-/* Gate/up epilogue of one route row over nw <= 16 columns: g = kout + s B_g (A_g x) (B_g^T
- * rows of stride ldb from column c0; each sum over q in order, as moe_axpy_rows), u likewise;
- * g, u stored; codes (bf16 base, may be NULL): a~ = bf16(silu(g) u) */
-static void gu_epilogue(const float *kg, const float *ku, int nw, int r, const float *bg,
-                        const float *bu, int64_t ldb, const float *lx, int64_t rm, float s,
-                        float *g, float *u, uint16_t *codes) {
+/* acc[j][n] = sum over q < r, in order, of b[q*ldb + n] * c[j][q] for rows j < nj (<= 32) and
+ * columns n < nw (<= 32): the LoRA B products of one kernel call's rows (B^T rows of stride ldb),
+ * four rows a pass so their chains run side by side; each sum is moe_axpy_rows' chain */
+static void lora_b_rows(const float *b, int64_t ldb, int r, const float *const *c, int nj, int nw,
+                        float (*acc)[32]) {
+    for (int j0 = 0; j0 < nj; j0 += 4) {
+        const int n4 = nj - j0 < 4 ? nj - j0 : 4;
+        const float *c0 = c[j0], *c1 = c[j0 + (n4 > 1)], *c2 = c[j0 + 2 * (n4 > 2)],
+                    *c3 = c[j0 + 3 * (n4 > 3)];
+        float a0[32] = {0}, a1[32] = {0}, a2[32] = {0}, a3[32] = {0};
+        for (int q = 0; q < r; q++) {
+            const float *bq = b + q * ldb, x0 = c0[q], x1 = c1[q], x2 = c2[q], x3 = c3[q];
+            const int w = nw == 32 ? 32 : nw == 16 ? 16 : 0; /* constant trip counts vectorise */
+            if (w == 32)
+                for (int n = 0; n < 32; n++) {
+                    a0[n] += bq[n] * x0;
+                    a1[n] += bq[n] * x1;
+                    a2[n] += bq[n] * x2;
+                    a3[n] += bq[n] * x3;
+                }
+            else if (w == 16)
+                for (int n = 0; n < 16; n++) {
+                    a0[n] += bq[n] * x0;
+                    a1[n] += bq[n] * x1;
+                    a2[n] += bq[n] * x2;
+                    a3[n] += bq[n] * x3;
+                }
+            else
+                for (int n = 0; n < nw; n++) {
+                    a0[n] += bq[n] * x0;
+                    a1[n] += bq[n] * x1;
+                    a2[n] += bq[n] * x2;
+                    a3[n] += bq[n] * x3;
+                }
+        }
+        float *const as[4] = {a0, a1, a2, a3};
+        for (int j = 0; j < n4; j++) memcpy(acc[j0 + j], as[j], sizeof a0);
+    }
+}
+
+/* Gate/up epilogue of one route row over nw <= 16 columns: g = kout + s ag (ag, au from
+ * lora_b_rows; NULL without LoRA), u likewise; g, u stored; codes (bf16 base, may be NULL):
+ * a~ = bf16(silu(g) u) */
+static void gu_epilogue(const float *kg, const float *ku, int nw, const float *ag, const float *au,
+                        float s, float *g, float *u, uint16_t *codes) {
     float gv[16], uv[16];
     for (int n = 0; n < nw; n++) {
         gv[n] = kg[n];
         uv[n] = ku[n];
     }
-    if (r) {
-        float ag[16] = {0}, au[16] = {0};
-        for (int q = 0; q < r; q++) {
-            const float cg = lx[q], cu = lx[rm + q], *b0 = bg + q * ldb, *b1 = bu + q * ldb;
-            if (nw == 16) /* a constant trip count: one vector */
-                for (int n = 0; n < 16; n++) {
-                    ag[n] += b0[n] * cg;
-                    au[n] += b1[n] * cu;
-                }
-            else
-                for (int n = 0; n < nw; n++) {
-                    ag[n] += b0[n] * cg;
-                    au[n] += b1[n] * cu;
-                }
-        }
+    if (ag)
         for (int n = 0; n < nw; n++) {
             gv[n] += s * ag[n];
             uv[n] += s * au[n];
         }
-    }
     for (int n = 0; n < nw; n++) {
         g[n] = gv[n];
         u[n] = uv[n];
@@ -111,26 +135,18 @@ static void gu_epilogue(const float *kg, const float *ku, int nw, int r, const f
             codes[n] = ompk_f32_to_bf16(moe_silu_mul(gv[n], moe_expf(-gv[n]), uv[n]));
 }
 
-/* Down epilogue of one route row (one partition): z = (0 + kout) + s B_d (A_d a~) over the 32
- * columns (the LoRA term on the nw < H ones), the per-token pass's operations in its order */
-static void dn_epilogue(const float *k0, const float *k1, int nw, int r, const float *b,
-                        int64_t ldb, const float *lxd, float s, float *zr) {
+/* Down epilogue of one route row (one partition): z = (0 + kout) + s a over the 32 columns (a
+ * from lora_b_rows on the nw < H ones; NULL without LoRA), the per-token pass's operations in its
+ * order */
+static void dn_epilogue(const float *k0, const float *k1, int nw, const float *a, float s,
+                        float *zr) {
     float z[32];
     for (int n = 0; n < 16; n++) {
         z[n] = 0.0f + k0[n];
         z[16 + n] = 0.0f + k1[n];
     }
-    if (r) {
-        float a[32] = {0};
-        for (int q = 0; q < r; q++) {
-            const float c = lxd[q], *bq = b + q * ldb;
-            if (nw == 32) /* a constant trip count: whole vectors */
-                for (int n = 0; n < 32; n++) a[n] += bq[n] * c;
-            else
-                for (int n = 0; n < nw; n++) a[n] += bq[n] * c;
-        }
+    if (a)
         for (int n = 0; n < nw; n++) z[n] += s * a[n];
-    }
     memcpy(zr, z, sizeof z);
 }
 
@@ -208,6 +224,7 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         float *kout = (float *)(kscr + MOE_KSCRATCH);
         float *xf = tdeq + (size_t)tid * m->tdeq_floats, *af = xf + (H > I ? H : I);
         float *xm = af + (H > I ? H : I); /* the LoRA input with its dropout mask applied */
+        float lacc[2][32][32];            /* LoRA B products of a kernel call's rows (epilogues) */
         int used_amx = 0;
         /* x as consumed, once per token, into the entry */
 #pragma omp for schedule(static)
@@ -296,12 +313,20 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 moe_run_kernel(kind, &ka);
                 const int64_t c0 = pp->i0 + nb * 16; /* global column of n = 0 */
                 const int nw = (int)(pp->iw - nb * 16 < 16 ? pp->iw - nb * 16 : 16);
+                if (r && nw > 0) {
+                    const float *cg[32], *cu[32];
+                    for (int rw = 0; rw < mr; rw++) {
+                        cg[rw] = en->lx + rroute[row0 + rw] * 3 * rm;
+                        cu[rw] = cg[rw] + rm;
+                    }
+                    lora_b_rows(lb[0] + e * r * I + c0, I, r, cg, mr, nw, lacc[0]);
+                    lora_b_rows(lb[1] + e * r * I + c0, I, r, cu, mr, nw, lacc[1]);
+                }
                 for (int rw = 0; rw < mr && nw > 0; rw++) {
                     const int64_t route = rroute[row0 + rw];
-                    gu_epilogue(kout + rw * 16, kout + (32 + rw) * 16, nw, r,
-                                r ? lb[0] + e * r * I + c0 : NULL,
-                                r ? lb[1] + e * r * I + c0 : NULL, I, en->lx + route * 3 * rm, rm,
-                                s, en->g + route * I + c0, en->u + route * I + c0,
+                    gu_epilogue(kout + rw * 16, kout + (32 + rw) * 16, nw, r ? lacc[0][rw] : NULL,
+                                r ? lacc[1][rw] : NULL, s, en->g + route * I + c0,
+                                en->u + route * I + c0,
                                 isint ? NULL : (uint16_t *)(abuf + (row0 + rw) * lda) + c0);
                 }
             }
@@ -388,13 +413,17 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
                 ka.nsteps = 1;
                 moe_run_kernel(kind, &ka);
                 const int nw = (int)(H - nb * 16 < 32 ? H - nb * 16 : 32);
+                if (solo && r) {
+                    const float *cd[32];
+                    for (int rw = 0; rw < mr; rw++)
+                        cd[rw] = en->lx + rroute[row0 + rw] * 3 * rm + 2 * rm;
+                    lora_b_rows(lb[2] + e * r * H + nb * 16, H, r, cd, mr, nw, lacc[0]);
+                }
                 for (int rw = 0; rw < mr; rw++) {
                     const int64_t route = rroute[row0 + rw];
                     if (solo) { /* the final z into plane 0 */
-                        dn_epilogue(kout + rw * 16, kout + (32 + rw) * 16, nw, r,
-                                    r ? lb[2] + e * r * H + nb * 16 : NULL, H,
-                                    en->lx + route * 3 * rm + 2 * rm, s,
-                                    zp + (size_t)route * Hn + nb * 16);
+                        dn_epilogue(kout + rw * 16, kout + (32 + rw) * 16, nw,
+                                    r ? lacc[0][rw] : NULL, s, zp + (size_t)route * Hn + nb * 16);
                         continue;
                     }
                     float *zr = zp + ((size_t)p * Rc + route) * Hn + nb * 16;
