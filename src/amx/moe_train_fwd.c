@@ -206,7 +206,7 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         tgu[p] = ntask_gu;
         tdn[p] = ntask_dn;
         if (m->part[p].ip == 0) continue;
-        ntask_gu += nact * m->part[p].nbg;
+        ntask_gu += nact * (m->part[p].nbg / 2); /* nbg = ip/16 is a multiple of 4 */
         ntask_dn += nact * (m->nbd / 2);
     }
     tgu[P] = ntask_gu;
@@ -287,49 +287,52 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             int p = 0;
             while (task >= tgu[p + 1]) p++;
             const moe_part *pp = &m->part[p];
-            const int lt = task - tgu[p], nb = lt % pp->nbg;
-            const int64_t e = active[lt / pp->nbg], cnt = offs[e + 1] - offs[e];
+            /* a task is two 16-column blocks: the bf16 a~ it writes fills whole lines, which two
+             * threads would otherwise share */
+            const int npair = pp->nbg / 2, lt = task - tgu[p];
+            const int64_t e = active[lt / npair], cnt = offs[e + 1] - offs[e];
             const int kind = moe_pick_kernel(m, cnt);
             used_amx |= kind == K_AMX;
-            for (int64_t row0 = offs[e]; row0 < offs[e + 1]; row0 += 32) {
-                const int mr = (int)(offs[e + 1] - row0 < 32 ? offs[e + 1] - row0 : 32);
-                moe_kargs ka;
-                memset(&ka, 0, sizeof ka);
-                ka.fmt = m->fmt;
-                ka.m = mr;
-                ka.kt = m->ktg;
-                ka.a = xg + row0 * ldx;
-                ka.lda = ldx;
-                ka.b[0] = moe_gu_b(m, pp, e, nb);
-                ka.b[1] = ka.b[0] + m->tb;
-                ka.bstride = 2 * m->tb;
-                if (isint) {
-                    ka.ascale = sx + row0;
-                    set_scales(m, pp, e, nb, &ka);
-                }
-                ka.out = kout;
-                ka.scratch = kscr;
-                ka.nsteps = 1;
-                moe_run_kernel(kind, &ka);
-                const int64_t c0 = pp->i0 + nb * 16; /* global column of n = 0 */
-                const int nw = (int)(pp->iw - nb * 16 < 16 ? pp->iw - nb * 16 : 16);
-                if (r && nw > 0) {
-                    const float *cg[32], *cu[32];
-                    for (int rw = 0; rw < mr; rw++) {
-                        cg[rw] = en->lx + rroute[row0 + rw] * 3 * rm;
-                        cu[rw] = cg[rw] + rm;
+            for (int nb = 2 * (lt % npair); nb < 2 * (lt % npair) + 2; nb++)
+                for (int64_t row0 = offs[e]; row0 < offs[e + 1]; row0 += 32) {
+                    const int mr = (int)(offs[e + 1] - row0 < 32 ? offs[e + 1] - row0 : 32);
+                    moe_kargs ka;
+                    memset(&ka, 0, sizeof ka);
+                    ka.fmt = m->fmt;
+                    ka.m = mr;
+                    ka.kt = m->ktg;
+                    ka.a = xg + row0 * ldx;
+                    ka.lda = ldx;
+                    ka.b[0] = moe_gu_b(m, pp, e, nb);
+                    ka.b[1] = ka.b[0] + m->tb;
+                    ka.bstride = 2 * m->tb;
+                    if (isint) {
+                        ka.ascale = sx + row0;
+                        set_scales(m, pp, e, nb, &ka);
                     }
-                    lora_b_rows(lb[0] + e * r * I + c0, I, r, cg, mr, nw, lacc[0]);
-                    lora_b_rows(lb[1] + e * r * I + c0, I, r, cu, mr, nw, lacc[1]);
+                    ka.out = kout;
+                    ka.scratch = kscr;
+                    ka.nsteps = 1;
+                    moe_run_kernel(kind, &ka);
+                    const int64_t c0 = pp->i0 + nb * 16; /* global column of n = 0 */
+                    const int nw = (int)(pp->iw - nb * 16 < 16 ? pp->iw - nb * 16 : 16);
+                    if (r && nw > 0) {
+                        const float *cg[32], *cu[32];
+                        for (int rw = 0; rw < mr; rw++) {
+                            cg[rw] = en->lx + rroute[row0 + rw] * 3 * rm;
+                            cu[rw] = cg[rw] + rm;
+                        }
+                        lora_b_rows(lb[0] + e * r * I + c0, I, r, cg, mr, nw, lacc[0]);
+                        lora_b_rows(lb[1] + e * r * I + c0, I, r, cu, mr, nw, lacc[1]);
+                    }
+                    for (int rw = 0; rw < mr && nw > 0; rw++) {
+                        const int64_t route = rroute[row0 + rw];
+                        gu_epilogue(kout + rw * 16, kout + (32 + rw) * 16, nw,
+                                    r ? lacc[0][rw] : NULL, r ? lacc[1][rw] : NULL, s,
+                                    en->g + route * I + c0, en->u + route * I + c0,
+                                    isint ? NULL : (uint16_t *)(abuf + (row0 + rw) * lda) + c0);
+                    }
                 }
-                for (int rw = 0; rw < mr && nw > 0; rw++) {
-                    const int64_t route = rroute[row0 + rw];
-                    gu_epilogue(kout + rw * 16, kout + (32 + rw) * 16, nw, r ? lacc[0][rw] : NULL,
-                                r ? lacc[1][rw] : NULL, s, en->g + route * I + c0,
-                                en->u + route * I + c0,
-                                isint ? NULL : (uint16_t *)(abuf + (row0 + rw) * lda) + c0);
-                }
-            }
         }
         if (used_amx) moe_amx_release();
         used_amx = 0;
