@@ -111,7 +111,9 @@ typedef struct ompk_moe ompk_moe;
  * weights (backward: dy) to host buffers and of y (backward: dx, dw) back (0 for host tensors).
  * After a backward phase_ms are its five phases (a and B_d^T dy per route; the I-chunk pass;
  * B^T d per route; the H-chunk pass; the per-token sums); after a training forward its five
- * (x and gather; gate/up; per route LoRA of gate/up, a and A_d a; down; per-token sums of y). */
+ * (x, gather and the LoRA inputs A_g x, A_u x; gate/up with the LoRA terms, bf16 a in their
+ * epilogue; per route a (int formats) and A_d a; down with s B_d A_d a in its epilogue; z of
+ * several NUMA partitions and the per-token sums of y). */
 typedef struct ompk_moe_stats {
     double stage_in_ms;
     double compute_ms;

@@ -17,12 +17,21 @@
  *     ascending; then the LoRA terms), dA_gate, dA_up columns, dB_down rows.
  *  5. per token: dx = sum over its slots in slot order, rounded once; dw = chunk partials in
  *     chunk order + s <B_d^T dy, A_d a~>.
+ * Phases 2 and 4 take an expert's routes in groups of four, the group's LoRA gradient updates in
+ * one pass over their rows (each element still adds its routes one by one, in order); the
+ * per-route rank products of phases 1 and 3 take adjacent routes of one expert in pairs.
  * Every output element is produced by one thread in a fixed order: results are bit-identical
  * across runs, thread counts and NUMA splits. Routes of an expert are walked in token order.
  * Threads are not pinned per partition here (the forward pins them). */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+
+/* moe_backward_v4.c compiles this file again for x86-64-v4 under other names */
+#ifdef MOE_PASS_V4
+#define moe_run_backward moe_run_backward_v4
+#define moe_train_act moe_train_act_v4
+#endif
 
 #include "bf16.h"
 #include "error.h"
@@ -34,6 +43,43 @@
 static float x_at(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h) {
     if (m->fmt == OMPK_MOE_BF16) return ompk_bf16_to_f32(((const uint16_t *)en->xq)[t * m->H + h]);
     return (float)((const int8_t *)en->xq)[t * m->H + h] * en->xs[t];
+}
+
+#ifndef MOE_PASS_V4
+/* <b, c> over r in order, compiled once (x86-64-v3) for both builds: GCC vectorises this in-order
+ * sum with unfused products in whole vectors and fused ones in the remainder, a split that
+ * depends on the vector width (so an x86-64-v4 copy would change the bits) */
+__attribute__((noinline)) float moe_bwd_rank_dot(const float *b, const float *c, int r) {
+    float l = 0.0f;
+    for (int q = 0; q < r; q++) l += b[q] * c[q];
+    return l;
+}
+#endif
+
+/* out = M[e] va for route ra (r rows of n, expert e's block at M + e*es) and likewise for route rb
+ * (-1: none); one pass over the rows where both routes have the same expert */
+static void lora_dots_pair(const float *M, int64_t es, int64_t n, int r, const int32_t *ids,
+                           int64_t ra, int64_t rb, const float *va, const float *vb, float *oa,
+                           float *ob) {
+    const int64_t ea = ids[ra];
+    if (rb >= 0 && ids[rb] == ea) {
+        moe_lane_dots2(M + ea * es, n, r, va, vb, n, oa, ob);
+        return;
+    }
+    moe_lane_dots(M + ea * es, n, r, va, n, oa);
+    if (rb >= 0) moe_lane_dots(M + ids[rb] * es, n, r, vb, n, ob);
+}
+
+/* x as consumed, f32, features h0..h0+n-1 of token t */
+static void x_chunk(const ompk_moe *m, const moe_entry *en, int64_t t, int64_t h0, int64_t n,
+                    float *out) {
+    if (m->fmt == OMPK_MOE_BF16) {
+        const uint16_t *q = (const uint16_t *)en->xq + t * m->H + h0;
+        for (int64_t h = 0; h < n; h++) out[h] = ompk_bf16_to_f32(q[h]);
+    } else {
+        const int8_t *q = (const int8_t *)en->xq + t * m->H + h0;
+        for (int64_t h = 0; h < n; h++) out[h] = (float)q[h] * en->xs[t];
+    }
 }
 
 /* Dequantized down block of one work item, tile by tile: wd[h][ii] = down[e][h][i0+ii] for the
@@ -64,6 +110,96 @@ static void deq_chunk_h(const ompk_moe *m, int64_t e, int64_t h0, int hw, float 
         }
 }
 
+/* o[i*r + q] += (sc * v[b][i]) * c[b][q] for i < n, q < r, routes b = 0..nb-1 in order: the LoRA
+ * B gradient of a route group, the product rounded as the expression s * v * c rounds it, each
+ * element loaded and stored once, vectorised over q in fixed widths (any rank) */
+static void rank1_rows_g(float *restrict o, int64_t n, int r, const float *const *v, float sc,
+                         const float *const *c, int nb) {
+    for (int64_t i = 0; i < n; i++) {
+        float t[4];
+        for (int b = 0; b < nb; b++) t[b] = sc * v[b][i];
+        float *restrict oi = o + i * r;
+        int q = 0;
+        if (nb == 4) /* straight-line bodies of a fixed width: vectorised at any rank */
+            for (; q + 8 <= r; q += 8)
+                for (int j = 0; j < 8; j++) {
+                    float a = oi[q + j];
+                    a += t[0] * c[0][q + j];
+                    a += t[1] * c[1][q + j];
+                    a += t[2] * c[2][q + j];
+                    a += t[3] * c[3][q + j];
+                    oi[q + j] = a;
+                }
+        for (; q + 8 <= r; q += 8)
+            for (int b = 0; b < nb; b++)
+                for (int j = 0; j < 8; j++) oi[q + j] += t[b] * c[b][q + j];
+        for (; q < r; q++) {
+            float a = oi[q];
+            for (int b = 0; b < nb; b++) a += t[b] * c[b][q];
+            oi[q] = a;
+        }
+    }
+}
+
+/* o[i] += coef[b] * x[b][i] for b = 0..nb-1 in order (the LoRA A gradient rows of nb routes) */
+static void axpy_g(float *restrict o, int64_t n, const float *coef, const float *const *x, int nb) {
+    if (nb == 4) { /* a straight-line body: the loop over i vectorises */
+        const float c0 = coef[0], c1 = coef[1], c2 = coef[2], c3 = coef[3];
+        const float *restrict x0 = x[0], *restrict x1 = x[1], *restrict x2 = x[2],
+                              *restrict x3 = x[3];
+        for (int64_t i = 0; i < n; i++) {
+            float a = o[i];
+            a += c0 * x0[i];
+            a += c1 * x1[i];
+            a += c2 * x2[i];
+            a += c3 * x3[i];
+            o[i] = a;
+        }
+        return;
+    }
+    for (int b = 0; b < nb; b++) {
+        const float cb = coef[b], *restrict xb = x[b];
+        for (int64_t i = 0; i < n; i++) o[i] += cb * xb[i];
+    }
+}
+
+/* the dropout keep factors of features f0..f0+n-1 (1 without dropout, filled without hashing) */
+static void keep_fill(float *k, uint64_t seed, int proj, int64_t t, int64_t f0, int64_t n,
+                      float drop) {
+    if (!(drop > 0.0f)) {
+        for (int64_t i = 0; i < n; i++) k[i] = 1.0f;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) k[i] = ompk_moe_lora_keep(seed, proj, t, f0 + i, drop);
+}
+
+/* ex = moe_expf(-g) of a chunk; ar (may be NULL) = bf16 a~ as moe_train_act rounds it */
+static void exp_act_chunk(int64_t n, const float *restrict g, const float *restrict u,
+                          float *restrict ex, float *restrict ar) {
+    for (int64_t i = 0; i < n; i++) ex[i] = moe_expf(-g[i]);
+    if (ar)
+        for (int64_t i = 0; i < n; i++) ar[i] = ompk_round_bf16(moe_silu_mul(g[i], ex[i], u[i]));
+}
+
+/* dg, du of a chunk from q = down^T dy, the LoRA term tq with its keep factors (0 without LoRA)
+ * and ex = e^-g (KERNELS.md section 3) */
+static void dgdu_chunk(int64_t n, float wt, float s, const float *restrict q,
+                       const float *restrict keep, const float *restrict tq,
+                       const float *restrict ex, const float *restrict g, const float *restrict u,
+                       float *restrict dg, float *restrict du) {
+    for (int64_t i = 0; i < n; i++) {
+        const float da = wt * (q[i] + s * keep[i] * tq[i]);
+        const float sg = 1.0f / (1.0f + ex[i]);
+        dg[i] = da * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+        du[i] = da * g[i] * sg;
+    }
+}
+
+/* the 64-float chunk at p (two lines beyond 128 bytes) towards L1 */
+static inline void pf_chunk(const void *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
+}
+
 static float *gdata(const ompk_tensor *t) {
     return t ? (float *)t->data : NULL;
 }
@@ -75,6 +211,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
     const float s = m->lora.s, drop = m->lora.dropout;
     const uint64_t seed = m->lora.seed;
     const int64_t nch = (I + 63) / 64, nhc = (H + 63) / 64;
+#if !defined(MOE_PASS_V4) && defined(__x86_64__) && !defined(OMPK_MOE_NO_V4)
+    if (moe_cpu_has_avx512()) return moe_run_backward_v4(m, en, dy, dxd, dxs, dw, gr);
+#endif
     int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *goff = TBUF(m, TB_GOFFS, int64_t);
     uint8_t *split = TBUF(m, TB_ZP, uint8_t);
     int32_t *rroute = TBUF(m, TB_RROUTE, int32_t);
@@ -132,22 +271,27 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
         }
         /* 1: a~ and B_d^T dy per route */
 #pragma omp for schedule(static)
-        for (int64_t rr = 0; rr < R; rr++) {
-            const int64_t route = rroute[rr], t = route / k, e = en->ids[route];
-            float sc;
-            /* bf16: a~ is elementwise and is made in phase 2, where the sigmoid reuses expf(-g) */
-            if (m->fmt != OMPK_MOE_BF16)
-                moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I,
-                              (uint8_t *)tb, &sc);
-            if (r) {
-                const float *B = lb[2] + e * r * H;
-                float *o = bv + (route * 3 + 2) * rm;
-                moe_lane_dots(B, H, r, dy + t * H, H, o);
+        for (int64_t rp = 0; rp < (R + 1) / 2; rp++) { /* pairs of adjacent routes */
+            const int64_t rr0 = 2 * rp, nr = rr0 + 1 < R ? 2 : 1;
+            for (int64_t rr = rr0; rr < rr0 + nr; rr++) {
+                const int64_t route = rroute[rr], t = route / k;
+                float sc;
+                /* bf16: a~ is elementwise and is made in phase 2, where the sigmoid reuses
+                 * moe_expf(-g) */
+                if (m->fmt != OMPK_MOE_BF16)
+                    moe_train_act(m, en->g + route * I, en->u + route * I, at + route * I,
+                                  (uint8_t *)tb, &sc);
+                /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
+                 * phase 4 reuse the buffer) */
+                if (dW[0] || dW[1])
+                    for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
             }
-            /* x as consumed, f32, for the full-weight gradients (the per-route dx rows of
-             * phase 4 reuse the buffer) */
-            if (dW[0] || dW[1])
-                for (int64_t h = 0; h < H; h++) dxr[route * H + h] = x_at(m, en, t, h);
+            if (r) {
+                const int64_t ra = rroute[rr0], rb = nr > 1 ? rroute[rr0 + 1] : -1;
+                lora_dots_pair(lb[2], r * H, H, r, en->ids, ra, rb, dy + (ra / k) * H,
+                               rb >= 0 ? dy + (rb / k) * H : NULL, bv + (ra * 3 + 2) * rm,
+                               rb >= 0 ? bv + (rb * 3 + 2) * rm : NULL);
+            }
         }
         /* down^T dy per route into dG (phase 2 reads it before writing dg there) */
         if (tiles) moe_bwd_gemm_dh(m, dy, offs, goff, rroute, en->ids, split, dG, tb);
@@ -159,7 +303,9 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             const int64_t e = task / nch, c = task % nch, i0 = c * 64;
             const int64_t cw = I - i0 < 64 ? I - i0 : 64;
             if (offs[e + 1] == offs[e]) continue;
-            float *wd = tb, *q = tb + 64 * H, *tq = q + 64;
+            float *wd = tb, *q4 = tb + 64 * H, *ex4 = q4 + 256, *ar4 = ex4 + 256;
+            float *tq = ar4 + 256, *km4 = tq + 64, *zero64 = km4 + 256, *cfa = zero64 + 64;
+            for (int ii = 0; ii < 64; ii++) zero64[ii] = 0.0f;
             if (!tiles) deq_chunk_i(m, e, i0, (int)cw, wd);
             if (!acc) {
                 for (int p = 0; p < 3; p++) {
@@ -171,59 +317,74 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t h = 0; h < H && dW[2]; h++)
                     memset(dW[2] + (e * H + h) * I + i0, 0, (size_t)cw * 4);
             }
-            for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
-                const int64_t route = rroute[rr], t = route / k;
-                const float wt = en->w[route], *dyt = dy + t * H, *ar = at + route * I + i0;
-                const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
-                const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
-                /* expf(-g) of the chunk, once for the sigmoid and (bf16) a~, rounded as
-                 * moe_train_act rounds it */
-                float *ex = tq + 128;
-                for (int64_t ii = 0; ii < cw; ii++) ex[ii] = expf(-g[ii]);
-                if (m->fmt == OMPK_MOE_BF16)
-                    for (int64_t ii = 0; ii < cw; ii++)
-                        at[route * I + i0 + ii] =
-                            ompk_round_bf16(moe_silu_mul(g[ii], ex[ii], u[ii]));
-                if (tiles) {
-                    memcpy(q, dG + route * I + i0, (size_t)cw * 4);
-                } else {
-                    for (int64_t ii = 0; ii < 64; ii++) q[ii] = 0.0f;
-                    for (int64_t h = 0; h < H; h++)
-                        for (int64_t ii = 0; ii < cw; ii++) q[ii] += wd[h * 64 + ii] * dyt[h];
+            /* routes in groups of four: the four dw chunk dots run as independent chains */
+            const int keep_at = m->fmt != OMPK_MOE_BF16 || dW[2]; /* a~ needed past the route */
+            for (int64_t rg = offs[e]; rg < offs[e + 1]; rg += 4) {
+                const int nr = (int)(offs[e + 1] - rg < 4 ? offs[e + 1] - rg : 4);
+                const float *qv[4], *av[4];
+                for (int64_t rn = rg + 4; rn < rg + 8 && rn < offs[e + 1]; rn++) {
+                    const int64_t rt = rroute[rn] * I + i0; /* the next group's rows */
+                    pf_chunk(en->g + rt, (int)cw * 4);
+                    pf_chunk(en->u + rt, (int)cw * 4);
+                    pf_chunk(dG + rt, (int)cw * 4);
                 }
-                float d = 0.0f;
-                for (int64_t ii = 0; ii < cw; ii++) d += q[ii] * ar[ii];
-                dwp[route * nch + c] = d;
-                for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
-                if (r) {
-                    const float *A = la[2] + e * r * I;
-                    moe_axpy_rows(tq, A + i0, I, r, bq, cw);
-                }
-                float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
-                float *km = tq + 64; /* the dropout mask of the chunk, once per route */
-                for (int64_t ii = 0; ii < cw && r; ii++)
-                    km[ii] = ompk_moe_lora_keep(seed, 2, t, i0 + ii, drop);
-                for (int64_t ii = 0; ii < cw; ii++) {
-                    const float keep = r ? km[ii] : 0.0f;
-                    const float da = wt * (q[ii] + s * keep * tq[ii]);
-                    const float sg = 1.0f / (1.0f + ex[ii]);
-                    dgr[ii] = da * u[ii] * sg * (1.0f + g[ii] * (1.0f - sg));
-                    dur[ii] = da * g[ii] * sg;
-                }
-                for (int p = 0; p < 2 && r; p++) {
-                    if (!dB[p]) continue;
-                    const float *dv = p ? dur : dgr;
-                    float *o = dB[p] + (e * I + i0) * r;
-                    for (int64_t ii = 0; ii < cw; ii++)
-                        for (int qq = 0; qq < r; qq++)
-                            o[ii * r + qq] += s * dv[ii] * lx[p * rm + qq];
-                }
-                if (r && dA[2])
-                    for (int qq = 0; qq < r; qq++) {
-                        float *o = dA[2] + (e * r + qq) * I + i0;
-                        const float b = s * wt * bq[qq];
-                        for (int64_t ii = 0; ii < cw; ii++) o[ii] += b * (ar[ii] * km[ii]);
+                for (int b = 0; b < 4; b++) {
+                    qv[b] = av[b] = zero64;
+                    if (b >= nr) continue;
+                    const int64_t route = rroute[rg + b];
+                    const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
+                    float *ex = ex4 + b * 64, *q = q4 + b * 64;
+                    /* moe_expf(-g) of the chunk, once for the sigmoid and (bf16) a~, rounded as
+                     * moe_train_act rounds it */
+                    float *ar = keep_at ? at + route * I + i0 : ar4 + b * 64;
+                    exp_act_chunk(cw, g, u, ex, m->fmt == OMPK_MOE_BF16 ? ar : NULL);
+                    if (tiles) {
+                        memcpy(q, dG + route * I + i0, (size_t)cw * 4);
+                    } else {
+                        const float *dyt = dy + (route / k) * H;
+                        for (int64_t ii = 0; ii < 64; ii++) q[ii] = 0.0f;
+                        for (int64_t h = 0; h < H; h++)
+                            for (int64_t ii = 0; ii < cw; ii++) q[ii] += wd[h * 64 + ii] * dyt[h];
                     }
+                    qv[b] = q;
+                    av[b] = ar;
+                }
+                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+                for (int64_t ii = 0; ii < cw; ii++) {
+                    d0 += qv[0][ii] * av[0][ii];
+                    d1 += qv[1][ii] * av[1][ii];
+                    d2 += qv[2][ii] * av[2][ii];
+                    d3 += qv[3][ii] * av[3][ii];
+                }
+                const float dd[4] = {d0, d1, d2, d3};
+                const float *dgv[4], *duv[4], *lgv[4], *luv[4], *akm[4];
+                for (int b = 0; b < nr; b++) {
+                    const int64_t route = rroute[rg + b], t = route / k;
+                    const float wt = en->w[route], *q = qv[b], *ar = av[b], *ex = ex4 + b * 64;
+                    const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
+                    const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
+                    float *km = km4 + b * 64;
+                    dwp[route * nch + c] = dd[b];
+                    for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
+                    if (r) {
+                        const float *A = la[2] + e * r * I;
+                        moe_axpy_rows(tq, A + i0, I, r, bq, cw);
+                        keep_fill(km, seed, 2, t, i0, cw, drop);
+                    }
+                    float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
+                    dgdu_chunk(cw, wt, s, q, r ? km : zero64, tq, ex, g, u, dgr, dur);
+                    dgv[b] = dgr, duv[b] = dur, lgv[b] = lx, luv[b] = lx + rm;
+                    /* the masked a~ of dA_down (the mask is 1 without dropout) */
+                    if (r && drop > 0.0f)
+                        for (int64_t ii = 0; ii < cw; ii++) km[ii] = ar[ii] * km[ii];
+                    akm[b] = drop > 0.0f ? km : ar;
+                    for (int qq = 0; qq < r; qq++) cfa[qq * 4 + b] = s * wt * bq[qq];
+                }
+                /* the group's LoRA gradients, each element's sum over the routes in order */
+                if (r && dB[0]) rank1_rows_g(dB[0] + (e * I + i0) * r, cw, r, dgv, s, lgv, nr);
+                if (r && dB[1]) rank1_rows_g(dB[1] + (e * I + i0) * r, cw, r, duv, s, luv, nr);
+                for (int qq = 0; qq < r && dA[2]; qq++)
+                    axpy_g(dA[2] + (e * r + qq) * I + i0, cw, cfa + qq * 4, akm, nr);
             }
             /* full-weight gradients as GEMMs with the routes as K: an output block stays in
              * cache over all routes (each element still sums its routes in token order) */
@@ -256,13 +417,14 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
 #pragma omp master
         tm[2] = omp_get_wtime();
 #pragma omp for schedule(static)
-        for (int64_t rr = 0; rr < R; rr++) {
+        for (int64_t rp = 0; rp < (R + 1) / 2; rp++) { /* pairs of adjacent routes */
             if (!r) continue;
-            const int64_t route = rroute[rr], e = en->ids[route];
+            const int64_t ra = rroute[2 * rp], rb = 2 * rp + 1 < R ? rroute[2 * rp + 1] : -1;
             for (int p = 0; p < 2; p++) {
-                const float *B = lb[p] + e * r * I, *dv = (p ? dU : dG) + route * I;
-                float *o = bv + (route * 3 + p) * rm;
-                moe_lane_dots(B, I, r, dv, I, o);
+                const float *dv = p ? dU : dG;
+                lora_dots_pair(lb[p], r * I, I, r, en->ids, ra, rb, dv + ra * I,
+                               rb >= 0 ? dv + rb * I : NULL, bv + (ra * 3 + p) * rm,
+                               rb >= 0 ? bv + (rb * 3 + p) * rm : NULL);
             }
         }
         /* base part of the per-route dx rows (phase 2 is done with x in dxr) */
@@ -276,6 +438,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             const int64_t hw = H - h0 < 64 ? H - h0 : 64;
             if (offs[e + 1] == offs[e] || (tiles && !r)) continue;
             float *wg = tb, *wu = tb + 64 * I, *xv = wu + 64 * I;
+            /* per route of a group: x~ masked per projection, gy; the dA coefficients [2][r][4] */
+            float *xk4 = xv + 512, *gy4 = xk4 + 512, *cf[2] = {gy4 + 256, gy4 + 256 + 4 * r};
             if (!tiles) deq_chunk_h(m, e, h0, (int)hw, wg, wu);
             if (!acc) {
                 for (int p = 0; p < 2 && r; p++)
@@ -283,43 +447,58 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         memset(dA[p] + (e * r + qq) * H + h0, 0, (size_t)hw * 4);
                 if (r && dB[2]) memset(dB[2] + (e * H + h0) * r, 0, (size_t)(hw * r) * 4);
             }
-            for (int64_t rr = offs[e]; rr < offs[e + 1]; rr++) {
-                const int64_t route = rroute[rr], t = route / k;
-                const float *dgr = dG + route * I, *dur = dU + route * I;
-                float *o = dxr + route * H + h0;
-                if (tiles) {
-                    memcpy(xv, o, (size_t)hw * 4);
-                } else {
-                    for (int64_t hh = 0; hh < hw; hh++) xv[hh] = 0.0f;
-                    for (int64_t i = 0; i < I; i++)
-                        for (int64_t hh = 0; hh < hw; hh++)
-                            xv[hh] += wg[i * 64 + hh] * dgr[i] + wu[i * 64 + hh] * dur[i];
-                }
-                /* rank-outer loops over contiguous h: each element's sums keep their order */
-                float *av = xv + 64, *kp = av + 64, *xk = kp + 64;
-                for (int p = 0; p < 2 && r; p++) {
-                    const float *A = la[p] + e * r * H, *b = bv + (route * 3 + p) * rm;
-                    for (int64_t hh = 0; hh < hw; hh++) {
-                        av[hh] = 0.0f;
-                        kp[hh] = ompk_moe_lora_keep(seed, p, t, h0 + hh, drop);
-                        xk[hh] = x_at(m, en, t, h0 + hh) * kp[hh];
+            /* routes in groups of four: the LoRA gradients of a group in one pass over their
+             * rows */
+            for (int64_t rg = offs[e]; rg < offs[e + 1]; rg += 4) {
+                const int nr = (int)(offs[e + 1] - rg < 4 ? offs[e + 1] - rg : 4);
+                const float *xkv[2][4], *gyv[4], *lxv[4];
+                for (int b = 0; b < nr; b++) {
+                    const int64_t rr = rg + b, route = rroute[rr], t = route / k;
+                    const float *dgr = dG + route * I, *dur = dU + route * I;
+                    float *o = dxr + route * H + h0;
+                    if (rr + 2 < offs[e + 1]) { /* the route after next: dx, dy and x chunks */
+                        const int64_t rn = rroute[rr + 2], tn = rn / k;
+                        pf_chunk(dxr + rn * H + h0, (int)hw * 4);
+                        pf_chunk(dy + tn * H + h0, (int)hw * 4);
+                        pf_chunk(en->xq + (size_t)(tn * H + h0) * (m->fmt == OMPK_MOE_BF16 ? 2 : 1),
+                                 (int)hw * 2);
                     }
-                    moe_axpy_rows(av, A + h0, H, r, b, hw);
-                    for (int64_t hh = 0; hh < hw; hh++) xv[hh] += s * kp[hh] * av[hh];
-                    for (int qq = 0; qq < r && dA[p]; qq++) {
-                        float *d = dA[p] + (e * r + qq) * H + h0;
-                        for (int64_t hh = 0; hh < hw; hh++) d[hh] += s * b[qq] * xk[hh];
+                    if (tiles) {
+                        memcpy(xv, o, (size_t)hw * 4);
+                    } else {
+                        for (int64_t hh = 0; hh < hw; hh++) xv[hh] = 0.0f;
+                        for (int64_t i = 0; i < I; i++)
+                            for (int64_t hh = 0; hh < hw; hh++)
+                                xv[hh] += wg[i * 64 + hh] * dgr[i] + wu[i * 64 + hh] * dur[i];
+                    }
+                    /* rank-outer loops over contiguous h: each element's sums keep their order */
+                    float *av = xv + 64, *kp = av + 64, *xf = kp + 64 + b * 64;
+                    if (r) x_chunk(m, en, t, h0, hw, xf);
+                    for (int p = 0; p < 2 && r; p++) {
+                        const float *A = la[p] + e * r * H, *bb = bv + (route * 3 + p) * rm;
+                        float *xk = xk4 + (p * 4 + b) * 64;
+                        for (int64_t hh = 0; hh < hw; hh++) av[hh] = 0.0f;
+                        keep_fill(kp, seed, p, t, h0, hw, drop);
+                        for (int64_t hh = 0; hh < hw; hh++) xk[hh] = xf[hh] * kp[hh];
+                        moe_axpy_rows(av, A + h0, H, r, bb, hw);
+                        for (int64_t hh = 0; hh < hw; hh++) xv[hh] += s * kp[hh] * av[hh];
+                        xkv[p][b] = xk;
+                        for (int qq = 0; qq < r; qq++) cf[p][qq * 4 + b] = s * bb[qq];
+                    }
+                    for (int64_t hh = 0; hh < hw; hh++) o[hh] = xv[hh];
+                    if (r && dB[2]) {
+                        const float wt = en->w[route];
+                        float *gy = gy4 + b * 64;
+                        for (int64_t hh = 0; hh < hw; hh++) gy[hh] = wt * dy[t * H + h0 + hh];
+                        gyv[b] = gy;
+                        lxv[b] = en->lx + route * 3 * rm + 2 * rm;
                     }
                 }
-                for (int64_t hh = 0; hh < hw; hh++) o[hh] = xv[hh];
-                if (r && dB[2]) {
-                    const float wt = en->w[route], *lx = en->lx + route * 3 * rm + 2 * rm;
-                    for (int64_t hh = 0; hh < hw; hh++) {
-                        const float gy = wt * dy[t * H + h0 + hh];
-                        for (int qq = 0; qq < r; qq++)
-                            dB[2][(e * H + h0 + hh) * r + qq] += s * gy * lx[qq];
-                    }
-                }
+                /* the group's LoRA gradients, each element's sum over the routes in order */
+                for (int p = 0; p < 2 && r; p++)
+                    for (int qq = 0; qq < r && dA[p]; qq++)
+                        axpy_g(dA[p] + (e * r + qq) * H + h0, hw, cf[p] + qq * 4, xkv[p], nr);
+                if (r && dB[2]) rank1_rows_g(dB[2] + (e * H + h0) * r, hw, r, gyv, s, lxv, nr);
             }
         }
         /* 5: per token */
@@ -347,9 +526,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                 for (int64_t c = 0; c < nch; c++) a += dwp[route * nch + c];
                 if (r) {
                     const float *bq = bv + (route * 3 + 2) * rm, *lx = en->lx + route * 3 * rm;
-                    float l = 0.0f;
-                    for (int qq = 0; qq < r; qq++) l += bq[qq] * lx[2 * rm + qq];
-                    a += s * l;
+                    a += s * moe_bwd_rank_dot(bq, lx + 2 * rm, r);
                 }
                 dw[route] = a;
             }

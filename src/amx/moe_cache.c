@@ -65,7 +65,9 @@ ompk_status moe_train_create(ompk_moe *m) {
     /* training scratch */
     const size_t P = (size_t)m->P, Hn = (size_t)m->Hn, nch = (size_t)(m->Ipad / 64);
     moe_wt_layout(m);
-    m->tdeq_floats = (3 * 64 + 3) * (H > I ? H : I) + 256;
+    /* the backward's chunk passes: weight blocks and rows of up to 64 columns, the buffers of a
+     * four-route group and its LoRA gradient coefficients (8 per rank) */
+    m->tdeq_floats = (3 * 64 + 3) * (H > I ? H : I) + 2048 + 8 * (size_t)rm;
     if (m->tdeq_floats < moe_wt_scratch_floats(m)) m->tdeq_floats = moe_wt_scratch_floats(m);
     m->tdeq_floats = (m->tdeq_floats + 15) / 16 * 16; /* 64-byte aligned per thread */
     m->tr_len[TB_RROUTE] = R * 4;

@@ -18,8 +18,10 @@
 #define OMPK_MOE_INTERNAL_H
 
 #include <hwloc.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ompk/moe.h"
 
@@ -286,7 +288,39 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
 void moe_train_act(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                    float *scale);
 
-/* silu(g) * u with emg = expf(-g): the SwiGLU activation of the training forward
+/* e^x in fp32, vectorisable (no libm call): x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts),
+ * e^r by Cephes' degree-6 polynomial, then two exact power-of-two scalings so 2^n for n in
+ * [-150, 128] never leaves the normal range before the last (correctly rounded) multiply.
+ * Within 2 ulp of e^x (subnormal results: of the subnormal grid); +inf above 88.72 and for +inf,
+ * 0 below -103.97 and for -inf, NaN for NaN. Every multiply-add is an explicit fmaf, so every
+ * compilation of it (and every ISA level) gives the same bits. */
+static inline float moe_expf(float x) {
+    float xc = x > 89.0f ? 89.0f : x; /* NaN compares false and passes through */
+    xc = xc < -104.0f ? -104.0f : xc;
+    const float kn = fmaf(xc, 0x1.715476p+0f, 0x1.8p+23f); /* round(x log2 e) + 1.5 * 2^23 */
+    const float n = kn - 0x1.8p+23f;
+    uint32_t kb;
+    memcpy(&kb, &kn, 4);
+    float r = fmaf(n, -0.693359375f, xc);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = fmaf(1.9875691500e-4f, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float rr = r * r;
+    const float y = fmaf(p, rr, r) + 1.0f;
+    /* n = kb - 0x4b400000 in [-150, 128]; split into two halves, each a normal 2^k */
+    const int32_t ni = (int32_t)(kb - 0x4b400000u);
+    const int32_t n1 = ni / 2, n2 = ni - n1;
+    const uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, 4);
+    memcpy(&s2, &b2, 4);
+    return y * s1 * s2;
+}
+
+/* silu(g) * u with emg = moe_expf(-g): the SwiGLU activation of the training forward
  * (moe_train_act) and of the backward's recomputation, one expression for both */
 static inline float moe_silu_mul(float g, float emg, float u) {
     return g / (1.0f + emg) * u;
@@ -342,6 +376,58 @@ static inline void moe_lane_dots(const float *M, int64_t ld, int nq, const float
     for (; q < nq; q++) out[q] = moe_lane_dot(M + q * ld, v, n);
 }
 
+/* moe_lane_dots of two vectors against the same rows (two routes of one expert): each row of M
+ * is read once for both, each dot's operations and order unchanged (the same bits) */
+static inline void moe_lane_dots2(const float *M, int64_t ld, int nq, const float *v,
+                                  const float *w, int64_t n, float *ov, float *ow) {
+    int q = 0;
+    for (; q + 4 <= nq; q += 4) {
+        const float *a0 = M + q * ld, *a1 = a0 + ld, *a2 = a1 + ld, *a3 = a2 + ld;
+        float l0[16] = {0}, l1[16] = {0}, l2[16] = {0}, l3[16] = {0};
+        float k0[16] = {0}, k1[16] = {0}, k2[16] = {0}, k3[16] = {0};
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) {
+                l0[j] += a0[i + j] * v[i + j];
+                l1[j] += a1[i + j] * v[i + j];
+                l2[j] += a2[i + j] * v[i + j];
+                l3[j] += a3[i + j] * v[i + j];
+                k0[j] += a0[i + j] * w[i + j];
+                k1[j] += a1[i + j] * w[i + j];
+                k2[j] += a2[i + j] * w[i + j];
+                k3[j] += a3[i + j] * w[i + j];
+            }
+        for (int j = 0; i + j < n; j++) {
+            l0[j] += a0[i + j] * v[i + j];
+            l1[j] += a1[i + j] * v[i + j];
+            l2[j] += a2[i + j] * v[i + j];
+            l3[j] += a3[i + j] * v[i + j];
+            k0[j] += a0[i + j] * w[i + j];
+            k1[j] += a1[i + j] * w[i + j];
+            k2[j] += a2[i + j] * w[i + j];
+            k3[j] += a3[i + j] * w[i + j];
+        }
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            s0 += l0[j];
+            s1 += l1[j];
+            s2 += l2[j];
+            s3 += l3[j];
+            t0 += k0[j];
+            t1 += k1[j];
+            t2 += k2[j];
+            t3 += k3[j];
+        }
+        ov[q] = s0, ov[q + 1] = s1, ov[q + 2] = s2, ov[q + 3] = s3;
+        ow[q] = t0, ow[q + 1] = t1, ow[q + 2] = t2, ow[q + 3] = t3;
+    }
+    for (; q < nq; q++) {
+        ov[q] = moe_lane_dot(M + q * ld, v, n);
+        ow[q] = moe_lane_dot(M + q * ld, w, n);
+    }
+}
+
 /* acc[i] += M[q*ld + i] * c[q] for q = 0..nq-1 in this order (the LoRA rank products), four
  * rows per pass over acc so it is loaded and stored once per four: same operations per element */
 static inline void moe_axpy_rows(float *acc, const float *M, int64_t ld, int nq, const float *c,
@@ -395,5 +481,21 @@ void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int64_t *goff
 /* moe_backward.c */
 ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
                              int64_t dxs, float *dw, const ompk_moe_grads *gr);
+
+/* moe_train_fwd_v4.c, moe_backward_v4.c: the same sources compiled for x86-64-v4 (AVX-512), which
+ * moe_run_train and moe_run_backward call where moe_cpu_has_avx512() (its AVX-512 BF16 CPUs all
+ * have v4's F, BW, CD, DQ, VL). Their per-element arithmetic does not depend on the vector width
+ * (the one in-order sum GCC vectorises width-dependently, moe_bwd_rank_dot, is compiled once), so
+ * both give the same bits; bench/diag/moe_sft checks it against a build with -DOMPK_MOE_NO_V4,
+ * which keeps the x86-64-v3 code on every CPU. */
+ompk_status moe_run_train_v4(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
+                             ompk_dtype xdt, const int64_t *ids, const float *w, void *yd,
+                             int64_t ys, ompk_dtype ydt);
+void moe_train_act_v4(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
+                      float *scale);
+ompk_status moe_run_backward_v4(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
+                                int64_t dxs, float *dw, const ompk_moe_grads *gr);
+/* moe_backward.c (x86-64-v3 only): sum over q < r of b[q] c[q] in order, the LoRA part of dw */
+float moe_bwd_rank_dot(const float *b, const float *c, int r);
 
 #endif

@@ -13,6 +13,16 @@ float moe_lora_get(const ompk_tensor *t, int64_t e, int64_t n, int64_t k) {
     return ompk_load_f(t->data, o, t->dtype == OMPK_BF16);
 }
 
+/* n consecutive elements from element offset o of bf16 or f32 data, as f32 */
+static void stage_row(const void *data, int64_t o, int bf, int64_t n, float *out) {
+    if (bf) {
+        const uint16_t *s = (const uint16_t *)data + o;
+        for (int64_t i = 0; i < n; i++) out[i] = ompk_bf16_to_f32(s[i]);
+    } else {
+        memcpy(out, (const float *)data + o, (size_t)n * 4);
+    }
+}
+
 /* A [E][r][in] then B^T [E][r][out] per projection, at the attached rank r: the rank-outer
  * loops of the kernels then read both along contiguous features */
 const float *moe_lw(const ompk_moe *m, int ab, int proj) {
@@ -35,12 +45,37 @@ void moe_lora_stage(ompk_moe *m, const int64_t *eoffs) {
         for (int p = 0; p < 3; p++) {
             float *a = (float *)moe_lw(m, 0, p) + e * r * in[p];
             float *b = (float *)moe_lw(m, 1, p) + e * out[p] * r;
-            for (int64_t q = 0; q < r; q++)
-                for (int64_t i = 0; i < in[p]; i++)
-                    a[q * in[p] + i] = moe_lora_get(&m->lora.a[p], e, q, i);
-            for (int64_t n = 0; n < out[p]; n++)
+            const ompk_tensor *ta = &m->lora.a[p], *tb = &m->lora.b[p];
+            const int abf = ta->dtype == OMPK_BF16, bbf = tb->dtype == OMPK_BF16;
+            /* rows by typed loops (unit inner strides, the usual layout), else element-wise */
+            if (ta->strides[2] == 1)
                 for (int64_t q = 0; q < r; q++)
-                    b[q * out[p] + n] = moe_lora_get(&m->lora.b[p], e, n, q);
+                    stage_row(ta->data, e * ta->strides[0] + q * ta->strides[1], abf, in[p],
+                              a + q * in[p]);
+            else
+                for (int64_t q = 0; q < r; q++)
+                    for (int64_t i = 0; i < in[p]; i++)
+                        a[q * in[p] + i] = moe_lora_get(ta, e, q, i);
+            if (tb->strides[2] == 1) {
+                /* transposed through 16 x 64 tiles: whole lines of B^T written at a time */
+                float tile[16][64];
+                for (int64_t n0 = 0; n0 < out[p]; n0 += 16) {
+                    const int64_t nw = out[p] - n0 < 16 ? out[p] - n0 : 16;
+                    for (int64_t q0 = 0; q0 < r; q0 += 64) {
+                        const int64_t qw = r - q0 < 64 ? r - q0 : 64;
+                        for (int64_t nn = 0; nn < nw; nn++)
+                            stage_row(tb->data,
+                                      e * tb->strides[0] + (n0 + nn) * tb->strides[1] + q0, bbf, qw,
+                                      tile[nn]);
+                        for (int64_t q = 0; q < qw; q++)
+                            for (int64_t nn = 0; nn < nw; nn++)
+                                b[(q0 + q) * out[p] + n0 + nn] = tile[nn][q];
+                    }
+                }
+            } else {
+                for (int64_t n = 0; n < out[p]; n++)
+                    for (int64_t q = 0; q < r; q++) b[q * out[p] + n] = moe_lora_get(tb, e, n, q);
+            }
         }
     }
 }
