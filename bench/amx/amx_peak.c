@@ -2,6 +2,9 @@
  * bench/amx/build.sh, run on the Xeon of the device machine):
  *  peak  TDPBF16PS on register-resident tiles (4 C tiles, 2 A, 2 B: the kernels' tile set),
  *        so only the instruction's throughput limits it;
+ *  loads the same tiles with every A and B tile loaded from L1 each k-step (2 A + 2 B loads
+ *        per 4 TDPBF16PS, A at the row stride of a 64-byte row and of the backward's 4160): the
+ *        ceiling of the kernels' 2x2 blocking once its operands sit in L1;
  *  kern  the K-blocked kernel of the forward and the backward GEMMs (moe_kern_amx_n from
  *        src/amx/moe_kern_amx.c, compiled in) on 32 rows x MOE_NSTEPS n-steps, A in L1/L2, the
  *        packed weights of the call (K = 2048) in L2: what the kernel reaches with its data in
@@ -52,6 +55,46 @@ AMX_FN static double peak_loop(long iters) {
     double t1 = omp_get_wtime();
     _tile_release();
     if (c[0] != 32.0f * (float)iters && iters < 100000) fprintf(stderr, "peak: bad sum\n");
+    return t1 - t0;
+}
+
+
+/* the tile set with every A and B tile loaded from L1 each k-step (2 A + 2 B loads per 4
+ * TDPBF16PS): the ceiling of the 2x2 blocking once its operands are in L1 */
+AMX_FN static double load_loop(long iters, int64_t lda) {
+    uint8_t cfg[64] __attribute__((aligned(64)));
+    static __thread uint16_t abuf[32 * 2112] __attribute__((aligned(64)));
+    static __thread uint16_t bbuf[2 * 8 * 512] __attribute__((aligned(64)));
+    float c[256] __attribute__((aligned(64)));
+    memset(cfg, 0, sizeof cfg);
+    cfg[0] = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg[16 + 2 * i] = 64;
+        cfg[48 + i] = 16;
+    }
+    for (int i = 0; i < 32 * 2112; i++) abuf[i] = 0x3f80;
+    for (int i = 0; i < 2 * 8 * 512; i++) bbuf[i] = 0x3f80;
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const uint8_t *a = (const uint8_t *)abuf, *b = (const uint8_t *)bbuf;
+    double t0 = omp_get_wtime();
+    for (long i = 0; i < iters; i++) {
+        const int t = (int)(i & 7);
+        _tile_loadd(4, a + t * 64, lda);
+        _tile_loadd(6, b + t * 1024, 64);
+        _tile_loadd(7, b + 8192 + t * 1024, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a + 16 * lda + t * 64, lda);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, 64);
+    double t1 = omp_get_wtime();
+    _tile_release();
     return t1 - t0;
 }
 
@@ -109,6 +152,17 @@ int main(int argc, char **argv) {
     worst = peak_loop(iters);
     printf("peak TDPBF16PS %d threads: %.3f TFLOP/s (%.3f per core)\n", nt,
            nt * 4 * iters * fl_tdp / worst * 1e-12, 4 * iters * fl_tdp / worst * 1e-12);
+    for (int li = 0; li < 2; li++) {
+        const int64_t lda = li ? 4160 : 512;
+        t = load_loop(iters / 4, lda);
+        printf("loads-from-L1 lda %lld 1 thread: %.3f TFLOP/s\n", (long long)lda,
+               iters * fl_tdp / t * 1e-12);
+        worst = 0;
+#pragma omp parallel reduction(max : worst)
+        worst = load_loop(iters / 4, lda);
+        printf("loads-from-L1 lda %lld %d threads: %.3f per core\n", (long long)lda, nt,
+               iters * fl_tdp / worst * 1e-12);
+    }
     t = kern_loop(kt, calls);
     printf("kernel moe_kern_amx_n (32 rows, %d n-steps, K %d, data in cache) 1 thread: %.3f "
            "TFLOP/s\n",
