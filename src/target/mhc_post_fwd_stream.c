@@ -1,5 +1,5 @@
 /* mHC post forward, streaming GPU kernels (mhc_post_kern.h): the defaults for n <= 4, and the
- * alternatives the benchmark sweeps at n = 4 (OMPK_MHC_POST_VARIANT names them).
+ * alternatives the benchmark sweeps at n = 4 (the mhc_post_fwd entries of the same names).
  *
  * Configurations are (U chunks per thread and step, hint level); the defaults are the fastest of
  * the sweep (timings and register counts: bench/results/INDEX.md, Decisions). ptxas interleaves
