@@ -45,14 +45,20 @@ static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64
             const char *name = sweep[v].variant;
             if (ompk_variant_force("mhc_post_fwd", name) != OMPK_OK) continue;
             if (sweep[v].threads > 0) {
+#ifdef OMPK_LAB
                 ompk_variant_knob_force(OMPK_KNOB_MHC_POST_THREADS, sweep[v].threads);
+#else
+                continue; /* the team-size knob: lab builds only */
+#endif
                 snprintf(label, sizeof label, "%s/t%d", name ? name : "default", sweep[v].threads);
                 name = label;
             }
             double mn;
             double ms = ompk_bench_time(ctx, post_call, &a, &mn);
             ompk_variant_force("mhc_post_fwd", NULL);
+#ifdef OMPK_LAB
             ompk_variant_knob_force(OMPK_KNOB_MHC_POST_THREADS, 0);
+#endif
             if (ms < 0) {
                 rc = 1;
                 continue;

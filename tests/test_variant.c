@@ -129,6 +129,6 @@ Test(variant, environment_is_read_and_checked) {
                  1);
     cr_expect_eq(info_with("OMPK_ISA=sse2", "ERROR: OMPK_ISA: unknown value 'sse2'"), 1);
     cr_expect_eq(info_with("OMPK_ATTN_VARIANT=portable",
-                           "OMPK_ATTN_VARIANT=portable: this variable was removed"),
+                           "OMPK_ATTN_VARIANT=portable: this variable is not read"),
                  1);
 }

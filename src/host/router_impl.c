@@ -1,6 +1,6 @@
 /* Router forward and backward: the implementation lists (variant.h). The forward's default on a
  * GPU is the warp-per-token bare kernel (two tokens a warp and arg-max rounds where they apply);
- * sort and warp1 are benchmark alternatives (bench/results/INDEX.md, Decisions). */
+ * lab builds add sort and warp1, benchmark alternatives (bench/results/INDEX.md, Decisions). */
 #include "error.h"
 #include "impl_avail.h"
 #include "router_impl.h"
@@ -18,8 +18,10 @@ static int bare_ok(const void *p) {
         return OMPK_OK;                                                                            \
     }
 BARE(warp, 0, 0)
+#ifdef OMPK_LAB
 BARE(sort, 1, 0)
 BARE(warp1, 0, 1)
+#endif
 #undef BARE
 
 static ompk_status run_portable(const void *p, void *ws) {
@@ -34,8 +36,10 @@ static ompk_status run_portable(const void *p, void *ws) {
 
 static const ompk_impl fwd[] = {
     {"warp", 0, ompk_gpu_kernels_built, bare_ok, NULL, run_warp},
+#ifdef OMPK_LAB
     {"sort", 1, ompk_gpu_kernels_built, bare_ok, NULL, run_sort},
     {"warp1", 1, ompk_gpu_kernels_built, bare_ok, NULL, run_warp1},
+#endif
     {"portable", 0, NULL, NULL, NULL, run_portable},
 };
 const ompk_impl_list ompk_impls_router_fwd = {fwd, (int)(sizeof fwd / sizeof fwd[0])};

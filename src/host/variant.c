@@ -154,37 +154,52 @@ static int env_chosen[OMPK_OP_COUNT_];
 static char env_err[768];
 static int env_bad;
 
+#ifdef OMPK_LAB
 static const char *const knob_env[OMPK_KNOB_COUNT_] = {"OMPK_MHC_PRE_TCW_TEAMS",
                                                        "OMPK_MHC_POST_THREADS"};
 static int64_t env_knob[OMPK_KNOB_COUNT_];
+#endif
 
-/* The per-family selectors OMPK_VARIANT replaced: set, they are an error naming the
- * replacement, so that a script written for them does not silently run the default. */
+/* The per-family selectors OMPK_VARIANT replaced, and outside lab builds the lab knobs: set, they
+ * are an error naming the replacement, so that a script written for them does not silently run
+ * the default. */
 static const struct {
     const char *env, *use;
 } removed[] = {
-    {"OMPK_MHC_PRE_VARIANT", "OMPK_VARIANT=mhc_pre_fwd:<name>"},
-    {"OMPK_MHC_PRE_BWD_VARIANT", "OMPK_VARIANT=mhc_pre_bwd:<name>"},
-    {"OMPK_MHC_SK_VARIANT", "OMPK_VARIANT=mhc_sinkhorn_bwd:<name>"},
-    {"OMPK_MHC_POST_VARIANT", "OMPK_VARIANT=mhc_post_fwd:<name>"},
-    {"OMPK_ATTN_VARIANT", "OMPK_VARIANT=attention_fwd:<name>,attention_bwd:<name>"},
-    {"OMPK_ROUTER_VARIANT", "OMPK_VARIANT=router_fwd:<name>"},
-    {"OMPK_MHC_PRE_TCW_RING", "OMPK_VARIANT=mhc_pre_fwd:tc-wide-ring2"},
+    {"OMPK_MHC_PRE_VARIANT",
+     "use OMPK_VARIANT=mhc_pre_fwd:<name> (ompk-info --variants lists the names)"},
+    {"OMPK_MHC_PRE_BWD_VARIANT",
+     "use OMPK_VARIANT=mhc_pre_bwd:<name> (ompk-info --variants lists the names)"},
+    {"OMPK_MHC_SK_VARIANT",
+     "use OMPK_VARIANT=mhc_sinkhorn_bwd:<name> (ompk-info --variants lists the names)"},
+    {"OMPK_MHC_POST_VARIANT",
+     "use OMPK_VARIANT=mhc_post_fwd:<name> (ompk-info --variants lists the names)"},
+    {"OMPK_ATTN_VARIANT", "use OMPK_VARIANT=attention_fwd:<name>,attention_bwd:<name> (ompk-info "
+                          "--variants lists the names)"},
+    {"OMPK_ROUTER_VARIANT",
+     "use OMPK_VARIANT=router_fwd:<name> (ompk-info --variants lists the names)"},
+    {"OMPK_MHC_PRE_TCW_RING", "use OMPK_VARIANT=mhc_pre_fwd:tc-wide-ring2 in a lab build "
+                              "(ompk-info --variants lists the names)"},
+#ifndef OMPK_LAB
+    {"OMPK_MHC_PRE_TCW_TEAMS", "a benchmark knob of lab builds (-DOMPK_LAB=ON)"},
+    {"OMPK_MHC_POST_THREADS", "a benchmark knob of lab builds (-DOMPK_LAB=ON)"},
+#endif
 };
 
 static void env_read(void) {
+#ifdef OMPK_LAB
     for (int k = 0; k < OMPK_KNOB_COUNT_; k++) {
         const char *v = getenv(knob_env[k]);
         env_knob[k] = v && *v ? strtoll(v, NULL, 10) : 0;
     }
+#endif
     env_bad = ompk_variant_parse(getenv("OMPK_VARIANT"), getenv("OMPK_ISA"), env_chosen, env_err,
                                  sizeof env_err) != OMPK_OK;
     for (size_t i = 0; i < sizeof removed / sizeof removed[0] && !env_bad; i++) {
         const char *v = getenv(removed[i].env);
         if (!v) continue;
-        snprintf(env_err, sizeof env_err,
-                 "%s=%s: this variable was removed; use %s (ompk-info --variants lists the names)",
-                 removed[i].env, v, removed[i].use);
+        snprintf(env_err, sizeof env_err, "%s=%s: this variable is not read: %s", removed[i].env, v,
+                 removed[i].use);
         env_bad = 1;
     }
 }
@@ -197,6 +212,7 @@ const char *ompk_variant_env_error(void) {
 /* entry index + 1 named by ompk_variant_force on this thread (0: none) */
 static _Thread_local int forced[OMPK_OP_COUNT_];
 
+#ifdef OMPK_LAB
 static _Thread_local int64_t forced_knob[OMPK_KNOB_COUNT_];
 
 int64_t ompk_variant_knob(ompk_knob k) {
@@ -207,6 +223,7 @@ int64_t ompk_variant_knob(ompk_knob k) {
 void ompk_variant_knob_force(ompk_knob k, int64_t value) {
     forced_knob[k] = value;
 }
+#endif
 
 ompk_status ompk_variant_force(const char *op, const char *name) {
     const int o = op ? op_find(op, strlen(op)) : -1;

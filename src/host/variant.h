@@ -66,19 +66,20 @@ ompk_status ompk_variant_selected(ompk_op op, const char *fn, const ompk_impl **
 /* Whether entry e is available in this build and on this machine. */
 int ompk_impl_available(const ompk_impl *e);
 
-/* Numeric tuning knobs of benchmark sweeps, read once from their environment variables (or
- * forced per thread); 0 = unset, the kernel's default. */
+#ifdef OMPK_LAB
+/* Lab builds: numeric tuning knobs of benchmark sweeps, read once from their environment
+ * variables (or forced per thread); 0 = unset, the kernel's default. */
 typedef enum ompk_knob {
     OMPK_KNOB_MHC_PRE_TCW_TEAMS, /* OMPK_MHC_PRE_TCW_TEAMS: wide-load GEMM teams aimed at */
     OMPK_KNOB_MHC_POST_THREADS,  /* OMPK_MHC_POST_THREADS: streaming post team size */
     OMPK_KNOB_COUNT_
 } ompk_knob;
 int64_t ompk_variant_knob(ompk_knob k);
+/* Tests and benchmarks: sets knob k for the calling thread (0: back to the environment's). */
+void ompk_variant_knob_force(ompk_knob k, int64_t value);
+#endif
 
 /* ---- tests, benchmarks and tools: not part of the public API ---- */
-
-/* Sets knob k for the calling thread (0: back to the environment's value). */
-void ompk_variant_knob_force(ompk_knob k, int64_t value);
 
 /* Names entry `name` of op `op` (op names as in OMPK_VARIANT) for the calling thread's later
  * calls, over any environment selection; name NULL clears it. Unknown names return

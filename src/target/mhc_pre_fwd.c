@@ -264,6 +264,11 @@ int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_f
         if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return 0;
     }
     if ((a->B * a->S + PRE_EPI_TOK(a->n) - 1) / PRE_EPI_TOK(a->n) > 0x7fffffff) return 0;
+#ifndef OMPK_LAB
+    /* the product builds the defaults' kernels only: the wide-load GEMM with its ring of 3, the
+     * register GEMM rotated with L2 fills, lane-parallel launch 2 */
+    if (c->epi != 1 || !(c->tc == 4 ? c->ring == 3 : c->tc == 1 && c->rot && c->l2f)) return 0;
+#endif
     if (c->tc == 3) return PRE_TCA_FITS(a->n);
     if (c->tc == 4) {
         const pre_tc_geom gw = pre_tcw_geometry(a, pre_tcw_teams(c));

@@ -898,8 +898,13 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, i
     const int teams = (int)(want < 65536 ? want : 65536);
     int S, CS;
     rt_warp_shape(N, k, &S, &CS);
-    /* sort: the full axis sort also where arg-max rounds are the default */
+    /* sort: the full axis sort also where arg-max rounds are the default (lab builds only) */
+#ifdef OMPK_LAB
     const int rounds = !sort;
+#else
+    const int rounds = 1;
+    (void)sort;
+#endif
     /* two tokens per warp where it applies: measured faster than one at N64 k8 (INDEX.md in
      * bench/results, Decisions); warp1 keeps one */
     if (!warp1 && rt_pair_eligible(N, k)) {
@@ -915,8 +920,10 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, i
         RT_BARE_REGION(2, 4, 0)
     else if (CS == 1 && rounds)
         RT_BARE_REGION(8, 1, 1)
+#ifdef OMPK_LAB
     else if (CS == 1)
         RT_BARE_REGION(8, 1, 0)
+#endif
     else
         RT_BARE_REGION(8, 4, 0)
 }
