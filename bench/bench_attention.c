@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "variant.h"
 #include "ompk/attention.h"
 
 typedef struct att_arg {
@@ -94,14 +95,13 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
     const ompk_dtype dts[2] = {OMPK_BF16, OMPK_F32};
     const ompk_attention_mask masks[2] = {OMPK_ATTN_MASK_NONE, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT};
     int gpu = ctx->dev.type == OMPK_TARGET;
-    const char *saved = getenv("OMPK_ATTN_VARIANT");
-    char *saved_copy = saved ? strdup(saved) : NULL;
-    /* OMPK_ATTN_VARIANT=fast: on the GPU the tensor-core kernels (bf16 forward and backward, f32
-     * forward through 3xTF32); on the host the AVX-512 kernels (f32 and bf16). Everything else
-     * (and every call under OMPK_ATTN_VARIANT=portable) runs the portable kernel, so each record
-     * names what ran. */
+    const char *op = bwd ? "attention_bwd" : "attention_fwd";
+    /* "fast", the default order: on the GPU the tensor-core kernels (bf16 forward and backward,
+     * f32 forward through 3xTF32); on the host the AVX-512 kernels (f32 and bf16). Everything
+     * else (and every call with the portable entry named) runs the portable kernel, so each
+     * record names what ran. */
     for (int fast = 1; fast >= 0; fast--) {
-        setenv("OMPK_ATTN_VARIANT", fast ? "fast" : "portable", 1);
+        ompk_variant_force(op, fast ? NULL : "portable");
         for (int d = 0; d < 2; d++)
             for (int m = 0; m < 2; m++) {
                 if (fast && gpu && dts[d] != OMPK_BF16 && bwd) continue;
@@ -118,12 +118,7 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
                     rc |= bench_shape(ctx, bwd, dts[d], masks[m], 4, 16, 4096, 128, var);
             }
     }
-    if (saved_copy) {
-        setenv("OMPK_ATTN_VARIANT", saved_copy, 1);
-        free(saved_copy);
-    } else {
-        unsetenv("OMPK_ATTN_VARIANT");
-    }
+    ompk_variant_force(op, NULL);
     return rc;
 }
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "bench.h"
+#include "variant.h"
 
 typedef struct post_arg {
     ompk_tensor x, comb, post, f, out;
@@ -13,9 +14,10 @@ static ompk_status post_call(void *p) {
     return ompk_mhc_post_fwd(&a->x, &a->comb, &a->post, &a->f, &a->out);
 }
 
-/* One measurement per entry of `sweep`: the variant named (NULL: the default dispatch), with
- * OMPK_MHC_POST_THREADS set when threads > 0; all on the same buffers, in the same process, so
- * they compare with each other and with this pass's copy bandwidth. */
+/* One measurement per entry of `sweep`: the mhc_post_fwd entry named (NULL: the default order;
+ * one this build lacks is left out), with the team-size knob set when threads > 0; all on the
+ * same buffers, in the same process, so they compare with each other and with this pass's copy
+ * bandwidth. */
 typedef struct post_sweep_entry {
     const char *variant;
     int threads;
@@ -41,18 +43,22 @@ static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64
         for (int v = 0; v < nsweep; v++) {
             char label[64];
             const char *name = sweep[v].variant;
-            if (name) setenv("OMPK_MHC_POST_VARIANT", name, 1);
+            if (ompk_variant_force("mhc_post_fwd", name) != OMPK_OK) continue;
             if (sweep[v].threads > 0) {
-                char th[16];
-                snprintf(th, sizeof th, "%d", sweep[v].threads);
-                setenv("OMPK_MHC_POST_THREADS", th, 1);
+#ifdef OMPK_LAB
+                ompk_variant_knob_force(OMPK_KNOB_MHC_POST_THREADS, sweep[v].threads);
+#else
+                continue; /* the team-size knob: lab builds only */
+#endif
                 snprintf(label, sizeof label, "%s/t%d", name ? name : "default", sweep[v].threads);
                 name = label;
             }
             double mn;
             double ms = ompk_bench_time(ctx, post_call, &a, &mn);
-            unsetenv("OMPK_MHC_POST_VARIANT");
-            unsetenv("OMPK_MHC_POST_THREADS");
+            ompk_variant_force("mhc_post_fwd", NULL);
+#ifdef OMPK_LAB
+            ompk_variant_knob_force(OMPK_KNOB_MHC_POST_THREADS, 0);
+#endif
             if (ms < 0) {
                 rc = 1;
                 continue;
@@ -91,8 +97,8 @@ static int bench_post(ompk_bench_ctx *ctx) {
         rc |= bench_post_shape(ctx, OMPK_F32, 1, 1024, 4, 2048, dflt, 1);
         return rc;
     }
-    /* on a GPU, the default and the alternatives (OMPK_MHC_POST_VARIANT, team sizes; see
-     * src/target/mhc_post_fwd.c), the default again last to show drift within the run */
+    /* on a GPU, the default and the alternatives (mhc_post_fwd entries, team sizes; see
+     * src/host/mhc_post_impl.c), the default again last to show drift within the run */
     const post_sweep_entry bf16_sweep[] = {{NULL, 0},   {"bare1", 0}, {"portable", 0}, {NULL, 64},
                                            {NULL, 256}, {"u1c", 0},   {"u2c", 0},      {"u2c", 128},
                                            {"u4c", 0},  {"u4p", 0},   {NULL, 0}};

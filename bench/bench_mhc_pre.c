@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "variant.h"
 
 typedef struct mhc_bufs {
     int64_t B, S, n, D, T, K, M;
@@ -166,11 +167,12 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
         rc = 1;
     else
         emit(ctx, &m, "mhc_pre_fwd", ms, mn, fwd_bytes, gemm + 2 * T * K + 2 * T * K, -1);
-    /* the alternatives to the default kernels (OMPK_MHC_PRE_VARIANT) */
+    /* the alternatives to the default kernels (entries of the mhc_pre_fwd list; those this build
+     * lacks are left out) */
     for (int v = 0; v < nvar; v++) {
-        setenv("OMPK_MHC_PRE_VARIANT", variants[v], 1);
+        if (ompk_variant_force("mhc_pre_fwd", variants[v]) != OMPK_OK) continue;
         ms = ompk_bench_time(ctx, call_pre_fwd, &m, &mn);
-        unsetenv("OMPK_MHC_PRE_VARIANT");
+        ompk_variant_force("mhc_pre_fwd", NULL);
         if (ms < 0)
             rc = 1;
         else
@@ -213,17 +215,17 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
 
 static int bench_mhc_pre(ompk_bench_ctx *ctx) {
     if (ctx->dev.type == OMPK_HOST) return bench_shape(ctx, 1, 1024, 4, 2048, NULL, 0);
-    /* n4: the register tensor-core GEMM with rotated stages (tc-rot, an earlier default), plus
-     * 256-byte L2 fills (tc-l2fill), unrotated (tc-norot), with interleaved K splits, with x
-     * staged by cp.async (async: unrotated and rotated), the wide-load GEMM by name (tc-wide),
-     * launch 2 one thread a token or fused with launch 3, and the SIMT kernels */
-    static const char *const n4[] = {"tc-epi-thread", "tc-fused",     "tc-norot",  "tc-interleaved",
-                                     "tc-async",      "tc-async-rot", "tc-l2fill", "tc-wide",
-                                     "tc-rot",        "portable"};
+    /* n4: every GPU entry of the mhc_pre_fwd list by name (src/host/mhc_pre_fwd_impl.c: the
+     * wide-load and register tensor-core GEMMs and their alternatives) and the SIMT kernels */
+    const char *n4[32];
+    int nn4 = 0;
+    const ompk_impl *e;
+    for (int i = 0; nn4 < 32 && (e = ompk_variant_list("mhc_pre_fwd", i)) != NULL; i++)
+        if (strcmp(e->name, "host") != 0) n4[nn4++] = e->name;
     /* n8 (M = 80, beyond the wide GEMM's n <= 4): the same bytes of x as n4 D4096, the default
      * (tc-l2fill) against the rotated register GEMM and the SIMT kernels */
     static const char *const n8[] = {"tc-rot", "portable"};
-    int rc = bench_shape(ctx, 4, 4096, 4, 4096, n4, (int)(sizeof n4 / sizeof n4[0]));
+    int rc = bench_shape(ctx, 4, 4096, 4, 4096, n4, nn4);
     if (!ctx->quick) rc |= bench_shape(ctx, 4, 4096, 8, 2048, n8, (int)(sizeof n8 / sizeof n8[0]));
     return rc;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "variant.h"
 
 typedef struct pb_bufs {
     int64_t B, S, n, D;
@@ -75,9 +76,10 @@ static int bench_mhc_pre_bwd_variants(ompk_bench_ctx *ctx) {
              (long long)n, (long long)D);
     const double Td = (double)T, Kd = (double)K, Md = (double)M, Dd = (double)D, e = 2.0;
     const double nd = (double)n, nn = (double)(n * n), gemm = 2.0 * Td * Kd * Md;
-    const char *variants[3] = {"tc", "tc-r128", "portable"};
-    for (int v = 0; v < 3 && !rc; v++) {
-        setenv("OMPK_MHC_PRE_BWD_VARIANT", variants[v], 1);
+    /* every entry of the mhc_pre_bwd list by name */
+    const ompk_impl *var;
+    for (int v = 0; !rc && (var = ompk_variant_list("mhc_pre_bwd", v)) != NULL; v++) {
+        ompk_variant_force("mhc_pre_bwd", var->name);
         for (int c = 0; c < 2; c++) {
             double mn, ms = ompk_bench_time(ctx, c ? pb_chain : pb_bwd, &m, &mn);
             if (ms < 0) {
@@ -88,7 +90,7 @@ static int bench_mhc_pre_bwd_variants(ompk_bench_ctx *ctx) {
             r.kernel = c ? "mhc_pre_fwd_sinkhorn_bwd" : "mhc_pre_bwd";
             r.dtype = "bf16";
             r.shape = shape;
-            r.variant = variants[v];
+            r.variant = var->name;
             r.ms = ms, r.ms_min = mn;
             r.bytes = c ? Td * (3 * Kd * e + 2 * Dd * e) + (3 * Md * Kd) * 4
                         : Td * (2 * Kd * e + Dd * e + (nd + nn + Md + 1 + 2 * nd) * 4) +
@@ -98,7 +100,7 @@ static int bench_mhc_pre_bwd_variants(ompk_bench_ctx *ctx) {
             r.peak = "fp32";
             ompk_bench_emit(ctx, &r);
         }
-        unsetenv("OMPK_MHC_PRE_BWD_VARIANT");
+        ompk_variant_force("mhc_pre_bwd", NULL);
     }
     for (int i = 0; i < 21; i++) ompk_bench_free(ctx, mem[i]);
     return rc;

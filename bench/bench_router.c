@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "bench.h"
+#include "variant.h"
 #include "ompk/router.h"
 
 typedef struct fwd_arg {
@@ -62,11 +63,10 @@ static int bench_fwd(ompk_bench_ctx *ctx) {
     const ompk_dtype dts[2] = {OMPK_F32, OMPK_BF16};
     const int64_t Ns[2] = {64, 256}, ks[2] = {8, 32};
     const int64_t T = ctx->quick ? 2048 : 16384;
-    /* the records name the variant the environment selected, if any */
-    const char *env = getenv("OMPK_ROUTER_VARIANT");
-    char prev[32] = "";
-    if (env) snprintf(prev, sizeof prev, "%s", env);
-    const char *dflt = env ? prev : NULL;
+    /* the records name the entry a selection (OMPK_VARIANT=router_fwd:<name>) named, if any */
+    const ompk_impl *named = NULL;
+    if (ompk_variant_selected(OMPK_OP_ROUTER_FWD, "bench_router", &named) != OMPK_OK) return 1;
+    const char *dflt = named ? named->name : NULL;
     for (int d = 0; d < 2; d++)
         for (int n = 0; n < 2; n++)
             for (int k = 0; k < 2; k++) {
@@ -78,14 +78,11 @@ static int bench_fwd(ompk_bench_ctx *ctx) {
     if (!ctx->quick) rc |= bench_fwd_shape(ctx, OMPK_F32, 16, 64, 8, dflt);
     /* on a GPU, the N = 64 shapes again with one token per warp instead of two (the default
      * covers k <= 11 with two; k = 32 runs the same kernel either way and is the control) */
-    if (ctx->dev.type != OMPK_HOST && !ctx->quick) {
-        setenv("OMPK_ROUTER_VARIANT", "warp1", 1);
+    if (ctx->dev.type != OMPK_HOST && !ctx->quick &&
+        ompk_variant_force("router_fwd", "warp1") == OMPK_OK) {
         for (int d = 0; d < 2; d++)
             for (int k = 0; k < 2; k++) rc |= bench_fwd_shape(ctx, dts[d], T, 64, ks[k], "warp1");
-        if (env)
-            setenv("OMPK_ROUTER_VARIANT", prev, 1);
-        else
-            unsetenv("OMPK_ROUTER_VARIANT");
+        ompk_variant_force("router_fwd", NULL);
     }
     return rc;
 }

@@ -6,7 +6,9 @@
 # tests/install/run.sh) runs it as one more test; the default build's examples (ctest -L example)
 # run after the presets. Then the Python package's tests (ci/python.sh; OMPK_PYTHON_IN_CI=0 skips
 # them) and the fuzz harnesses for a few seconds each
-# (ci/fuzz.sh; OMPK_FUZZ_IN_CI=0 skips them). Prints "tests: N passed, N failed, N skipped" last.
+# (ci/fuzz.sh; OMPK_FUZZ_IN_CI=0 skips them), and the lab preset compiled, not run, so that the
+# benchmark-only variants keep compiling (OMPK_LAB_IN_CI=0 skips it). Prints
+# "tests: N passed, N failed, N skipped" last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./ci/bootstrap.sh || exit 1
@@ -64,6 +66,14 @@ if [ "${OMPK_FUZZ_IN_CI:-1}" = 1 ]; then
     if ./ci/fuzz.sh; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi
 else
     echo "=== fuzz skipped (OMPK_FUZZ_IN_CI=0)"
+    total_s=$((total_s + 1))
+fi
+# the lab build (OMPK_LAB: the benchmark-only variants) compiles or counts as a failed test
+if [ "${OMPK_LAB_IN_CI:-1}" = 1 ]; then
+    echo "=== build: lab (compile only)"
+    if ./ci/build.sh lab; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi
+else
+    echo "=== lab build skipped (OMPK_LAB_IN_CI=0)"
     total_s=$((total_s + 1))
 fi
 [ $broken -ne 0 ] && total_f=$((total_f + 1))

@@ -1,6 +1,13 @@
 option(OMPK_BUILD_TESTS "build the Criterion suites" ON)
 option(OMPK_FUZZ "build the libFuzzer harnesses of tests/fuzz (clang, host only)" OFF)
 option(OMPK_OFFLOAD "compile src/target for NVIDIA GPUs (clang >= 19 only)" ON)
+# The lab build: the benchmark-only implementations and tuning knobs (the named-only entries of
+# the implementation lists that are not defaults: bench/results/INDEX.md, Decisions). Off, the
+# library carries the defaults, the portable kernels and what they need.
+option(OMPK_LAB "build the benchmark-only variants and knobs" OFF)
+if(OMPK_LAB)
+  add_compile_definitions(OMPK_LAB=1)
+endif()
 set(OMPK_OFFLOAD_ARCHS "sm_80;sm_90" CACHE STRING "GPU architectures, one image each")
 set(OMPK_CUDA_PATH "/usr/local/cuda" CACHE PATH "CUDA toolkit used for ptxas/nvlink")
 set(OMPK_CUBIN_ABI_PATCH "AUTO" CACHE STRING

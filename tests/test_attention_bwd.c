@@ -5,6 +5,7 @@
 #include <criterion/redirect.h>
 
 #include "test_attention_common.h"
+#include "verify.h"
 
 Test(attention_bwd, f32_masks_gqa) {
     att_sweep_masks_gqa(att_check_bwd, OMPK_F32, 1000);
@@ -118,9 +119,9 @@ Test(attention_bwd, deterministic_repeats) {
         }
 }
 
-/* Both variants (OMPK_ATTN_VARIANT) against the reference on every device: on a GPU "fast"
- * runs the tensor-core backward for bf16, where P and dS enter the tensor cores as bf16 (twice
- * the band, as in test_attention_fast_emu). */
+/* Both variants (att_variant: the default order or portable) against the reference on every device:
+ * on a GPU "fast" runs the tensor-core backward for bf16, where P and dS enter the tensor cores as
+ * bf16 (twice the band, as in test_attention_fast_emu). */
 Test(attention_bwd, variants_match_reference) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
@@ -135,7 +136,7 @@ Test(attention_bwd, variants_match_reference) {
                   {1, 2, 2, 100, 64, 32, 0}};
     for (int di = 0; di < nd; di++)
         for (int vi = 0; vi < 2; vi++) {
-            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+            att_variant(variants[vi]);
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 for (int m = 0; m < 3; m++) {
                     att_case c;
@@ -152,7 +153,7 @@ Test(attention_bwd, variants_match_reference) {
                     cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
                     att_case_free(&c);
                 }
-            unsetenv("OMPK_ATTN_VARIANT");
+            att_variant(NULL);
         }
 }
 
@@ -206,9 +207,9 @@ Test(attention_bwd, verify_mode_reports, .init = cr_redirect_stderr) {
     att_case_new(&c, ompk_device_host(), OMPK_F32, 1, 4, 2, 9, 12, 32,
                  OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 1800, 1.0, 0);
     cr_assert_eq(att_fwd(&c), OMPK_OK);
-    setenv("OMPK_VERIFY", "1", 1);
+    ompk_verify_force(1, -1);
     cr_assert_eq(att_bwd(&c), OMPK_OK);
-    unsetenv("OMPK_VERIFY");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     char buf[4096] = {0};
     FILE *f = cr_get_redirected_stderr();

@@ -14,6 +14,7 @@
 #include "ompk/attention.h"
 #include "test_util.h"
 #include "tolerance.h"
+#include "variant.h"
 #include "verify.h"
 
 typedef struct att_case {
@@ -151,11 +152,22 @@ static inline ompk_tol att_tol(ompk_dtype dt, ompk_tol_att what, int64_t group, 
     return t;
 }
 
+/* Whether this thread's attention calls run the portable kernels (att_variant). */
+static _Thread_local int att_portable;
+
+/* "portable": the portable kernels for the attention forward and backward on this thread's later
+ * calls; "fast" or NULL: the default order (GPU tensor cores, host AVX-512, where they serve). */
+static inline void att_variant(const char *v) {
+    att_portable = v && strcmp(v, "portable") == 0;
+    const char *name = att_portable ? "portable" : NULL;
+    cr_assert_eq(ompk_variant_force("attention_fwd", name), OMPK_OK);
+    cr_assert_eq(ompk_variant_force("attention_bwd", name), OMPK_OK);
+}
+
 /* Whether the kernels c runs may round P and dS to bf16: every bf16 variant but the portable
  * one (the GPU tensor-core kernels, the host AVX-512 BF16 kernels). */
 static inline int att_bf16_p(const att_case *c) {
-    const char *var = getenv("OMPK_ATTN_VARIANT");
-    return c->dt == OMPK_BF16 && !(var && strcmp(var, "portable") == 0);
+    return c->dt == OMPK_BF16 && !att_portable;
 }
 
 /* Forward on c and comparison with the reference; returns the worst ratio of out and lse. */

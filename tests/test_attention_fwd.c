@@ -6,6 +6,7 @@
 #include <criterion/redirect.h>
 
 #include "test_attention_common.h"
+#include "verify.h"
 
 Test(attention_fwd, f32_masks_gqa) {
     att_sweep_masks_gqa(att_check_fwd, OMPK_F32, 0);
@@ -177,9 +178,9 @@ Test(attention_fwd, verify_mode_reports, .init = cr_redirect_stderr) {
     att_case c;
     att_case_new(&c, ompk_device_host(), OMPK_F32, 1, 2, 1, 9, 12, 32,
                  OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 800, 1.0, 0);
-    setenv("OMPK_VERIFY", "1", 1);
+    ompk_verify_force(1, -1);
     cr_assert_eq(att_fwd(&c), OMPK_OK);
-    unsetenv("OMPK_VERIFY");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     char buf[4096] = {0};
     FILE *f = cr_get_redirected_stderr();
@@ -191,9 +192,9 @@ Test(attention_fwd, verify_mode_reports, .init = cr_redirect_stderr) {
     att_case_free(&c);
 }
 
-/* Both variants (OMPK_ATTN_VARIANT) against the reference on every device, bf16 and f32: on a
- * GPU "fast" takes the calls it can serve (bf16 tensor cores, f32 through 3xTF32), the rest
- * and "portable" run the portable kernel. */
+/* Both variants (att_variant: the default order or portable) against the reference on every device,
+ * bf16 and f32: on a GPU "fast" takes the calls it can serve (bf16 tensor cores, f32 through
+ * 3xTF32), the rest and "portable" run the portable kernel. */
 Test(attention_fwd, variants_match_reference) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
@@ -209,7 +210,7 @@ Test(attention_fwd, variants_match_reference) {
     const ompk_dtype dts[2] = {OMPK_BF16, OMPK_F32};
     for (int di = 0; di < nd; di++)
         for (int vi = 0; vi < 4; vi++) {
-            setenv("OMPK_ATTN_VARIANT", variants[vi % 2], 1);
+            att_variant(variants[vi % 2]);
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 for (int m = 0; m < 3; m++) {
                     att_case c;
@@ -225,6 +226,6 @@ Test(attention_fwd, variants_match_reference) {
                     cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);
                     att_case_free(&c);
                 }
-            unsetenv("OMPK_ATTN_VARIANT");
+            att_variant(NULL);
         }
 }

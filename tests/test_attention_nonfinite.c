@@ -10,6 +10,7 @@
 
 #include "attention_kernels.h"
 #include "test_attention_common.h"
+#include "verify.h"
 
 static const char *const variants[2] = {"fast", "portable"};
 
@@ -125,7 +126,7 @@ static void poke_sweep(double val, cmp_mode mode, int scalar) {
     const int64_t nm[2][2] = {{37, 45}, {45, 37}};
     for (int di = 0; di < nd; di++)
         for (int vi = 0; vi < (scalar ? 1 : 2); vi++) {
-            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+            att_variant(variants[vi]);
             for (int bf = 0; bf < 2; bf++)
                 for (int s = 0; s < 2; s++)
                     for (int m = 0; m < 3; m++)
@@ -149,7 +150,7 @@ static void poke_sweep(double val, cmp_mode mode, int scalar) {
                             att_case_free(&c);
                         }
         }
-    unsetenv("OMPK_ATTN_VARIANT");
+    att_variant(NULL);
 }
 
 Test(attention_nonfinite, nan_in_q_k_v) {
@@ -176,7 +177,7 @@ Test(attention_nonfinite, huge_scale) {
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
         for (int vi = 0; vi < 2; vi++) {
-            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+            att_variant(variants[vi]);
             for (int bf = 0; bf < 2; bf++)
                 for (int m = 0; m < 3; m++) {
                     att_case c;
@@ -192,7 +193,7 @@ Test(attention_nonfinite, huge_scale) {
                     att_case_free(&c);
                 }
         }
-    unsetenv("OMPK_ATTN_VARIANT");
+    att_variant(NULL);
 }
 
 /* Error bounds of the f32 outputs of c that follow from fp32 rounding of the scores and sums,
@@ -324,10 +325,10 @@ Test(attention_nonfinite, large_logits_f32_accuracy) {
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
         for (int vi = 0; vi < 2; vi++) {
-            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+            att_variant(variants[vi]);
             large_logits(run_api, devs[di], variants[vi]);
         }
-    unsetenv("OMPK_ATTN_VARIANT");
+    att_variant(NULL);
     large_logits(run_scalar, ompk_device_host(), "gpu-form");
     large_logits(run_mixed, ompk_device_host(), "host fwd, gpu-form bwd");
 }
@@ -348,7 +349,7 @@ Test(attention_nonfinite, empty_sizes_null_data) {
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
         for (int vi = 0; vi < 2; vi++) {
-            setenv("OMPK_ATTN_VARIANT", variants[vi], 1);
+            att_variant(variants[vi]);
             for (int bf = 0; bf < 2; bf++) {
                 att_case c;
                 att_case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 4, 2, 20, 16, 64,
@@ -379,7 +380,7 @@ Test(attention_nonfinite, empty_sizes_null_data) {
                 att_case_free(&c);
             }
         }
-    unsetenv("OMPK_ATTN_VARIANT");
+    att_variant(NULL);
 }
 
 /* Verify mode (OMPK_VERIFY=1) checks each call with the bands the suites use: the default bf16
@@ -389,7 +390,7 @@ Test(attention_nonfinite, empty_sizes_null_data) {
 Test(attention_nonfinite, verify_mode_agrees, .init = cr_redirect_stderr) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
-    setenv("OMPK_VERIFY", "1", 1);
+    ompk_verify_force(1, -1);
     for (int di = 0; di < nd; di++)
         for (int bf = 0; bf < 2; bf++) {
             att_case c;
@@ -403,5 +404,5 @@ Test(attention_nonfinite, verify_mode_agrees, .init = cr_redirect_stderr) {
                          (long long)(ompk_verify_mismatches() - before));
             att_case_free(&c);
         }
-    unsetenv("OMPK_VERIFY");
+    ompk_verify_force(-1, -1);
 }

@@ -8,6 +8,7 @@
 
 #include "mhc_ref.h"
 #include "test_util.h"
+#include "test_variant_util.h"
 #include "tolerance.h"
 #include "verify.h"
 
@@ -94,25 +95,32 @@ Test(mhc_post_fwd, bf16_matches_reference_all_n) {
 }
 
 /* The vectorised path needs D % 8 == 0 and aligned rows; a large D exercises many chunks and a
- * token count that is not a multiple of any team size. On a GPU every variant runs: the default
- * (streaming for n <= 4), the portable and first bare kernels, each streaming configuration of
- * the benchmark's sweep (n = 4; elsewhere the name leaves the default), and team sizes that make
- * a thread take several steps of a token. */
+ * token count that is not a multiple of any team size. Every entry of the implementation list
+ * available in this build runs: on a GPU the default (streaming for n <= 4), the streaming and
+ * first bare kernels, each streaming configuration of the benchmark's sweep (n = 4; elsewhere the
+ * default runs), and team sizes that make a thread take several steps of a token; portable. */
 Test(mhc_post_fwd, large_d_vector_path) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
-    const char *variants[] = {NULL, "portable", "bare1", "u1c", "u2c", "u4c", "u4p", "f32u1c"};
-    const char *threads[] = {NULL, "64", "96"};
+    const char *variants[16];
+    const int nv = tu_variants("mhc_post_fwd", variants, 16);
+#ifdef OMPK_LAB
+    const int64_t threads[] = {0, 64, 96}; /* the streaming team-size knob */
+#else
+    const int64_t threads[] = {0};
+#endif
     const int64_t Ds[] = {4104, 4096}; /* C = 513 chunks: not a multiple of any step */
     for (int di = 0; di < nd; di++)
-        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++)
+        for (int v = 0; v < nv; v++)
             for (size_t th = 0; th < sizeof threads / sizeof threads[0]; th++)
                 for (int64_t n = 3; n <= 4; n++)
                     for (size_t k = 0; k < 2; k++)
                         for (int bf = 0; bf < 2; bf++) {
                             if (th > 0 && k > 0) continue;
-                            if (variants[v]) setenv("OMPK_MHC_POST_VARIANT", variants[v], 1);
-                            if (threads[th]) setenv("OMPK_MHC_POST_THREADS", threads[th], 1);
+                            tu_force("mhc_post_fwd", variants[v]);
+#ifdef OMPK_LAB
+                            ompk_variant_knob_force(OMPK_KNOB_MHC_POST_THREADS, threads[th]);
+#endif
                             post_case c;
                             case_new(&c, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 5, n, Ds[k], 7);
                             cr_assert_eq(
@@ -120,8 +128,10 @@ Test(mhc_post_fwd, large_d_vector_path) {
                                 OMPK_OK);
                             check_against_ref(&c);
                             case_free(&c);
-                            unsetenv("OMPK_MHC_POST_VARIANT");
-                            unsetenv("OMPK_MHC_POST_THREADS");
+                            tu_force("mhc_post_fwd", NULL);
+#ifdef OMPK_LAB
+                            ompk_variant_knob_force(OMPK_KNOB_MHC_POST_THREADS, 0);
+#endif
                         }
 }
 
@@ -192,13 +202,11 @@ Test(mhc_post_fwd, empty_tokens_ok) {
 }
 
 Test(mhc_post_fwd, verify_mode_reports_each_call, .init = cr_redirect_stderr) {
-    setenv("OMPK_VERIFY", "1", 1);
-    setenv("OMPK_TRACE", "1", 1);
+    ompk_verify_force(1, 1);
     post_case c;
     case_new(&c, ompk_device_host(), OMPK_BF16, 1, 2, 4, 16, 3);
     cr_assert_eq(ompk_mhc_post_fwd(&c.tx, &c.tcomb, &c.tpost, &c.tf, &c.tout), OMPK_OK);
-    unsetenv("OMPK_VERIFY");
-    unsetenv("OMPK_TRACE");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     FILE *e = cr_get_redirected_stderr();
     char buf[4096] = {0};

@@ -5,6 +5,7 @@
 #include <criterion/redirect.h>
 
 #include "mhc_test_common.h"
+#include "verify.h"
 
 typedef struct pb_case {
     int64_t B, S, n, D, T;
@@ -279,13 +280,11 @@ Test(mhc_post_bwd, bad_inputs_write_nothing) {
 }
 
 Test(mhc_post_bwd, verify_mode_reports_sections, .init = cr_redirect_stderr) {
-    setenv("OMPK_VERIFY", "1", 1);
-    setenv("OMPK_TRACE", "1", 1);
+    ompk_verify_force(1, 1);
     pb_case c;
     pb_new(&c, ompk_device_host(), OMPK_BF16, 1, 2, 4, 24, 5);
     cr_assert_eq(pb_run(&c), OMPK_OK);
-    unsetenv("OMPK_VERIFY");
-    unsetenv("OMPK_TRACE");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     static char buf[1 << 15];
     size_t got = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include "mhc_test_common.h"
+#include "verify.h"
 
 /* kernel forward vs reference; returns 0 if the call failed */
 static void check_fwd(pre_prob *q) {
@@ -490,14 +491,12 @@ Test(mhc_pre, strided_x_matches_contiguous) {
 }
 
 Test(mhc_pre, verify_mode_reports_sections, .init = cr_redirect_stderr) {
-    setenv("OMPK_VERIFY", "1", 1);
-    setenv("OMPK_TRACE", "1", 1);
+    ompk_verify_force(1, 1);
     pre_prob q;
     pre_new(&q, ompk_device_host(), OMPK_BF16, 1, 2, 4, 16, 1, 3, 1.0);
     cr_assert_eq(pre_run_fwd(&q), OMPK_OK);
     cr_assert_eq(pre_run_bwd(&q, 0), OMPK_OK);
-    unsetenv("OMPK_VERIFY");
-    unsetenv("OMPK_TRACE");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     FILE *e = cr_get_redirected_stderr();
     static char buf[1 << 16];

@@ -1,13 +1,14 @@
-/* ompk_mhc_pre_bwd under each stage-4 kernel that OMPK_MHC_PRE_BWD_VARIANT selects on a GPU (the
- * tensor-core default, its 128-register build tc-r128, portable = SIMT), each against the double
- * reference, on every device tu_devices lists (the host ignores the variable: there the check
- * repeats the portable kernels). Shapes that take the tensor-core path (bf16, D a multiple of
+/* ompk_mhc_pre_bwd under the default order and each entry of its implementation list available
+ * in this build (on a GPU the tensor-core stage 4, its 128-register build tc-r128; portable =
+ * SIMT), each against the double reference, on every device tu_devices lists (on the host every
+ * entry runs the portable kernels). Shapes that take the tensor-core path (bf16, D a multiple of
  * 32, n*D of 128): every n it serves, token tails inside a tile and across batches, one and many
  * token blocks, several tiles a team, with and without gamma and grad_x_post. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
 #include "mhc_test_common.h"
+#include "test_variant_util.h"
 
 static void check_variant(ompk_device dev, const char *variant, int64_t B, int64_t S, int64_t n,
                           int64_t D, int has_gamma, int with_gxp, uint64_t seed) {
@@ -15,9 +16,9 @@ static void check_variant(ompk_device dev, const char *variant, int64_t B, int64
     pre_new(&q, dev, OMPK_BF16, B, S, n, D, has_gamma, seed, 1.0);
     ompk_status st = pre_run_fwd(&q);
     cr_assert_eq(st, OMPK_OK, "pre_fwd: %s (%s)", ompk_status_str(st), ompk_last_error());
-    if (variant) setenv("OMPK_MHC_PRE_BWD_VARIANT", variant, 1);
+    tu_force("mhc_pre_bwd", variant);
     st = pre_run_bwd(&q, with_gxp);
-    unsetenv("OMPK_MHC_PRE_BWD_VARIANT");
+    tu_force("mhc_pre_bwd", NULL);
     cr_assert_eq(st, OMPK_OK, "pre_bwd: %s (%s)", ompk_status_str(st), ompk_last_error());
     const int64_t T = q.T, M = q.M, K = q.K;
     double *x = tt_get(&q.x), *phi = tt_get(&q.phi), *al = tt_get(&q.alpha);
@@ -45,11 +46,12 @@ static void check_variant(ompk_device dev, const char *variant, int64_t B, int64
 }
 
 Test(mhc_pre_bwd_tc, every_variant_matches_reference) {
-    const char *variants[3] = {NULL, "tc-r128", "portable"};
+    const char *variants[8];
+    const int nv = tu_variants("mhc_pre_bwd", variants, 8);
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < nv; v++) {
             check_variant(devs[di], variants[v], 3, 37, 4, 4096, 1, 1, 21);
             check_variant(devs[di], variants[v], 2, 300, 4, 256, 0, 0, 22);
             check_variant(devs[di], variants[v], 4, 1030, 4, 128, 1, 0, 23);

@@ -1,24 +1,23 @@
-/* ompk_mhc_pre_fwd under each kernel variant that OMPK_MHC_PRE_VARIANT selects on a GPU (the
- * default: the wide-load GEMM for n <= 4, the register GEMM with rotated stages and L2 fills
- * above; tc-rot (the register GEMM without fills), tc-epi-thread (launch 2 one thread a token),
- * tc-fused (launches 2 and 3 as one), tc-norot, tc-interleaved, tc-async and tc-async-rot (n <= 6;
- * else the register GEMM), tc-l2fill, tc-wide (n <= 4; else the default), portable = SIMT), each
- * against the double reference, on every device tu_devices lists (on the host, portable runs the
- * GPU's SIMT kernels there and every other value the host form). Shapes that take the tensor-core
+/* ompk_mhc_pre_fwd under the default order and each entry of its implementation list available
+ * in this build (src/host/mhc_pre_fwd_impl.c: on a GPU the wide-load and register tensor-core
+ * GEMMs and their benchmark alternatives, each where it fits the call, else the default; the host
+ * form; portable = the SIMT kernels, on the host too), each against the double reference, on
+ * every device tu_devices lists. Shapes that take the tensor-core
  * path: bf16, D a multiple of 8, with token and D tails and n up to 8. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mhc_test_common.h"
+#include "test_variant_util.h"
 
 static void check_variant(ompk_device dev, const char *variant, int64_t B, int64_t S, int64_t n,
                           int64_t D, int has_gamma, uint64_t seed) {
     pre_prob q;
     pre_new(&q, dev, OMPK_BF16, B, S, n, D, has_gamma, seed, 1.0);
-    if (variant) setenv("OMPK_MHC_PRE_VARIANT", variant, 1);
+    tu_force("mhc_pre_fwd", variant);
     ompk_status st = pre_run_fwd(&q);
-    unsetenv("OMPK_MHC_PRE_VARIANT");
+    tu_force("mhc_pre_fwd", NULL);
     cr_assert_eq(st, OMPK_OK, "pre_fwd: %s (%s)", ompk_status_str(st), ompk_last_error());
     const int64_t T = q.T, M = q.M;
     double *x = tt_get(&q.x), *phi = tt_get(&q.phi), *al = tt_get(&q.alpha);
@@ -46,9 +45,9 @@ static void check_variant(ompk_device dev, const char *variant, int64_t B, int64
         first[i] = malloc(outs[i]->b.bytes);
         memcpy(first[i], outs[i]->b.host, outs[i]->b.bytes);
     }
-    if (variant) setenv("OMPK_MHC_PRE_VARIANT", variant, 1);
+    tu_force("mhc_pre_fwd", variant);
     st = pre_run_fwd(&q);
-    unsetenv("OMPK_MHC_PRE_VARIANT");
+    tu_force("mhc_pre_fwd", NULL);
     cr_assert_eq(st, OMPK_OK, "pre_fwd (second call): %s", ompk_status_str(st));
     for (int i = 0; i < 7; i++) {
         tu_buf_download(&outs[i]->b);
@@ -62,10 +61,8 @@ static void check_variant(ompk_device dev, const char *variant, int64_t B, int64
 }
 
 Test(mhc_pre_tc, every_variant_matches_reference) {
-    const char *variants[] = {
-        NULL,           "tc-epi-thread", "tc-fused", "tc-norot", "tc-interleaved", "tc-async",
-        "tc-async-rot", "tc-l2fill",     "tc-wide",  "tc-rot",   "portable"};
-    const int nv = (int)(sizeof variants / sizeof variants[0]);
+    const char *variants[32];
+    const int nv = tu_variants("mhc_pre_fwd", variants, 32);
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)

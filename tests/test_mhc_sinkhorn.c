@@ -5,6 +5,7 @@
 #include <criterion/redirect.h>
 
 #include "mhc_test_common.h"
+#include "verify.h"
 
 typedef struct sk_case {
     int64_t B, S, n;
@@ -261,15 +262,13 @@ Test(mhc_sinkhorn, bad_inputs_write_nothing) {
 }
 
 Test(mhc_sinkhorn, verify_mode_reports, .init = cr_redirect_stderr) {
-    setenv("OMPK_VERIFY", "1", 1);
-    setenv("OMPK_TRACE", "1", 1);
+    ompk_verify_force(1, 1);
     sk_case c;
     sk_new(&c, ompk_device_host(), 1, 3, 4);
     sk_fill(&c, 9, 1.0, 0);
     cr_assert_eq(ompk_sinkhorn_fwd(&c.lg.t, 20, 1e-6f, &c.comb.t), OMPK_OK);
     cr_assert_eq(ompk_sinkhorn_bwd(&c.lg.t, &c.dc.t, 20, 1e-6f, &c.dl.t), OMPK_OK);
-    unsetenv("OMPK_VERIFY");
-    unsetenv("OMPK_TRACE");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     static char buf[1 << 14];
     size_t got = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());

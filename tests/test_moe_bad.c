@@ -7,6 +7,7 @@
 
 #include "ompk/moe.h"
 #include "test_util.h"
+#include "variant.h"
 
 #define E_ 4
 #define H_ 64
@@ -222,7 +223,8 @@ Test(moe_bad, load_inputs) {
     ompk_moe_destroy(m);
 }
 
-/* OMPK_ISA forces the path of a layer created with isa = AUTO; an unknown value is refused. */
+/* The moe selection (OMPK_ISA, OMPK_VARIANT=moe:<name>; here the per-thread hook) forces the path
+ * of a layer created with isa = AUTO; an unknown value is refused. */
 Test(moe_bad, isa_env) {
     ompk_moe_config c;
     memset(&c, 0, sizeof c);
@@ -235,24 +237,26 @@ Test(moe_bad, isa_env) {
     const ompk_moe_isa isas[] = {OMPK_MOE_ISA_PORTABLE, OMPK_MOE_ISA_AMX_EMULATED,
                                  OMPK_MOE_ISA_AVX512BF16, OMPK_MOE_ISA_AMX};
     for (int i = 0; i < 4; i++) {
-        setenv("OMPK_ISA", names[i], 1);
+        cr_assert_eq(ompk_variant_force("moe", names[i]), OMPK_OK, "%s", ompk_last_error());
         ompk_moe *m = NULL;
         ompk_status st = ompk_moe_create(&c, &m);
         if (!ompk_moe_isa_available(isas[i])) {
-            cr_log_info("moe: OMPK_ISA=%s is not available on this CPU: expecting a refusal",
-                        names[i]);
+            cr_log_info("moe: isa %s is not available on this CPU: expecting a refusal", names[i]);
             cr_expect_eq(st, OMPK_ERR_UNSUPPORTED, "%s", names[i]);
             continue;
         }
         cr_assert_eq(st, OMPK_OK, "%s: %s", names[i], ompk_last_error());
         ompk_moe_info info;
         ompk_moe_get_info(m, &info);
-        cr_expect_eq(info.isa, isas[i], "OMPK_ISA=%s gave %s", names[i],
-                     ompk_moe_isa_name(info.isa));
+        cr_expect_eq(info.isa, isas[i], "moe:%s gave %s", names[i], ompk_moe_isa_name(info.isa));
         ompk_moe_destroy(m);
     }
-    setenv("OMPK_ISA", "sse2", 1);
-    ompk_moe *m = NULL;
-    cr_expect_eq(ompk_moe_create(&c, &m), OMPK_ERR_INVALID_ARGUMENT);
-    unsetenv("OMPK_ISA");
+    cr_expect_eq(ompk_variant_force("moe", NULL), OMPK_OK);
+    cr_expect_eq(ompk_variant_force("moe", "sse2"), OMPK_ERR_INVALID_ARGUMENT);
+    int chosen[OMPK_OP_COUNT_];
+    char err[512];
+    cr_expect_eq(ompk_variant_parse(NULL, "sse2", chosen, err, sizeof err),
+                 OMPK_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(err, "OMPK_ISA") && strstr(err, "sse2") && strstr(err, "amx-emulated"), "%s",
+              err);
 }

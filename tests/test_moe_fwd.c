@@ -15,6 +15,7 @@
 #include "ref/moe_ref.h"
 #include "test_util.h"
 #include "tolerance.h"
+#include "verify.h"
 
 /* Small but awkward: H and I not multiples of the 32/64-wide k-tiles, I = 200 splits unevenly,
  * one expert gets > 32 rows (two row blocks), one gets 1..3 rows (below amx_min_rows). */
@@ -584,11 +585,9 @@ Test(moe_fwd, verify_mode, .init = cr_redirect_stderr) {
     double *y = malloc(T_ * H_ * 8);
     layer L;
     cr_assert(layer_new(&L, base_cfg(OMPK_MOE_INT4_ZP, OMPK_MOE_ISA_AUTO, 2)));
-    setenv("OMPK_VERIFY", "1", 1);
-    setenv("OMPK_TRACE", "1", 1);
+    ompk_verify_force(1, 1);
     run_fwd(&L, &rt, ompk_device_host(), OMPK_BF16, OMPK_BF16, OMPK_I32, y);
-    unsetenv("OMPK_VERIFY");
-    unsetenv("OMPK_TRACE");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     FILE *e = cr_get_redirected_stderr();
     char buf[4096] = {0};

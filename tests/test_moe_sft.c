@@ -7,6 +7,7 @@
 #include <criterion/redirect.h>
 
 #include "moe_sft_common.h"
+#include "verify.h"
 
 /* E, H, I not multiples of any tile size; expert 0 gets every token (two row blocks at T 37) */
 static sft_shape shape(ompk_moe_format fmt, ompk_moe_isa isa, int r) {
@@ -299,9 +300,9 @@ Test(moe_sft, verify_mode_reports, .init = cr_redirect_stderr) {
     sft_batch b = sft_batch_new(&L.sh, s.T, 41);
     sft_out o;
     sft_out_alloc(&L.sh, &o);
-    setenv("OMPK_VERIFY", "1", 1);
+    ompk_verify_force(1, -1);
     sft_step(&L, &b, &o);
-    unsetenv("OMPK_VERIFY");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     char buf[8192] = {0};
     FILE *f = cr_get_redirected_stderr();

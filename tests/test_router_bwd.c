@@ -10,6 +10,7 @@
 #include "ompk/router.h"
 #include "ref/router_ref.h"
 #include "test_util.h"
+#include "verify.h"
 
 typedef struct bwd_case {
     int64_t T, N, k;
@@ -267,9 +268,9 @@ Test(router_bwd, strided_views) {
 Test(router_bwd, verify_mode_reports_each_output, .init = cr_redirect_stderr) {
     bwd_case c;
     case_new(&c, ompk_device_host(), OMPK_F32, OMPK_BF16, 6, 9, 4, 0.2, 21);
-    setenv("OMPK_VERIFY", "1", 1);
+    ompk_verify_force(1, -1);
     cr_assert_eq(run(&c), OMPK_OK);
-    unsetenv("OMPK_VERIFY");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     char buf[8192] = {0};
     const size_t got = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());

@@ -12,6 +12,7 @@
 #include "ompk/router.h"
 #include "ref/router_ref.h"
 #include "test_util.h"
+#include "verify.h"
 
 typedef enum in_class {
     IN_RANDN,     /* N(0,1) */
@@ -383,11 +384,9 @@ Test(router_fwd, verify_and_trace_modes, .init = cr_redirect_stderr) {
     tu_buf ix = tu_buf_new(ompk_device_host(), OMPK_I32, 4 * 5);
     const int64_t sh[2] = {4, 5};
     ompk_tensor tsc = tu_view(&sc, 2, sh), tix = tu_view(&ix, 2, sh);
-    setenv("OMPK_VERIFY", "1", 1);
-    setenv("OMPK_TRACE", "1", 1);
+    ompk_verify_force(1, 1);
     cr_assert_eq(ompk_router_topk_fwd(&c.tsx, &c.tsy, 5, &tsc, &tix), OMPK_OK);
-    unsetenv("OMPK_VERIFY");
-    unsetenv("OMPK_TRACE");
+    ompk_verify_force(-1, -1);
     fflush(stderr);
     char buf[8192] = {0};
     const size_t got = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());

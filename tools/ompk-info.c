@@ -1,7 +1,10 @@
 /* ompk-info: what this build has and what this machine offers.
  *   ompk-info [--require-gpu] [--require-amx]
+ *   ompk-info --variants
  * Exit status 1 when a requested capability is missing, or when any OpenMP device exists but the
- * offload image does not run on it (a silent host fallback is an error, not success). */
+ * offload image does not run on it (a silent host fallback is an error, not success). With
+ * --variants: every op's implementation list, and status 1 when OMPK_VARIANT or OMPK_ISA is
+ * bad. */
 #include <dlfcn.h>
 #include <hwloc.h>
 #include <omp.h>
@@ -13,6 +16,7 @@
 #include "ompk/ompk.h"
 #include "gpu_wait.h"
 #include "probe.h"
+#include "variant.h"
 
 /* Why a GPU build sees no device: LLVM's offload runtime loads the CUDA driver itself and
  * reports zero devices, without a word, when it cannot. */
@@ -63,6 +67,33 @@ static void print_topology(void) {
     hwloc_topology_destroy(topo);
 }
 
+/* Each op's list in order: '*' where the entry is available in this build and on this machine;
+ * "default" where the default order takes it for the calls it serves (the first of those that
+ * serves a call runs), "named" where only a selection takes it; "<- selected" for the entry
+ * OMPK_VARIANT or OMPK_ISA names. */
+static int print_variants(void) {
+    const char *bad = ompk_variant_env_error();
+    printf("implementations (OMPK_VARIANT=op:name,...; * = available here; default = taken in this "
+           "order where it serves the call; named = only when selected)\n");
+    for (int op = 0; op < OMPK_OP_COUNT_; op++) {
+        const ompk_impl_list t = ompk_impl_table((ompk_op)op);
+        if (t.count == 0) continue;
+        const ompk_impl *named = NULL;
+        if (!bad) ompk_variant_selected((ompk_op)op, "ompk-info", &named);
+        printf("%s:\n", ompk_op_name((ompk_op)op));
+        for (int i = 0; i < t.count; i++) {
+            const ompk_impl *e = &t.impl[i];
+            printf("  %c %-16s %s%s\n", ompk_impl_available(e) ? '*' : ' ', e->name,
+                   e->named_only ? "named" : "default", e == named ? "  <- selected" : "");
+        }
+    }
+    if (bad) {
+        printf("ERROR: %s\n", bad);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int need_gpu = 0, need_amx = 0, rc = 0;
     for (int i = 1; i < argc; i++) {
@@ -70,8 +101,10 @@ int main(int argc, char **argv) {
             need_gpu = 1;
         else if (!strcmp(argv[i], "--require-amx"))
             need_amx = 1;
+        else if (!strcmp(argv[i], "--variants") && argc == 2)
+            return print_variants();
         else {
-            fprintf(stderr, "usage: %s [--require-gpu] [--require-amx]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--require-gpu] [--require-amx] | --variants\n", argv[0]);
             return 2;
         }
     }

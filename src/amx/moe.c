@@ -14,6 +14,7 @@
 #include "moe_quant.h"
 #include "ref/moe_ref.h"
 #include "tolerance.h"
+#include "variant.h"
 #include "verify.h"
 
 const char *ompk_moe_isa_name(ompk_moe_isa isa) {
@@ -48,24 +49,19 @@ int ompk_moe_isa_available(ompk_moe_isa isa) {
 
 static const char *FN_CREATE = "ompk_moe_create";
 
+/* The config's isa; for AUTO the selection's (OMPK_ISA, OMPK_VARIANT=moe:<name>, variant.h),
+ * else the best available. */
 static ompk_status resolve_isa(ompk_moe_isa want, ompk_moe_isa *out) {
     if ((unsigned)want > (unsigned)OMPK_MOE_ISA_AMX_EMULATED)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, FN_CREATE, "unknown isa %d", (int)want);
-    const char *env = getenv("OMPK_ISA");
-    if (want == OMPK_MOE_ISA_AUTO && env && *env) {
-        static const ompk_moe_isa all[] = {OMPK_MOE_ISA_AUTO, OMPK_MOE_ISA_AMX,
-                                           OMPK_MOE_ISA_AVX512BF16, OMPK_MOE_ISA_PORTABLE,
-                                           OMPK_MOE_ISA_AMX_EMULATED};
-        int found = 0;
+    const ompk_impl *named;
+    const ompk_status st = ompk_variant_selected(OMPK_OP_MOE, FN_CREATE, &named);
+    if (st != OMPK_OK) return st;
+    if (want == OMPK_MOE_ISA_AUTO && named) {
+        static const ompk_moe_isa all[] = {OMPK_MOE_ISA_AMX, OMPK_MOE_ISA_AVX512BF16,
+                                           OMPK_MOE_ISA_PORTABLE, OMPK_MOE_ISA_AMX_EMULATED};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (!strcmp(env, ompk_moe_isa_name(all[i]))) {
-                want = all[i];
-                found = 1;
-            }
-        if (!found)
-            return ompk_fail(
-                OMPK_ERR_INVALID_ARGUMENT, FN_CREATE,
-                "OMPK_ISA=%s: expected amx, avx512bf16, portable, amx-emulated or auto", env);
+            if (!strcmp(named->name, ompk_moe_isa_name(all[i]))) want = all[i];
     }
     if (want == OMPK_MOE_ISA_AUTO)
         want = moe_cpu_has_amx()      ? OMPK_MOE_ISA_AMX

@@ -1,9 +1,10 @@
 /* ompk_attention_fwd / ompk_attention_bwd: validation, routing, verify and trace around the
- * kernels in src/target/attention_*.c. */
+ * implementation lists of attention_impl.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_impl.h"
 #include "attention_ref.h"
 #include "check.h"
 #include "error.h"
@@ -18,26 +19,6 @@ ompk_attention_params ompk_attention_params_default(void) {
     p.scale = 0.f;
     p.mask = OMPK_ATTN_MASK_NONE;
     return p;
-}
-
-/* OMPK_ATTN_VARIANT picks the kernels (like BLIS_ARCH_TYPE; a variant that cannot serve a call
- * falls back to the portable kernel rather than failing):
- *   unset or "fast"  GPU: tensor-core forward and backward for bf16 (both pass every attention
- *                    suite on the GPU) and the 3xTF32
- *                    tensor-core forward for f32 (attention_f32tc.c); host: the AVX-512 kernels
- *                    (attention_host.c) where the CPU has them;
- *   "portable"       the portable kernels only. */
-static const char *variant_env(void) {
-    const char *v = getenv("OMPK_ATTN_VARIANT");
-    return v ? v : "";
-}
-
-static int fwd_variant_fast(void) {
-    return strcmp(variant_env(), "portable") != 0;
-}
-
-static int bwd_variant_fast(void) {
-    return strcmp(variant_env(), "portable") != 0;
 }
 
 static int dh_supported(int64_t dh) {
@@ -152,22 +133,6 @@ static void fwd_verify(const ompk_tensor *q, const ompk_tensor *k, const ompk_te
     for (int i = 0; i < 5; i++) ompk_host_view_free(own[i]);
 }
 
-/* Under a causal mask the tensor-core kernels multiply a masked pair's P = 0 (or dS = 0) with
- * the operand inside an mma, where 0 * inf or 0 * NaN would reach rows that do not see it: a
- * non-finite operand there (v in the forward; q, k, dout in the backward) goes to the portable
- * kernel, which selects. */
-static int tc_fwd_safe(ompk_exec ex, const ompk_attn_geom *g, const void *v) {
-    return g->mask == 0 || ompk_attn_all_finite(ex, v, g->bf16, g->B, g->Hkv, g->M, g->dh, g->vs);
-}
-
-static int tc_bwd_safe(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
-                       const void *dout) {
-    return g->mask == 0 ||
-           (ompk_attn_all_finite(ex, q, g->bf16, g->B, g->Hq, g->N, g->dh, g->qs) &&
-            ompk_attn_all_finite(ex, k, g->bf16, g->B, g->Hkv, g->M, g->dh, g->ks) &&
-            ompk_attn_all_finite(ex, dout, g->bf16, g->B, g->Hq, g->N, g->dh, g->dos));
-}
-
 ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const ompk_tensor *v,
                                ompk_tensor *out, ompk_tensor *lse,
                                const ompk_attention_params *params) {
@@ -184,22 +149,13 @@ ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const
     fill_geom(&g, q, k, v, out, lse, &p);
     if (g.B * g.Hq * g.N == 0) return OMPK_OK;
 
-    ompk_exec ex = ompk_exec_for(c.device);
-    float *lsep = lse ? (float *)lse->data : NULL;
-    int bf16_p = 0;
-    const int fast = fwd_variant_fast();
-    if (fast && ompk_attn_host_ok(ex, &g, 0)) {
-        ompk_attn_fwd_host(&g, q->data, k->data, v->data, out->data, lsep);
-        bf16_p = g.bf16;
-    } else if (fast && ompk_attn_fwd_fast_ok(ex, &g, q->data, k->data, v->data, out->data) &&
-               tc_fwd_safe(ex, &g, v->data)) {
-        ompk_attn_fwd_fast(ex, &g, q->data, k->data, v->data, out->data, lsep);
-        bf16_p = 1;
-    } else if (fast && ompk_attn_fwd_f32tc_ok(ex, &g, q->data, k->data, v->data, out->data) &&
-               tc_fwd_safe(ex, &g, v->data))
-        ompk_attn_fwd_f32tc(ex, &g, q->data, k->data, v->data, out->data, lsep);
-    else
-        ompk_attn_fwd_portable(ex, &g, q->data, k->data, v->data, out->data, lsep);
+    const attention_fwd_call call = {
+        ompk_exec_for(c.device),        &g, q->data, k->data, v->data, out->data,
+        lse ? (float *)lse->data : NULL};
+    const ompk_impl *ran = NULL;
+    st = ompk_impl_run(OMPK_OP_ATTENTION_FWD, &call, c.device, c.fn, &ran);
+    if (st != OMPK_OK) return st;
+    const int bf16_p = attention_impl_bf16_p(ran, &g);
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) fwd_verify(q, k, v, out, lse, &g, bf16_p);
     return OMPK_OK;
@@ -270,31 +226,13 @@ ompk_status ompk_attention_bwd(const ompk_tensor *dout, const ompk_tensor *q, co
     const int64_t rows = g.B * g.Hq * g.N;
     if (rows == 0 && ompk_tensor_numel(k) == 0) return OMPK_OK;
 
-    /* D = rowsum(dout * out), and the portable kernel's lse on a GPU (ompk_attn_bwd_portable) */
-    float *dsum = ompk_malloc(c.device, sizeof(float) * (size_t)(rows > 0 ? 2 * rows : 1));
-    if (!dsum)
-        return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_attention_bwd", "workspace of %lld floats",
-                         (long long)rows);
-    ompk_exec ex = ompk_exec_for(c.device);
-    const void *ptrs[8] = {q->data,    k->data,  v->data,  out->data,
-                           dout->data, dq->data, dk->data, dv->data};
-    int done = 0, bf16_p = 0;
-    if (bwd_variant_fast() && ompk_attn_host_ok(ex, &g, 1)) {
-        ompk_attn_rowsum(ex, &g, dout->data, out->data, dsum);
-        done =
-            ompk_attn_bwd_host(&g, dout->data, q->data, k->data, v->data, (const float *)lse->data,
-                               dq->data, dk->data, dv->data, dsum) == 0;
-        bf16_p = done && g.bf16;
-    }
-    if (!done && bwd_variant_fast() && ompk_attn_bwd_fast_ok(ex, &g, ptrs) &&
-        tc_bwd_safe(ex, &g, q->data, k->data, dout->data)) {
-        ompk_attn_bwd_fast(ex, &g, dout->data, q->data, k->data, v->data, out->data,
-                           (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
-        bf16_p = 1;
-    } else if (!done)
-        ompk_attn_bwd_portable(ex, &g, dout->data, q->data, k->data, v->data, out->data,
-                               (const float *)lse->data, dq->data, dk->data, dv->data, dsum);
-    ompk_free(c.device, dsum);
+    const attention_bwd_call call = {
+        ompk_exec_for(c.device),  &g,       dout->data, q->data, k->data, v->data, out->data,
+        (const float *)lse->data, dq->data, dk->data,   dv->data};
+    const ompk_impl *ran = NULL;
+    st = ompk_impl_run(OMPK_OP_ATTENTION_BWD, &call, c.device, c.fn, &ran);
+    if (st != OMPK_OK) return st;
+    const int bf16_p = attention_impl_bf16_p(ran, &g);
 
     if (ompk_verify_enabled() || ompk_trace_enabled())
         bwd_verify(dout, q, k, v, dq, dk, dv, out, &g, bf16_p);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "variant.h"
 #include "error.h"
 
 void ompk_call_begin(ompk_call *c, const char *fn) {
@@ -204,5 +205,8 @@ ompk_status ompk_call_end(ompk_call *c) {
             }
         }
     }
+    /* a bad OMPK_VARIANT or OMPK_ISA fails every call (variant.h) */
+    const char *bad = ompk_variant_env_error();
+    if (bad) call_fail(c, OMPK_ERR_INVALID_ARGUMENT, "%s", bad);
     return c->status;
 }

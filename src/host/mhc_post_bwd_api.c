@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "scratch.h"
+#include "mhc_impl.h"
 #include "error.h"
 #include "mhc_ref_pre.h"
 #include "ompk/mhc.h"
@@ -122,10 +122,9 @@ ompk_status ompk_mhc_post_bwd(const ompk_tensor *x, const ompk_tensor *comb,
         a.sdp[d] = dpost->strides[d];
     }
     if (B * S == 0) return OMPK_OK;
-    void *ws = ompk_scratch_alloc(c.device, (size_t)mhc_post_bwd_workspace(&a));
-    if (!ws) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, c.fn, "workspace");
-    mhc_post_bwd_kernel(ompk_exec_for(c.device), &a, ws);
-    ompk_scratch_free(c.device, ws);
+    const mhc_post_bwd_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_MHC_POST_BWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) {
         const ompk_tensor *ts[9] = {x, comb, post, f, dout, dx, df, dpost, dcomb};

@@ -6,6 +6,7 @@
 #include "mhc_ref.h"
 #include "ompk/mhc.h"
 #include "route.h"
+#include "mhc_impl.h"
 #include "target/mhc_post.h"
 #include "tolerance.h"
 #include "verify.h"
@@ -79,7 +80,9 @@ ompk_status ompk_mhc_post_fwd(const ompk_tensor *x, const ompk_tensor *comb,
         a.sp[d] = post->strides[d];
         a.sf[d] = f->strides[d];
     }
-    ompk_mhc_post_fwd_kernel(ompk_exec_for(c.device), &a);
+    const mhc_post_fwd_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_MHC_POST_FWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled())
         post_fwd_verify(x, comb, post, f, out, !ompk_verify_enabled());

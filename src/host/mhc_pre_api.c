@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "scratch.h"
 #include "error.h"
+#include "mhc_impl.h"
 #include "mhc_ref_pre.h"
 #include "ompk/mhc.h"
 #include "route.h"
@@ -255,10 +255,9 @@ ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const
     a.sk_eps = p.sinkhorn_eps, a.repeat = p.sinkhorn_repeat;
     if (T == 0) return OMPK_OK;
 
-    void *ws = ompk_scratch_alloc(c.device, (size_t)mhc_pre_fwd_workspace(&a));
-    if (!ws) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, c.fn, "workspace");
-    mhc_pre_fwd_kernel(ompk_exec_for(c.device), &a, ws);
-    ompk_scratch_free(c.device, ws);
+    const mhc_pre_fwd_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_MHC_PRE_FWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) {
         const ompk_tensor *ts[12] = {x,      phi,        gamma, alpha, bias,    h_in,
@@ -414,10 +413,9 @@ ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const
 
     if (T == 0) return zero_weight_grads(c.device, &a, M, K);
 
-    void *ws = ompk_scratch_alloc(c.device, (size_t)mhc_pre_bwd_workspace(&a));
-    if (!ws) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, c.fn, "workspace");
-    mhc_pre_bwd_kernel(ompk_exec_for(c.device), &a, ws);
-    ompk_scratch_free(c.device, ws);
+    const mhc_pre_bwd_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_MHC_PRE_BWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) {
         const ompk_tensor *ts[18] = {x,      phi,         gamma,  alpha,   dh_in,  dh_post,

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "scratch.h"
+#include "mhc_impl.h"
 #include "error.h"
 #include "mhc_ref_pre.h"
 #include "ompk/mhc.h"
@@ -89,7 +89,9 @@ ompk_status ompk_sinkhorn_fwd(const ompk_tensor *logits, int repeat, float eps, 
     a.out = (float *)comb->data;
     for (int d = 0; d < 4; d++) a.so[d] = comb->strides[d];
     if (a.B * a.S == 0) return OMPK_OK;
-    mhc_sk_fwd_kernel(ompk_exec_for(c.device), &a);
+    const mhc_sk_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_MHC_SINKHORN_FWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
     if (ompk_verify_enabled() || ompk_trace_enabled())
         sk_verify("sinkhorn_fwd", "comb", logits, NULL, comb, repeat, eps);
     return OMPK_OK;
@@ -112,10 +114,9 @@ ompk_status ompk_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *dcom
     a.out = (float *)dlogits->data;
     for (int d = 0; d < 4; d++) a.sd[d] = dcomb->strides[d], a.so[d] = dlogits->strides[d];
     if (a.B * a.S == 0) return OMPK_OK;
-    void *ws = ompk_scratch_alloc(c.device, (size_t)mhc_sk_bwd_workspace(&a));
-    if (!ws) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, c.fn, "workspace");
-    mhc_sk_bwd_kernel(ompk_exec_for(c.device), &a, ws);
-    ompk_scratch_free(c.device, ws);
+    const mhc_sk_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_MHC_SINKHORN_BWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
     if (ompk_verify_enabled() || ompk_trace_enabled())
         sk_verify("sinkhorn_bwd", "dlogits", logits, dcomb, dlogits, repeat, eps);
     return OMPK_OK;

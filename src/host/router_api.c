@@ -7,6 +7,7 @@
 #include "ompk/router.h"
 #include "ref/router_ref.h"
 #include "route.h"
+#include "router_impl.h"
 #include "target/router_topk.h"
 #include "verify.h"
 
@@ -92,10 +93,9 @@ ompk_status ompk_router_topk_fwd(const ompk_tensor *sx, const ompk_tensor *sy, i
     a.ix0 = indices->strides[0];
     a.ix1 = indices->strides[1];
     a.device = c.device;
-    st = ompk_router_topk_fwd_kernel(ompk_exec_for(c.device), &a);
-    if (st != OMPK_OK)
-        return ompk_fail(st, "ompk_router_topk_fwd", "workspace for k = %lld on this device",
-                         (long long)k);
+    const router_fwd_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_ROUTER_FWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled())
         fwd_verify(sx, sy, k, scores, indices, !ompk_verify_enabled());
@@ -195,7 +195,9 @@ ompk_status ompk_router_topk_bwd(const ompk_tensor *dscores, const ompk_tensor *
                          "dsx and dsy were zeroed",
                          (long long)t, (long long)r, (int)v, (long long)(n * n));
     }
-    ompk_router_topk_bwd_kernel(ex, &a);
+    const router_bwd_call call = {ex, &a};
+    st = ompk_impl_run(OMPK_OP_ROUTER_BWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled())
         bwd_verify(dscores, indices, n, dsx, dsy, !ompk_verify_enabled());

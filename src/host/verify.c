@@ -9,16 +9,25 @@
 #include "error.h"
 #include "verify.h"
 
+/* Read at each call, so that a program may switch them while it runs. */
 static int env_flag(const char *name) {
     const char *v = getenv(name);
     return v && v[0] && strcmp(v, "0") != 0;
 }
 
+/* ompk_verify_force's per-thread settings: -1 (the environment's), 0 or 1 */
+static _Thread_local int forced_verify = -1, forced_trace = -1;
+
+void ompk_verify_force(int verify, int trace) {
+    forced_verify = verify < 0 ? -1 : verify != 0;
+    forced_trace = trace < 0 ? -1 : trace != 0;
+}
+
 int ompk_verify_enabled(void) {
-    return env_flag("OMPK_VERIFY");
+    return forced_verify >= 0 ? forced_verify : env_flag("OMPK_VERIFY");
 }
 int ompk_trace_enabled(void) {
-    return env_flag("OMPK_TRACE");
+    return forced_trace >= 0 ? forced_trace : env_flag("OMPK_TRACE");
 }
 
 ompk_status ompk_host_view(const ompk_tensor *t, ompk_tensor *host, void **owned) {

@@ -19,6 +19,9 @@ typedef struct ompk_tol {
 
 int ompk_verify_enabled(void); /* OMPK_VERIFY=1 */
 int ompk_trace_enabled(void);  /* OMPK_TRACE=1 */
+/* Tests: verify and trace mode for the calling thread's later calls, over the environment
+ * (1 on, 0 off, -1 back to OMPK_VERIFY / OMPK_TRACE). */
+void ompk_verify_force(int verify, int trace);
 
 /* A host copy of t: *host gets the same shape/strides over a fresh host buffer holding t's
  * whole span (*owned, release with ompk_host_view_free). Host tensors are copied too, so a

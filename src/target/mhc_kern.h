@@ -165,9 +165,23 @@ typedef struct mhc_pre_fwd_args {
     int repeat;
 } mhc_pre_fwd_args;
 
-/* Workspace bytes the pre forward needs on the call's device. */
+/* Which kernels a pre forward runs: the host form (host = 1: one pass over token tiles, host
+ * only), else the GPU's launches: SIMT (tc = 0) or the tensor-core GEMM with contiguous K splits
+ * (1), interleaved splits (2), x staged by cp.async (3) or x read in wide row pieces (4, its ring
+ * of ring x tiles, 3 or 2; teams aimed at, 0 = the default); the GEMM's stage order rotated by
+ * the team number (rot); launch 2 one thread a token (epi = 0), lane-parallel (1), or
+ * lane-parallel and fused with launch 3 (2); the register GEMM's x loads asking L2 for 256-byte
+ * fills (l2f). */
+typedef struct mhc_pre_fwd_cfg {
+    int host, tc, rot, epi, l2f, ring, teams;
+} mhc_pre_fwd_cfg;
+
+/* Workspace bytes the pre forward needs on the call's device (any configuration). */
 int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a);
-void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws);
+/* Whether the tensor-core configuration c (tc >= 1) can serve the call. */
+int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_fwd_cfg *c);
+void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
+                        const mhc_pre_fwd_cfg *c);
 
 /* ---- Sinkhorn ------------------------------------------------------------------------------ */
 typedef struct mhc_sk_args {
@@ -184,6 +198,10 @@ void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a);
 int64_t mhc_sk_bwd_batch(const mhc_sk_args *a);
 int64_t mhc_sk_bwd_workspace(const mhc_sk_args *a);
 void mhc_sk_bwd_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws);
+#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+/* GPU only: a token's rows over 4 or 8 lanes instead of one thread a token */
+void mhc_sk_bwd_lanes_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws);
+#endif
 
 /* ---- pre backward -------------------------------------------------------------------------- */
 typedef struct mhc_pre_bwd_args {
@@ -203,7 +221,11 @@ typedef struct mhc_pre_bwd_args {
 } mhc_pre_bwd_args;
 
 int64_t mhc_pre_bwd_workspace(const mhc_pre_bwd_args *a);
-void mhc_pre_bwd_kernel(ompk_exec ex, const mhc_pre_bwd_args *a, void *ws);
+/* Whether stage 4 can run on tensor cores for this call. */
+int mhc_pre_bwd_tc_fits(ompk_exec ex, const mhc_pre_bwd_args *a);
+/* tc: 0 the portable kernels, 1 stage 4 on tensor cores (168-register build), 2 the same in the
+ * 128-register build; a tc the call does not fit runs the portable stage 4. */
+void mhc_pre_bwd_kernel(ompk_exec ex, const mhc_pre_bwd_args *a, void *ws, int tc);
 
 /* ---- post backward ------------------------------------------------------------------------- */
 typedef struct mhc_post_bwd_args {

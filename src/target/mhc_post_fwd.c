@@ -4,7 +4,6 @@
  * stream as 16-byte words and reuses the token's n^2+n mixing weights for all 8. The stream
  * count is made a compile-time constant by a switch, so the per-stream register arrays are
  * never indexed at run time (a run-time index would put them in GPU local memory). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "mhc_post_kern.h"
@@ -221,63 +220,56 @@ static const post_kernel_fn post_bare[2][8] = {
     {post_bare_bf16_1, post_bare_bf16_2, post_bare_bf16_3, post_bare_bf16_4, post_bare_bf16_5,
      post_bare_bf16_6, post_bare_bf16_7, post_bare_bf16_8}};
 
-/* The streaming configuration for (n, dtype) named `v` (NULL: the default one), or NULL. */
-static const ompk_mhc_post_stream_cfg *find_stream(const char *v, int n, int bf16) {
+#endif
+
+const ompk_mhc_post_stream_cfg *ompk_mhc_post_stream_find(const char *name, int n, int bf16) {
     int count;
     const ompk_mhc_post_stream_cfg *list = ompk_mhc_post_stream_list(&count);
     for (int i = 0; i < count; i++) {
         const ompk_mhc_post_stream_cfg *c = &list[i];
         if (c->n == n && c->is_bf16 == bf16 &&
-            (v ? c->name && strcmp(c->name, v) == 0 : c->name == NULL))
+            (name ? c->name && strcmp(c->name, name) == 0 : c->name == NULL))
             return c;
     }
     return NULL;
 }
 
-static int64_t env_int(const char *name, int64_t dflt) {
-    const char *v = getenv(name);
-    return v && *v ? strtoll(v, NULL, 10) : dflt;
-}
-
-#endif
-
-/* Target tensors on the vector path with D >= 512 take a bare GPU kernel (shorter rows leave
- * most of a team idle): the streaming one where (n, dtype) has one, else the first bare kernel.
- * OMPK_MHC_POST_VARIANT may name another: "portable", "bare1", or a streaming configuration of
- * mhc_post_fwd_stream.c (one that does not exist for (n, dtype) leaves the default). For the
- * benchmark's sweep, OMPK_MHC_POST_THREADS overrides the streaming team size (default: enough for
- * one step to cover a token's chunks, 64..256, a multiple of 32). */
-static int run_bare(ompk_exec ex, const ompk_mhc_post_args *a) {
+/* Target tensors on the vector path with D >= 512 (shorter rows leave most of a team idle). */
+int ompk_mhc_post_bare_fits(ompk_exec ex, const ompk_mhc_post_args *a) {
 #ifdef OMPK_HAVE_BARE
-    if (!ex.on_target || a->D < 512) return 0;
-    const int bf = a->is_bf16 ? 1 : 0;
-    const char *v = getenv("OMPK_MHC_POST_VARIANT");
-    if (v && strcmp(v, "portable") == 0) return 0;
-    const ompk_mhc_post_stream_cfg *cfg = v ? find_stream(v, a->n, bf) : NULL;
-    if (!cfg && !(v && strcmp(v, "bare1") == 0)) cfg = find_stream(NULL, a->n, bf);
-    if (a->B * a->S > INT32_MAX) cfg = NULL; /* the streaming kernels launch a team per token */
-    if (!cfg) {
-        post_bare[bf][a->n - 1](ex, a);
-        return 1;
-    }
-    const int64_t C = a->D / 8, per_step = (C + cfg->U - 1) / cfg->U;
-    int64_t threads = (per_step + 31) / 32 * 32;
-    threads = threads < 64 ? 64 : threads > 256 ? 256 : threads;
-    threads = env_int("OMPK_MHC_POST_THREADS", threads);
-    threads = threads < 32 ? 32 : threads > 1024 ? 1024 : threads;
-    cfg->fn(ex, a, (int)threads);
-    return 1;
+    return ex.on_target && a->D >= 512 && ompk_mhc_post_vec_ok(a);
 #else
     (void)ex, (void)a;
     return 0;
 #endif
 }
 
+void ompk_mhc_post_fwd_bare1(ompk_exec ex, const ompk_mhc_post_args *a) {
+#ifdef OMPK_HAVE_BARE
+    post_bare[a->is_bf16 ? 1 : 0][a->n - 1](ex, a);
+#else
+    (void)ex, (void)a;
+#endif
+}
+
+/* Team size: threads when > 0 (clamped to 32..1024), else enough for one step to cover a token's
+ * chunks, 64..256, a multiple of 32. */
+void ompk_mhc_post_fwd_stream(ompk_exec ex, const ompk_mhc_post_args *a,
+                              const ompk_mhc_post_stream_cfg *cfg, int64_t threads) {
+    if (threads <= 0) {
+        const int64_t C = a->D / 8, per_step = (C + cfg->U - 1) / cfg->U;
+        threads = (per_step + 31) / 32 * 32;
+        threads = threads < 64 ? 64 : threads > 256 ? 256 : threads;
+    }
+    threads = threads < 32 ? 32 : threads > 1024 ? 1024 : threads;
+    cfg->fn(ex, a, (int)threads);
+}
+
 void ompk_mhc_post_fwd_kernel(ompk_exec ex, const ompk_mhc_post_args *a) {
     const int k = a->n - 1; /* validated: 1 <= n <= 8 */
     if (!ompk_mhc_post_vec_ok(a))
         post_elem_k[k](ex, a);
-    else if (!run_bare(ex, a))
+    else
         post_vec[k](ex, a);
 }
 

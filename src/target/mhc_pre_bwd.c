@@ -646,19 +646,17 @@ static int bwd_kc_vec_ok(const mhc_pre_bwd_args *a, int KC) {
  * warp's 32 k inside one stream and whole team tiles (D % 32 == 0, K % 128 == 0). Token blocks
  * of at least the portable kernel's size (so its partial buffer suffices), about 16 of them:
  * fewer partials for stage 5, and enough teams (K/128 per block) to fill the GPU.
- * Returns 0 (portable stage 4), 1 (tensor cores, 168-register build) or 2 (the 128-register
- * build). OMPK_MHC_PRE_BWD_VARIANT = portable | tc-r128 selects the alternatives (benchmarks,
- * tests). */
-static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *bg,
-                       bwd_tc_geom *tg) {
+ * Returns 0 (portable stage 4) or want (1: tensor cores, 168-register build; 2: the 128-register
+ * build); want 0 asks for the portable stage 4. */
+static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *bg, bwd_tc_geom *tg,
+                       int want) {
     memset(tg, 0, sizeof *tg);
 #ifdef BWD_TC_HAVE
     if (!ex.on_target || a->n > BWD_TC_NMAX || !a->bf16 || !a->dh_bf16) return 0;
     if ((a->gxp && !a->gxp_bf16) || bg->T < 1 || bg->T > 0x7fffffff) return 0;
     if (a->D % 32 || bg->K % BWD_TC_KT) return 0;
     if (!bwd_kc_vec_ok(a, 8)) return 0;
-    const char *v = getenv("OMPK_MHC_PRE_BWD_VARIANT");
-    if (v && strcmp(v, "portable") == 0) return 0;
+    if (!want) return 0;
     int64_t tbk = (bg->T + 15) / 16;
     if (tbk < bg->TBK) tbk = bg->TBK;
     tbk = (tbk + 15) & ~(int64_t)15;
@@ -672,9 +670,9 @@ static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *
     tg->sphi = a->sphi, tg->shp0 = a->shpre[0], tg->shp1 = a->shpre[1];
     tg->NKT = (int)nkt, tg->NB = (int)nb;
     tg->has_gamma = a->gamma != NULL, tg->has_gxp = a->gxp != NULL;
-    return v && strcmp(v, "tc-r128") == 0 ? 2 : 1;
+    return want;
 #else
-    (void)ex, (void)a, (void)bg;
+    (void)ex, (void)a, (void)bg, (void)want;
     return 0;
 #endif
 }
@@ -683,8 +681,15 @@ static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *
 #include "mhc_each_n.inc"
 #undef MHC_N_INC
 
-void mhc_pre_bwd_kernel(ompk_exec ex, const mhc_pre_bwd_args *a, void *ws) {
-#define PRE_BWD(N) pre_bwd_launch_##N(ex, a, ws)
+int mhc_pre_bwd_tc_fits(ompk_exec ex, const mhc_pre_bwd_args *a) {
+    if (a->n > BWD_TC_NMAX) return 0;
+    const bwd_geom g = bwd_geometry(a);
+    bwd_tc_geom tg;
+    return bwd_tc_plan(ex, a, &g, &tg, 1) != 0;
+}
+
+void mhc_pre_bwd_kernel(ompk_exec ex, const mhc_pre_bwd_args *a, void *ws, int tc) {
+#define PRE_BWD(N) pre_bwd_launch_##N(ex, a, ws, tc)
     MHC_SWITCH_N(a->n, PRE_BWD)
 #undef PRE_BWD
 }

@@ -454,7 +454,7 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
 }
 
 /* Stage 4 on tensor cores, one ompx_bare launch of NKT * NB teams (mhc_pre_bwd_tc_launch.inc),
- * built with two register caps: 168 (default) and 128 (OMPK_MHC_PRE_BWD_VARIANT=tc-r128). */
+ * built with two register caps: 168 (default) and 128 (the mhc_pre_bwd entry tc-r128). */
 void mhc_pre_bwd_tc_stage4(ompk_exec ex, int n, const bwd_tc_geom *g, const char *x, const char *dh,
                            const char *gxp, char *dx, const float *phi, const float *gamma,
                            const uint32_t *frag, const float *tok, float *pw, float *blk);

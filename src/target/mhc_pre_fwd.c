@@ -77,13 +77,6 @@ int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
     return most > host ? most : host;
 }
 
-/* Whether a call runs the host form: on the host, unless OMPK_MHC_PRE_VARIANT = portable asks
- * for the GPU's kernels there (tests, benchmarks). */
-static int pre_host_form(ompk_exec ex) {
-    const char *s = getenv("OMPK_MHC_PRE_VARIANT");
-    return !ex.on_target && !(s && strcmp(s, "portable") == 0);
-}
-
 static int pre_vec_ok(const mhc_pre_fwd_args *a) {
     if (a->sx[3] != 1 || a->shin[2] != 1) return 0;
     MHC_UNROLL
@@ -93,6 +86,13 @@ static int pre_vec_ok(const mhc_pre_fwd_args *a) {
     if (((uintptr_t)a->x | (uintptr_t)a->h_in) & 15) return 0;
     return 1;
 }
+
+#ifdef PRE_TC
+/* teams the wide-load GEMM aims at: c->teams when in 64 .. PRE_TCW_TEAMS_MAX, else PRE_TCW_TEAMS */
+static int pre_tcw_teams(const mhc_pre_fwd_cfg *c) {
+    return c->teams >= 64 && c->teams <= PRE_TCW_TEAMS_MAX ? c->teams : PRE_TCW_TEAMS;
+}
+#endif
 
 /* Stage 1 body: partial GEMM rows and sum of squares of tokens t0.. (TPT of them, clamped to
  * T-1 for loads) over d in [d0, d1) of stream i. The phi row of each k is read as 16-byte words
@@ -253,61 +253,34 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
     }
 }
 
-/* Which kernels a call runs: SIMT (tc = 0) or the tensor-core GEMM with contiguous K splits
- * (1), interleaved splits (2), x staged by cp.async (3, n <= 6) or x read in wide row pieces
- * (4, mhc_pre_tcw.h, n <= 4); the GEMM's stage order
- * rotated by the team number (rot = 1, see pre_tc_team); launch 2 one thread a token (epi = 0),
- * lane-parallel (1), or lane-parallel and fused with launch 3 (2). */
-typedef struct pre_variant {
-    int tc, rot, epi, l2f;
-} pre_variant;
-
 #ifdef PRE_TC
-/* teams the wide-load GEMM aims at: OMPK_MHC_PRE_TCW_TEAMS (64 .. PRE_TCW_TEAMS_MAX, a benchmark
- * knob) or PRE_TCW_TEAMS */
-static int pre_tcw_teams(void) {
-    const char *s = getenv("OMPK_MHC_PRE_TCW_TEAMS");
-    const long v = s ? strtol(s, NULL, 10) : 0;
-    return v >= 64 && v <= PRE_TCW_TEAMS_MAX ? (int)v : PRE_TCW_TEAMS;
-}
-
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
- * lane's 8-element piece is either inside D or past it). The defaults are the configurations
- * measured fastest on the GPU (figures: bench/results/INDEX.md, Decisions): for n <= 4 the
- * wide-load GEMM (mhc_pre_tcw.h), above that the register GEMM with its stage order rotated by
- * the team number and x loads asking L2 for 256-byte fills (tc-l2fill; n > 4 itself not
- * measured); lane-parallel launch 2 in both. OMPK_MHC_PRE_VARIANT = portable | tc-rot | tc-norot |
- * tc-interleaved | tc-async | tc-async-rot | tc-epi-thread | tc-fused | tc-l2fill | tc-wide
- * selects the alternatives, for benchmarks; the register-GEMM ones keep the stage order
- * unrotated, as they were measured, except tc-rot, tc-async-rot and tc-l2fill. */
-static pre_variant pre_tc_ok(ompk_exec ex, const mhc_pre_fwd_args *a, int vec) {
-    const pre_variant simt = {0, 0, 0, 0};
-    pre_variant v = {1, 1, 1, 1};
-    if (!ex.on_target || !a->bf16 || !vec || a->D % 8) return simt;
+ * lane's 8-element piece is either inside D or past it); the cp.async GEMM (tc = 3) n <= 6 and
+ * the wide-load GEMM (tc = 4, mhc_pre_tcw.h) n <= 4, its ring of 2 n = 4 only. */
+int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_fwd_cfg *c) {
+    if (!ex.on_target || !a->bf16 || !pre_vec_ok(a) || a->D % 8 || c->tc < 1) return 0;
     for (int async = 0; async < 2; async++) {
         const pre_tc_geom g = pre_tc_geometry(a, 0, async);
-        if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return simt;
+        if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return 0;
     }
-    if ((a->B * a->S + PRE_EPI_TOK(a->n) - 1) / PRE_EPI_TOK(a->n) > 0x7fffffff) return simt;
-    const pre_tc_geom gw = pre_tcw_geometry(a, pre_tcw_teams());
-    const int wide = PRE_TCW_FITS(a->n) && gw.KS >= 1 && (int64_t)gw.NG * gw.KS <= 0x7fffffff;
-    const char *s = getenv("OMPK_MHC_PRE_VARIANT");
-    if (!s || strcmp(s, "tc-wide") == 0) {
-        if (wide) v.tc = 4, v.l2f = 0;
-        return v;
+    if ((a->B * a->S + PRE_EPI_TOK(a->n) - 1) / PRE_EPI_TOK(a->n) > 0x7fffffff) return 0;
+#ifndef OMPK_LAB
+    /* the product builds the defaults' kernels only: the wide-load GEMM with its ring of 3, the
+     * register GEMM rotated with L2 fills, lane-parallel launch 2 */
+    if (c->epi != 1 || !(c->tc == 4 ? c->ring == 3 : c->tc == 1 && c->rot && c->l2f)) return 0;
+#endif
+    if (c->tc == 3) return PRE_TCA_FITS(a->n);
+    if (c->tc == 4) {
+        const pre_tc_geom gw = pre_tcw_geometry(a, pre_tcw_teams(c));
+        return PRE_TCW_FITS(a->n) && gw.KS >= 1 && (int64_t)gw.NG * gw.KS <= 0x7fffffff &&
+               (c->ring != 2 || a->n == 4);
     }
-    if (strcmp(s, "portable") == 0) return simt;
-    if (strcmp(s, "tc-l2fill") == 0) return v;
-    v.l2f = 0;
-    if (strcmp(s, "tc-rot") == 0) return v;
-    if (strcmp(s, "tc-async-rot") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3;
-    if (v.tc == 3) return v;
-    v.rot = 0;
-    if (strcmp(s, "tc-interleaved") == 0) v.tc = 2;
-    if (strcmp(s, "tc-async") == 0 && PRE_TCA_FITS(a->n)) v.tc = 3;
-    if (strcmp(s, "tc-epi-thread") == 0) v.epi = 0;
-    if (strcmp(s, "tc-fused") == 0) v.epi = 2;
-    return v;
+    return 1;
+}
+#else
+int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_fwd_cfg *c) {
+    (void)ex, (void)a, (void)c;
+    return 0;
 }
 #endif
 
@@ -322,9 +295,10 @@ typedef struct pre_launch {
     char *h_in;
     float *h_post, *logits, *comb, *h_mix, *inv_rms, *h_pre;
     mhc_pre_fwd_args args;
-    int tc;  /* tensor-core GEMM and bare h_in kernels */
-    int epi; /* pre_variant.epi (tensor-core path only) */
-    int l2f; /* pre_variant.l2f: the register GEMM's x loads ask L2 for 256-byte fills */
+    int tc;   /* mhc_pre_fwd_cfg.tc: tensor-core GEMM and bare h_in kernels */
+    int epi;  /* mhc_pre_fwd_cfg.epi (tensor-core path only) */
+    int l2f;  /* mhc_pre_fwd_cfg.l2f */
+    int ring; /* mhc_pre_fwd_cfg.ring */
     pre_tc_geom tg;
     const float *phi, *gamma;
     uint16_t *wp; /* the wide-load GEMM's precomputed weights (tc = 4) */
@@ -334,7 +308,8 @@ typedef struct pre_launch {
 #include "mhc_each_n.inc"
 #undef MHC_N_INC
 
-void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
+void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
+                        const mhc_pre_fwd_cfg *var) {
     const pre_geom g = pre_geometry(a);
     const int n = a->n, M = 2 * n + n * n, MW = g.MW, TPT = g.TPT, bf16 = a->bf16;
     const int vec = pre_vec_ok(a);
@@ -344,18 +319,14 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     const float *phi = a->phi, *gamma = a->gamma, *alpha = a->alpha, *bias = a->bias;
     const int64_t sphi = a->sphi;
 #ifdef PRE_TC
-    const pre_variant var = pre_tc_ok(ex, a, vec);
-#else
-    const pre_variant var = {0, 0, 0, 0};
-#endif
-    const int tc = var.tc;
-#ifdef PRE_TC
+    const int tc = var->tc;
     pre_tc_geom tg =
-        tc == 4 ? pre_tcw_geometry(a, pre_tcw_teams()) : pre_tc_geometry(a, tc == 2, tc == 3);
+        tc == 4 ? pre_tcw_geometry(a, pre_tcw_teams(var)) : pre_tc_geometry(a, tc == 2, tc == 3);
 #else
-    pre_tc_geom tg = pre_tc_geometry(a, tc == 2, tc == 3);
+    const int tc = 0;
+    pre_tc_geom tg = pre_tc_geometry(a, 0, 0);
 #endif
-    tg.ROT = var.rot;
+    tg.ROT = var->rot;
     float *wt = (float *)ws;
     /* the tensor-core path needs no transposed weights: its partials start the workspace */
     float *part = tc ? wt : wt + K * MW;
@@ -366,7 +337,7 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     const mhc_pre_fwd_args args = *a;
     if (T == 0) return;
 
-    if (pre_host_form(ex)) {
+    if (var->host) {
         /* gamma folded into phi as [M][n * DP] (mhc_pre_fwd_host.h) */
         const int64_t DP = pre_host_dp(D);
         float *wh = (float *)ws;
@@ -401,7 +372,8 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws) {
     pre_launch L;
     L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
     L.K = K, L.CD = CD, L.NCD = NCD, L.NC = tc ? tg.KS : NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
-    L.tc = tc, L.epi = var.epi, L.l2f = var.l2f, L.tg = tg, L.phi = phi, L.gamma = gamma;
+    L.tc = tc, L.epi = var->epi, L.l2f = var->l2f, L.ring = var->ring, L.tg = tg, L.phi = phi,
+    L.gamma = gamma;
     /* after hp_ws, 16-byte aligned */
     L.wp = (uint16_t *)(((uintptr_t)(hp_ws + T * n) + 15) & ~(uintptr_t)15);
     L.wt = wt, L.part = part, L.hp_ws = hp_ws, L.alpha = alpha, L.bias = bias;

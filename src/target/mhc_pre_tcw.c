@@ -2,8 +2,6 @@
  * weight precompute, then one bare kernel a stream count. A file of its own so that its register
  * cap (CMakeLists.txt: 128, two teams of 256 threads an SM) leaves the other pre-forward kernels
  * alone. */
-#include <stdlib.h>
-
 #include "mhc_pre_tcw.h"
 
 /* clang-format off */
@@ -16,15 +14,8 @@
     }
 /* clang-format on */
 
-/* x tiles in the ring: 3, or OMPK_MHC_PRE_TCW_RING = 2 (n = 4 only, a benchmark knob; 3 measured
- * faster, bench/results/INDEX.md) */
-static int tcw_ring(void) {
-    const char *s = getenv("OMPK_MHC_PRE_TCW_RING");
-    return s && strtol(s, NULL, 10) == 2 ? 2 : 3;
-}
-
-void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, const char *x, const float *phi,
-                      const float *gamma, uint16_t *wp, float *part) {
+void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, int ring, const char *x,
+                      const float *phi, const float *gamma, uint16_t *wp, float *part) {
 #ifdef PRE_TC_HAVE
     const pre_tc_geom gg = *g;
     const int teams = gg.NG * gg.KS;
@@ -43,15 +34,18 @@ void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, const char *x, 
         TCW_KERNEL(3, 3)
         break;
     default:
-        if (tcw_ring() == 2) {
+#ifdef OMPK_LAB
+        if (ring == 2) {
             TCW_KERNEL(4, 2)
-        } else {
-            TCW_KERNEL(4, 3)
+            break;
         }
+#else
+        (void)ring; /* a ring of 2: lab builds only */
+#endif
+        TCW_KERNEL(4, 3)
         break;
     }
 #else
-    (void)ex, (void)g, (void)n, (void)x, (void)phi, (void)gamma, (void)wp, (void)part;
-    (void)tcw_ring;
+    (void)ex, (void)g, (void)n, (void)ring, (void)x, (void)phi, (void)gamma, (void)wp, (void)part;
 #endif
 }

@@ -43,9 +43,9 @@
 #define PRE_TCW_RING(NB) ((NB) * PRE_TCW_XS)
 
 /* launches of mhc_pre_tcw.c: the weight precompute into wp (sized by pre_tc_workspace), then
- * the GEMM */
-void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, const char *x, const float *phi,
-                      const float *gamma, uint16_t *wp, float *part);
+ * the GEMM with a ring of `ring` x tiles (2 at n = 4 only, else 3) */
+void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, int ring, const char *x,
+                      const float *phi, const float *gamma, uint16_t *wp, float *part);
 
 static inline pre_tc_geom pre_tcw_geometry(const mhc_pre_fwd_args *a, int64_t teams) {
     return pre_tc_geometry_tok(a, 0, teams, PRE_TCW_TOK, PRE_TCW_SC);

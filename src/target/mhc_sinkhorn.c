@@ -139,14 +139,8 @@ void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
     }
 // clang-format on
 
-/* GPU: the token's rows over G lanes (mhc_sinkhorn_lanes.h); OMPK_MHC_SK_VARIANT=portable
- * keeps one thread per token */
-static int skl_use(ompk_exec ex) {
-    const char *v = getenv("OMPK_MHC_SK_VARIANT");
-    return ex.on_target && !(v && strcmp(v, "portable") == 0);
-}
-
-static void skl_bwd(ompk_exec ex, const mhc_sk_args *a, void *ws) {
+/* GPU: the token's rows over G lanes (mhc_sinkhorn_lanes.h) */
+void mhc_sk_bwd_lanes_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws) {
     const float *lg = a->logits, *dc = a->dcomb;
     float *out = a->out, *st = (float *)ws;
     const int n = a->n, repeat = a->repeat, G = SKL_G(n);
@@ -182,12 +176,6 @@ static void skl_bwd(ompk_exec ex, const mhc_sk_args *a, void *ws) {
 #endif
 
 void mhc_sk_bwd_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws) {
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-    if (skl_use(ex)) {
-        skl_bwd(ex, a, ws);
-        return;
-    }
-#endif
 #define SK_BWD(N) sk_bwd_launch_##N(ex, a, ws)
     MHC_SWITCH_N(a->n, SK_BWD)
 #undef SK_BWD

@@ -862,14 +862,6 @@ static inline void rt_warp_shape(int N, int k, int *S, int *CS) {
 #endif
 
 #ifdef RT_HAVE_BARE
-static int rt_use_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
-    if (!ex.on_target || a->k > RT_BARE_KMAX || a->N > RT_BARE_NMAX) return 0;
-    /* in-row offsets are int32 there (N <= 256) */
-    const int64_t lim = INT32_MAX / RT_BARE_NMAX;
-    if (a->sx1 > lim || a->sy1 > lim || a->sc1 > lim || a->ix1 > lim) return 0;
-    const char *v = getenv("OMPK_ROUTER_VARIANT");
-    return !(v && strcmp(v, "portable") == 0);
-}
 
 /* One kernel per (S, CS), so that each gets the registers of its own network sizes. */
 // clang-format off
@@ -894,7 +886,7 @@ static int rt_use_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     }
 // clang-format on
 
-static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
+static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, int warp1) {
     const void *sx = a->sx, *sy = a->sy;
     float *sc = a->scores;
     int32_t *ix = a->indices;
@@ -906,12 +898,16 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
     const int teams = (int)(want < 65536 ? want : 65536);
     int S, CS;
     rt_warp_shape(N, k, &S, &CS);
-    /* OMPK_ROUTER_VARIANT=sort: the full axis sort also where arg-max rounds are the default */
-    const char *v = getenv("OMPK_ROUTER_VARIANT");
-    const int rounds = !(v && strcmp(v, "sort") == 0);
+    /* sort: the full axis sort also where arg-max rounds are the default (lab builds only) */
+#ifdef OMPK_LAB
+    const int rounds = !sort;
+#else
+    const int rounds = 1;
+    (void)sort;
+#endif
     /* two tokens per warp where it applies: measured faster than one at N64 k8 (INDEX.md in
-     * bench/results, Decisions); OMPK_ROUTER_VARIANT=warp1 keeps one */
-    if (!(v && strcmp(v, "warp1") == 0) && rt_pair_eligible(N, k)) {
+     * bench/results, Decisions); warp1 keeps one */
+    if (!warp1 && rt_pair_eligible(N, k)) {
         const int64_t pw = (T + 2 * RT_WARPS - 1) / (2 * RT_WARPS);
         const int pteams = (int)(pw < 65536 ? pw : 65536);
         if (bf16)
@@ -924,14 +920,36 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a) {
         RT_BARE_REGION(2, 4, 0)
     else if (CS == 1 && rounds)
         RT_BARE_REGION(8, 1, 1)
+#ifdef OMPK_LAB
     else if (CS == 1)
         RT_BARE_REGION(8, 1, 0)
+#endif
     else
         RT_BARE_REGION(8, 4, 0)
 }
 #endif
 
 #ifndef RT_WARP_EMULATE
+int ompk_router_bare_fits(ompk_exec ex, const ompk_router_fwd_args *a) {
+#ifdef RT_HAVE_BARE
+    if (!ex.on_target || a->k > RT_BARE_KMAX || a->N > RT_BARE_NMAX) return 0;
+    /* in-row offsets are int32 there (N <= 256) */
+    const int64_t lim = INT32_MAX / RT_BARE_NMAX;
+    return a->sx1 <= lim && a->sy1 <= lim && a->sc1 <= lim && a->ix1 <= lim;
+#else
+    (void)ex, (void)a;
+    return 0;
+#endif
+}
+
+void ompk_router_topk_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, int warp1) {
+#ifdef RT_HAVE_BARE
+    rt_fwd_bare(ex, a, sort, warp1);
+#else
+    (void)ex, (void)a, (void)sort, (void)warp1;
+#endif
+}
+
 ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args *a) {
     const void *sx = a->sx, *sy = a->sy;
     float *sc = a->scores;
@@ -941,12 +959,6 @@ ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args
     const int64_t sx0 = a->sx0, sx1 = a->sx1, sy0 = a->sy0, sy1 = a->sy1;
     const int64_t sc0 = a->sc0, sc1 = a->sc1, ix0 = a->ix0, ix1 = a->ix1;
     const int heap_out = k > RT_LOCAL_K;
-#ifdef RT_HAVE_BARE
-    if (rt_use_bare(ex, a)) {
-        rt_fwd_bare(ex, a);
-        return OMPK_OK;
-    }
-#endif
 
     /* axis lists: 2 floats + 2 ints per rank */
     const int64_t per_tok = L > RT_LOCAL_L ? 4 * L : 0;

@@ -26,9 +26,15 @@ typedef struct ompk_router_bwd_args {
     int64_t ds0, ds1, ix0, ix1, dx0, dx1, dy0, dy1;
 } ompk_router_bwd_args;
 
-/* OMPK_OK, or OMPK_ERR_OUT_OF_MEMORY when the k > 64 workspace cannot be allocated (then
- * nothing was written). */
+/* The portable kernel: OMPK_OK, or OMPK_ERR_OUT_OF_MEMORY when the k > 64 workspace cannot be
+ * allocated (then nothing was written). */
 ompk_status ompk_router_topk_fwd_kernel(ompk_exec ex, const ompk_router_fwd_args *a);
+/* Whether the warp-per-token bare GPU kernels can serve the call (target tensors, small k and N,
+ * in-row strides that fit int32). */
+int ompk_router_bare_fits(ompk_exec ex, const ompk_router_fwd_args *a);
+/* The bare GPU kernels: sort = full axis sorts where arg-max rounds are the default; warp1 = one
+ * token a warp where the default takes two. */
+void ompk_router_topk_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, int warp1);
 
 /* Row-major slot number t*k + r of the first index outside {-1} U [0, N^2), or -1 if none. */
 int64_t ompk_router_first_bad_index(ompk_exec ex, const ompk_router_bwd_args *a);

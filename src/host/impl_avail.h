@@ -1,0 +1,8 @@
+/* Internal: availability predicates of implementation-list entries (variant.h). */
+#ifndef OMPK_IMPL_AVAIL_H
+#define OMPK_IMPL_AVAIL_H
+
+/* GPU kernels compiled into this build and an offload device present. */
+int ompk_gpu_kernels_built(void);
+
+#endif
