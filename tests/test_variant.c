@@ -86,6 +86,22 @@ Test(variant, force_is_checked_and_per_thread) {
 
 extern char **environ;
 
+/* ompk-info beside the test's own directory (build/ompk-info for build/tests/test_variant; the
+ * device bundles keep that layout), else where the build put it */
+static const char *info_exe(void) {
+    static char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 32);
+    if (n > 0) {
+        path[n] = '\0';
+        char *slash = strrchr(path, '/');
+        if (slash) {
+            strcpy(slash, "/../ompk-info");
+            if (access(path, X_OK) == 0) return path;
+        }
+    }
+    return OMPK_INFO_EXE;
+}
+
 /* ompk-info --variants in a fresh process whose environment is this one's without selections,
  * plus `var`: its exit status; its output must hold `want`. */
 static int info_with(const char *var, const char *want) {
@@ -103,9 +119,10 @@ static int info_with(const char *var, const char *want) {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
     posix_spawn_file_actions_addclose(&fa, fd[0]);
-    char *argv[] = {(char *)OMPK_INFO_EXE, (char *)"--variants", NULL};
+    const char *exe = info_exe();
+    char *argv[] = {(char *)exe, (char *)"--variants", NULL};
     pid_t pid;
-    cr_assert_eq(posix_spawn(&pid, OMPK_INFO_EXE, &fa, NULL, argv, env), 0);
+    cr_assert_eq(posix_spawn(&pid, exe, &fa, NULL, argv, env), 0);
     close(fd[1]);
     static char out[1 << 14];
     size_t n = 0;
