@@ -24,22 +24,27 @@
 
 #define AMX_FN __attribute__((target("amx-tile,amx-bf16")))
 
-AMX_FN static double peak_loop(long iters) {
+/* palette 1, all 8 tiles 16 rows x 64 bytes (the kernels' configuration); C tiles 0-3 zeroed */
+AMX_FN static void tiles_init(void) {
     uint8_t cfg[64] __attribute__((aligned(64)));
-    uint16_t buf[16 * 32] __attribute__((aligned(64)));
-    float c[256] __attribute__((aligned(64)));
     memset(cfg, 0, sizeof cfg);
     cfg[0] = 1;
     for (int i = 0; i < 8; i++) {
         cfg[16 + 2 * i] = 64;
         cfg[48 + i] = 16;
     }
-    for (int i = 0; i < 16 * 32; i++) buf[i] = 0x3f80; /* 1.0 */
     _tile_loadconfig(cfg);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+}
+
+AMX_FN static double peak_loop(long iters) {
+    uint16_t buf[16 * 32] __attribute__((aligned(64)));
+    float c[256] __attribute__((aligned(64)));
+    for (int i = 0; i < 16 * 32; i++) buf[i] = 0x3f80; /* 1.0 */
+    tiles_init();
     _tile_loadd(4, buf, 64);
     _tile_loadd(5, buf, 64);
     _tile_loadd(6, buf, 64);
@@ -58,27 +63,15 @@ AMX_FN static double peak_loop(long iters) {
     return t1 - t0;
 }
 
-
 /* the tile set with every A and B tile loaded from L1 each k-step (2 A + 2 B loads per 4
  * TDPBF16PS): the ceiling of the 2x2 blocking once its operands are in L1 */
 AMX_FN static double load_loop(long iters, int64_t lda) {
-    uint8_t cfg[64] __attribute__((aligned(64)));
     static __thread uint16_t abuf[32 * 2112] __attribute__((aligned(64)));
     static __thread uint16_t bbuf[2 * 8 * 512] __attribute__((aligned(64)));
     float c[256] __attribute__((aligned(64)));
-    memset(cfg, 0, sizeof cfg);
-    cfg[0] = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg[16 + 2 * i] = 64;
-        cfg[48 + i] = 16;
-    }
     for (int i = 0; i < 32 * 2112; i++) abuf[i] = 0x3f80;
     for (int i = 0; i < 2 * 8 * 512; i++) bbuf[i] = 0x3f80;
-    _tile_loadconfig(cfg);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    tiles_init();
     const uint8_t *a = (const uint8_t *)abuf, *b = (const uint8_t *)bbuf;
     double t0 = omp_get_wtime();
     for (long i = 0; i < iters; i++) {

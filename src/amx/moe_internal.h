@@ -326,6 +326,13 @@ static inline float moe_silu_mul(float g, float emg, float u) {
     return g / (1.0f + emg) * u;
 }
 
+/* the 16 lane partials of a dot, summed in lane order */
+static inline float moe_lane_sum(const float l[16]) {
+    float acc = 0.0f;
+    for (int j = 0; j < 16; j++) acc += l[j];
+    return acc;
+}
+
 /* <a, b> in 16 fixed lanes summed in lane order: vectorisable, and the same bits on every run
  * and thread count (the LoRA rank products of the forward and the backward) */
 static inline float moe_lane_dot(const float *a, const float *b, int64_t n) {
@@ -334,9 +341,7 @@ static inline float moe_lane_dot(const float *a, const float *b, int64_t n) {
     for (; i + 16 <= n; i += 16)
         for (int j = 0; j < 16; j++) l[j] += a[i + j] * b[i + j];
     for (int j = 0; i + j < n; j++) l[j] += a[i + j] * b[i + j];
-    float acc = 0.0f;
-    for (int j = 0; j < 16; j++) acc += l[j];
-    return acc;
+    return moe_lane_sum(l);
 }
 
 /* out[q] = moe_lane_dot(M + q*ld, v, n) for q < nq, four rows at a time: four independent
@@ -361,17 +366,10 @@ static inline void moe_lane_dots(const float *M, int64_t ld, int nq, const float
             l2[j] += a2[i + j] * v[i + j];
             l3[j] += a3[i + j] * v[i + j];
         }
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-        for (int j = 0; j < 16; j++) {
-            s0 += l0[j];
-            s1 += l1[j];
-            s2 += l2[j];
-            s3 += l3[j];
-        }
-        out[q] = s0;
-        out[q + 1] = s1;
-        out[q + 2] = s2;
-        out[q + 3] = s3;
+        out[q] = moe_lane_sum(l0);
+        out[q + 1] = moe_lane_sum(l1);
+        out[q + 2] = moe_lane_sum(l2);
+        out[q + 3] = moe_lane_sum(l3);
     }
     for (; q < nq; q++) out[q] = moe_lane_dot(M + q * ld, v, n);
 }
@@ -407,20 +405,10 @@ static inline void moe_lane_dots2(const float *M, int64_t ld, int nq, const floa
             k2[j] += a2[i + j] * w[i + j];
             k3[j] += a3[i + j] * w[i + j];
         }
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
-        for (int j = 0; j < 16; j++) {
-            s0 += l0[j];
-            s1 += l1[j];
-            s2 += l2[j];
-            s3 += l3[j];
-            t0 += k0[j];
-            t1 += k1[j];
-            t2 += k2[j];
-            t3 += k3[j];
-        }
-        ov[q] = s0, ov[q + 1] = s1, ov[q + 2] = s2, ov[q + 3] = s3;
-        ow[q] = t0, ow[q + 1] = t1, ow[q + 2] = t2, ow[q + 3] = t3;
+        ov[q] = moe_lane_sum(l0), ov[q + 1] = moe_lane_sum(l1);
+        ov[q + 2] = moe_lane_sum(l2), ov[q + 3] = moe_lane_sum(l3);
+        ow[q] = moe_lane_sum(k0), ow[q + 1] = moe_lane_sum(k1);
+        ow[q + 2] = moe_lane_sum(k2), ow[q + 3] = moe_lane_sum(k3);
     }
     for (; q < nq; q++) {
         ov[q] = moe_lane_dot(M + q * ld, v, n);
