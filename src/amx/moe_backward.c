@@ -204,15 +204,15 @@ static float *gdata(const ompk_tensor *t) {
     return t ? (float *)t->data : NULL;
 }
 
-ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
-                             int64_t dxs, float *dw, const ompk_moe_grads *gr) {
+ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, int dy_bf16,
+                             void *dxd, int64_t dxs, float *dw, const ompk_moe_grads *gr) {
     const int64_t E = m->E, H = m->H, I = m->I, T = en->T, rm = m->rmax;
     const int k = m->k, r = en->r, acc = gr->accumulate;
     const float s = m->lora.s, drop = m->lora.dropout;
     const uint64_t seed = m->lora.seed;
     const int64_t nch = (I + 63) / 64, nhc = (H + 63) / 64;
 #if !defined(MOE_PASS_V4) && defined(__x86_64__) && !defined(OMPK_MOE_NO_V4)
-    if (moe_cpu_has_avx512()) return moe_run_backward_v4(m, en, dy, dxd, dxs, dw, gr);
+    if (moe_cpu_has_avx512()) return moe_run_backward_v4(m, en, dy, dy_bf16, dxd, dxs, dw, gr);
 #endif
     int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *goff = TBUF(m, TB_GOFFS, int64_t);
     uint8_t *split = TBUF(m, TB_ZP, uint8_t);
@@ -294,7 +294,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             }
         }
         /* down^T dy per route into dG (phase 2 reads it before writing dg there) */
-        if (tiles) moe_bwd_gemm_dh(m, dy, offs, goff, rroute, en->ids, split, dG, tb);
+        if (tiles) moe_bwd_gemm_dh(m, dy, dy_bf16, offs, goff, rroute, en->ids, split, dG, tb);
         /* 2: per (expert, chunk of I) */
 #pragma omp master
         tm[1] = omp_get_wtime();

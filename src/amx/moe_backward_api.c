@@ -111,7 +111,7 @@ ompk_status ompk_moe_backward(ompk_moe *m, const ompk_tensor *dy, const ompk_moe
     void *dxd = on_dev ? TBUF(m, TB_STDX, void) : grads->dx->data;
     const int64_t dxs = on_dev ? H : grads->dx->strides[0];
     float *dw = grads->dw ? (on_dev ? TBUF(m, TB_STDW, float) : grads->dw->data) : NULL;
-    st = moe_run_backward(m, en, dyf, dxd, dxs, dw, grads);
+    st = moe_run_backward(m, en, dyf, dy->dtype == OMPK_BF16, dxd, dxs, dw, grads);
     if (st != OMPK_OK) return st;
     double t2 = omp_get_wtime();
     if (on_dev && T > 0) {

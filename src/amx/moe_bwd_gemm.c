@@ -5,6 +5,9 @@
  * 32-row AMX call does both halves against the same weight tiles (a route's result is row r
  * plus row r + 16, each row's sum in the kernel's order: the bits do not depend on the layout).
  * Padding (K beyond the data, rows of a partial group) holds 0.
+ * dh with bf16 dy on a bf16 base: lo is exactly 0, so the expert's rows are hi rows only, in
+ * order from its first group's start, and one AMX call covers 32 routes (each result h + 0.0f,
+ * the bits of h + lo).
  * Work item: (expert, chunk of MOE_BWD_STEPS 32-column n-steps); the chunk's weights stay in L2
  * while the expert's groups stream past them. The kernel is chosen per expert from the routed
  * row count of this backward. Every output element is written by one kernel call: the results
@@ -56,7 +59,7 @@ static uint16_t *row_at(uint8_t *A, int64_t lda, const int64_t *offs, const int6
 
 /* Orphaned worksharing (inside the backward's parallel region): fills the split operand. dh: dy
  * rows (int8: times the weight row scales, per k here); dx: [dg | du] rows at 0 and wt_ip. */
-static void split_all(const ompk_moe *m, int dx, const float *src0, const float *src1,
+static void split_all(const ompk_moe *m, int dx, int hionly, const float *src0, const float *src1,
                       const int64_t *offs, const int64_t *goff, const int32_t *rroute,
                       const int32_t *ids, int kt, uint8_t *A) {
     const int64_t E = m->E, R = offs[E], lda = ldab(kt), K = (int64_t)kt * 32;
@@ -64,6 +67,13 @@ static void split_all(const ompk_moe *m, int dx, const float *src0, const float 
 #pragma omp for schedule(static) nowait
     for (int64_t rr = 0; rr < R; rr++) {
         const int64_t route = rroute[rr], e = ids[route];
+        if (hionly) {
+            uint16_t *hi = (uint16_t *)(A + (goff[e] * 32 + rr - offs[e]) * lda);
+            const float *v = src0 + (route / m->k) * H;
+            for (int64_t i = 0; i < H; i++) hi[i] = ompk_f32_to_bf16(v[i]);
+            memset(hi + H, 0, (size_t)(K - H) * 2);
+            continue;
+        }
         uint16_t *hi = row_at(A, lda, offs, goff, e, rr);
         uint16_t *lo = (uint16_t *)((uint8_t *)hi + 16 * lda);
         const float *sc = m->wt_scale ? m->wt_scale + e * (H + 2 * I) : NULL;
@@ -85,6 +95,11 @@ static void split_all(const ompk_moe *m, int dx, const float *src0, const float 
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < E; e++) {
         const int64_t n = offs[e + 1] - offs[e];
+        if (hionly) {
+            const int64_t pad = (n + 31) / 32 * 32 - n;
+            memset(A + (goff[e] * 32 + n) * lda, 0, (size_t)(pad * lda));
+            continue;
+        }
         for (int64_t j = n; j < (goff[e + 1] - goff[e]) * 16; j++) {
             uint8_t *hi = A + ((goff[e] + j / 16) * 32 + j % 16) * lda;
             memset(hi, 0, (size_t)lda);
@@ -93,8 +108,9 @@ static void split_all(const ompk_moe *m, int dx, const float *src0, const float 
     }
 }
 
-static void run(const ompk_moe *m, const gemm *G, const int64_t *offs, const int64_t *goff,
-                const int32_t *rroute, const uint8_t *A, float *out, int64_t ldo, float *tb) {
+static void run(const ompk_moe *m, const gemm *G, int hionly, const int64_t *offs,
+                const int64_t *goff, const int32_t *rroute, const uint8_t *A, float *out,
+                int64_t ldo, float *tb) {
     const int64_t E = m->E, lda = ldab(G->kt);
     const int np = G->nb / 2, nch = (np + MOE_BWD_STEPS - 1) / MOE_BWD_STEPS;
     float *ko = tb, *ko2 = ko + MOE_BWD_STEPS * 1024;
@@ -111,15 +127,16 @@ static void run(const ompk_moe *m, const gemm *G, const int64_t *offs, const int
         const int p0 = (int)c * MOE_BWD_STEPS;
         const int ns = np - p0 < MOE_BWD_STEPS ? np - p0 : MOE_BWD_STEPS;
         const uint8_t *w = G->w + G->wbytes * (size_t)e + (size_t)(2 * p0) * (size_t)ps;
-        for (int64_t g = goff[e]; g < goff[e + 1]; g++) {
-            const int64_t r0 = (g - goff[e]) * 16;
-            const int mr = (int)(n - r0 < 16 ? n - r0 : 16);
-            const uint8_t *ag = A + g * 32 * lda;
+        /* blocks of cm routes: a group of 16 (hi and lo rows), or 32 hi-only rows on AMX */
+        const int cm = hionly && amx ? 32 : 16;
+        for (int64_t r0 = 0; r0 < n; r0 += cm) {
+            const int mr = (int)(n - r0 < cm ? n - r0 : cm);
+            const uint8_t *ag = A + (hionly ? goff[e] * 32 + r0 : (goff[e] + r0 / 16) * 32) * lda;
             /* AMX: hi and lo rows in one 32-row call of at most MOE_NSTEPS n-steps; the others
              * one n-step at a time, hi and lo rows as separate calls of mr rows */
             const int sub = amx ? MOE_NSTEPS : 1;
             for (int j = 0; j < ns; j += sub)
-                for (int half = 0; half < (amx ? 1 : 2); half++) {
+                for (int half = 0; half < (amx || hionly ? 1 : 2); half++) {
                     moe_kargs ka;
                     memset(&ka, 0, sizeof ka);
                     ka.fmt = OMPK_MOE_BF16;
@@ -143,6 +160,10 @@ static void run(const ompk_moe *m, const gemm *G, const int64_t *offs, const int
                     for (int r = 0; r < mr && nw > 0; r++) {
                         float *o = out + rroute[offs[e] + r0 + r] * ldo + n0;
                         const float *h = ko + j * 1024 + (s * 32 + r) * 16;
+                        if (hionly) {
+                            for (int q = 0; q < nw; q++) o[q] = h[q] + 0.0f;
+                            continue;
+                        }
                         const float *l = amx ? h + 256 : ko2 + j * 1024 + (s * 32 + r) * 16;
                         for (int q = 0; q < nw; q++) o[q] = h[q] + l[q];
                     }
@@ -152,11 +173,13 @@ static void run(const ompk_moe *m, const gemm *G, const int64_t *offs, const int
     if (used_amx) moe_amx_release();
 }
 
-void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, const int64_t *offs, const int64_t *goff,
-                     const int32_t *rroute, const int32_t *ids, uint8_t *A, float *q, float *tb) {
+void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, int dy_bf16, const int64_t *offs,
+                     const int64_t *goff, const int32_t *rroute, const int32_t *ids, uint8_t *A,
+                     float *q, float *tb) {
     const gemm G = {m->wt, m->wt_dn_bytes + m->wt_gu_bytes, m->wt_dn_kt, m->wt_dn_nb, m->I};
-    split_all(m, 0, dy, NULL, offs, goff, rroute, ids, G.kt, A);
-    run(m, &G, offs, goff, rroute, A, q, m->I, tb);
+    const int hionly = dy_bf16 && !m->wt_scale;
+    split_all(m, 0, hionly, dy, NULL, offs, goff, rroute, ids, G.kt, A);
+    run(m, &G, hionly, offs, goff, rroute, A, q, m->I, tb);
 }
 
 void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int64_t *goff,
@@ -164,6 +187,6 @@ void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int64_t *goff
                      uint8_t *A, float *o, float *tb) {
     const gemm G = {m->wt + m->wt_dn_bytes, m->wt_dn_bytes + m->wt_gu_bytes, m->wt_gu_kt,
                     m->wt_gu_nb, m->H};
-    split_all(m, 1, dg, du, offs, goff, rroute, ids, G.kt, A);
-    run(m, &G, offs, goff, rroute, A, o, m->H, tb);
+    split_all(m, 1, 0, dg, du, offs, goff, rroute, ids, G.kt, A);
+    run(m, &G, 0, offs, goff, rroute, A, o, m->H, tb);
 }

@@ -455,20 +455,22 @@ void moe_wt_free(ompk_moe *m);
  * (moe_wt_scratch_floats floats). Activations enter as bf16 hi + lo pairs, split once into A
  * (moe_wt_split_bytes(m, R) bytes) in expert-sorted groups of 16 routes (goff from
  * moe_wt_group_offsets; ids the routes' experts).
- * dh: q[route][0..I) = dy_t down[e] (before the routing weight).
+ * dh: q[route][0..I) = dy_t down[e] (before the routing weight); dy_bf16: every dy value is a
+ * bf16 value (lo = 0).
  * dx: o[route][0..H) = dg gate[e] + du up[e] (one GEMM over K = [gate; up]). */
 size_t moe_wt_scratch_floats(const ompk_moe *m);
 size_t moe_wt_split_bytes(const ompk_moe *m, int64_t R);
 void moe_wt_group_offsets(const ompk_moe *m, const int64_t *offs, int64_t *goff);
-void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, const int64_t *offs, const int64_t *goff,
-                     const int32_t *rroute, const int32_t *ids, uint8_t *A, float *q, float *tb);
+void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, int dy_bf16, const int64_t *offs,
+                     const int64_t *goff, const int32_t *rroute, const int32_t *ids, uint8_t *A,
+                     float *q, float *tb);
 void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int64_t *goff,
                      const int32_t *rroute, const int32_t *ids, const float *dg, const float *du,
                      uint8_t *A, float *o, float *tb);
 
 /* moe_backward.c */
-ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
-                             int64_t dxs, float *dw, const ompk_moe_grads *gr);
+ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, int dy_bf16,
+                             void *dxd, int64_t dxs, float *dw, const ompk_moe_grads *gr);
 
 /* moe_train_fwd_v4.c, moe_backward_v4.c: the same sources compiled for x86-64-v4 (AVX-512), which
  * moe_run_train and moe_run_backward call where moe_cpu_has_avx512() (its AVX-512 BF16 CPUs all
@@ -481,8 +483,8 @@ ompk_status moe_run_train_v4(ompk_moe *m, moe_entry *en, int64_t T, const void *
                              int64_t ys, ompk_dtype ydt);
 void moe_train_act_v4(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                       float *scale);
-ompk_status moe_run_backward_v4(ompk_moe *m, const moe_entry *en, const float *dy, void *dxd,
-                                int64_t dxs, float *dw, const ompk_moe_grads *gr);
+ompk_status moe_run_backward_v4(ompk_moe *m, const moe_entry *en, const float *dy, int dy_bf16,
+                                void *dxd, int64_t dxs, float *dw, const ompk_moe_grads *gr);
 /* moe_backward.c (x86-64-v3 only): sum over q < r of b[q] c[q] in order, the LoRA part of dw */
 float moe_bwd_rank_dot(const float *b, const float *c, int r);
 
