@@ -1,15 +1,16 @@
 /* ompk-bench entries for MoE LoRA fine-tuning (issue 14): moe_sft_fwd (ompk_moe_forward_train
  * with PUSH), moe_sft_bwd (ompk_moe_backward, which pops it) and moe_sft_step (both). Shapes: E64
  * H2048 I1408 top-6 at T4096 (DeepSeek-V2-Lite-like) and E128 H2048 I768 top-8 at T1024, bf16
- * base with LoRA r8 and r32, int8 base with r8; --quick: E16 H512 I256 top-4 T128 (CI machine).
- * A training step counts 16*T*k*H*I FLOPs (6 forward, 10 backward; LoRA FLOPs not counted, as
- * kt-kernel counts them). Every rep is one forward + backward pair, each timed on its own and the
- * pair with one clock across both, so fwd, bwd and step are medians of the same kind of call in
- * the same cache state. The variant names the path and the thread count (TFLOP/s per core =
- * tflop_per_s / threads); extra_mem_bytes is the forward cache one saved forward of T tokens holds.
- * On a GPU pass x, ids, weights, y, dy, dx and dw live on the device and the staging through host
- * buffers is reported as its own records (the forward's from ompk_moe_get_stats; the backward's
- * as the same backward on device tensors minus on host tensors, there being no backward stats). */
+ * base with LoRA r8 and r32, int8 base with r8, the r8 cases also with OMPK_MOE_GRAD_BF16; --quick:
+ * E16 H512 I256 top-4 T128 (CI machine). A training step counts 16*T*k*H*I FLOPs (6 forward, 10
+ * backward; LoRA FLOPs not counted, as kt-kernel counts them). Every rep is one forward + backward
+ * pair, each timed on its own and the pair with one clock across both, so fwd, bwd and step are
+ * medians of the same kind of call in the same cache state. The variant names the path and the
+ * thread count (TFLOP/s per core = tflop_per_s / threads); extra_mem_bytes is the forward cache one
+ * saved forward of T tokens holds. On a GPU pass x, ids, weights, y, dy, dx and dw live on the
+ * device and the staging through host buffers is reported as its own records (the forward's from
+ * ompk_moe_get_stats; the backward's as the same backward on device tensors minus on host tensors,
+ * there being no backward stats). */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@ typedef struct sft_shape {
 typedef struct sft_case {
     ompk_moe_format fmt;
     int rank;
+    ompk_moe_grad_operands grad; /* GRAD_BF16: the variant name ends in "-gbf16" */
 } sft_case;
 
 enum { SFT_FWD, SFT_BWD, SFT_STEP };
@@ -94,6 +96,7 @@ static ompk_moe *sft_layer(const sft_shape *s, const sft_case *c, const ompk_ten
     cfg.format = c->fmt;
     cfg.cache_depth = 1;
     cfg.lora_max_rank = c->rank;
+    cfg.grad_operands = c->grad;
     ompk_moe *m = NULL;
     if (ompk_moe_create(&cfg, &m) != OMPK_OK) {
         fprintf(stderr, "moe_sft bench: create: %s\n", ompk_last_error());
@@ -237,8 +240,8 @@ static int run_case(ompk_bench_ctx *ctx, int which, const sft_shape *s, const sf
     char shape[96], variant[64];
     snprintf(shape, sizeof shape, "E%lld H%lld I%lld k%d T%lld r%d", (long long)s->E,
              (long long)s->H, (long long)s->I, s->k, (long long)s->T, c->rank);
-    snprintf(variant, sizeof variant, "%s-%dt%s", ompk_moe_isa_name(info.isa), info.threads,
-             host ? "" : "+staged");
+    snprintf(variant, sizeof variant, "%s-%dt%s%s", ompk_moe_isa_name(info.isa), info.threads,
+             c->grad == OMPK_MOE_GRAD_BF16 ? "-gbf16" : "", host ? "" : "+staged");
     const double tkhi = (double)nk * (double)s->H * (double)s->I;
     const double act = 2.0 * (double)s->T * (double)s->H * 2; /* bf16 in + out */
     ompk_bench_record r = {0};
@@ -298,7 +301,11 @@ static int bench_sft(ompk_bench_ctx *ctx, int which) {
     const int host = ctx->dev.type == OMPK_HOST;
     const sft_shape full[2] = {{64, 2048, 1408, 4096, 6}, {128, 2048, 768, 1024, 8}};
     const sft_shape quick[1] = {{16, 512, 256, 128, 4}};
-    const sft_case cases[3] = {{OMPK_MOE_BF16, 8}, {OMPK_MOE_BF16, 32}, {OMPK_MOE_INT8, 8}};
+    const sft_case cases[5] = {{OMPK_MOE_BF16, 8, OMPK_MOE_GRAD_SPLIT},
+                               {OMPK_MOE_BF16, 32, OMPK_MOE_GRAD_SPLIT},
+                               {OMPK_MOE_INT8, 8, OMPK_MOE_GRAD_SPLIT},
+                               {OMPK_MOE_BF16, 8, OMPK_MOE_GRAD_BF16},
+                               {OMPK_MOE_INT8, 8, OMPK_MOE_GRAD_BF16}};
     const sft_shape *shapes = ctx->quick ? quick : full;
     const int nshapes = ctx->quick ? 1 : 2;
     ompk_bench_ctx h = *ctx;
@@ -315,11 +322,11 @@ static int bench_sft(ompk_bench_ctx *ctx, int which) {
         const ompk_tensor w[3] = {ompk_tensor_make(p[0], OMPK_BF16, 3, s1, h.dev),
                                   ompk_tensor_make(p[1], OMPK_BF16, 3, s1, h.dev),
                                   ompk_tensor_make(p[2], OMPK_BF16, 3, s2, h.dev)};
-        /* r8 and r32 on bf16, r8 on int8 (--quick: no r32); a GPU pass measures staging, bf16 r8
-         * only */
-        for (int ci = 0; ci < 3 && ok; ci++) {
+        /* r8 and r32 on bf16, r8 on int8, each r8 also with bf16 gradient operands (--quick: no
+         * r32); a GPU pass measures staging, bf16 r8 split only */
+        for (int ci = 0; ci < 5 && ok; ci++) {
             if ((ctx->quick || !host) && cases[ci].rank == 32) continue;
-            if (!host && cases[ci].fmt != OMPK_MOE_BF16) continue;
+            if (!host && (cases[ci].fmt != OMPK_MOE_BF16 || cases[ci].grad)) continue;
             rc |= run_case(ctx, which, s, &cases[ci], w);
         }
         for (int i = 0; i < 3; i++) ompk_bench_free(&h, p[i]);

@@ -72,6 +72,9 @@ Test(moe_bad, config) {
     b = c;
     b.isa = (ompk_moe_isa)99;
     cr_expect_eq(ompk_moe_create(&b, &m), OMPK_ERR_INVALID_ARGUMENT);
+    b = c;
+    b.grad_operands = (ompk_moe_grad_operands)2;
+    cr_expect_eq(ompk_moe_create(&b, &m), OMPK_ERR_INVALID_ARGUMENT);
     cr_expect_eq(m, (ompk_moe *)0x1, "out written on failure");
     b = c;
     b.isa = OMPK_MOE_ISA_AMX;

@@ -11,7 +11,7 @@
 
 /* E, H, I not multiples of any tile size; expert 0 gets every token (two row blocks at T 37) */
 static sft_shape shape(ompk_moe_format fmt, ompk_moe_isa isa, int r) {
-    sft_shape s = {5, 72, 100, 37, 3, r, 2, 1, fmt, isa, 2};
+    sft_shape s = {5, 72, 100, 37, 3, r, 2, 1, fmt, isa, 2, OMPK_MOE_GRAD_SPLIT};
     if (fmt >= OMPK_MOE_INT4) s.H = 136; /* two int4 groups of 64 along H, the last partial */
     return s;
 }
@@ -68,6 +68,66 @@ Test(moe_sft, formats_amx) {
     formats_on(OMPK_MOE_ISA_AMX);
 }
 
+/* dy passed as bf16 and as f32 of the same values: the same bits in every output on every ISA
+ * (with bf16 dy on a bf16 base the dh products skip their zero lo half; the hot expert's 75
+ * routes fill two 32-route AMX blocks and part of a third) */
+static void dy_dtype_same_bits(ompk_moe_isa isa, ompk_moe_format fmt) {
+    sft_shape s = shape(fmt, isa, 8);
+    s.T = 75;
+    sft_layer L;
+    cr_assert(sft_new(&L, s), "create: %s", ompk_last_error());
+    sft_batch b = sft_batch_new(&L.sh, s.T, 41);
+    sft_out o[2];
+    for (int v = 0; v < 2; v++) {
+        sft_out_alloc(&L.sh, &o[v]);
+        cr_assert_eq(sft_forward(&L, &b, o[v].y, OMPK_MOE_CACHE_PUSH), OMPK_OK, "%s",
+                     ompk_last_error());
+        cr_assert_eq(sft_backward_dt(&L, &b, &o[v], 0, v ? OMPK_BF16 : OMPK_F32), OMPK_OK, "%s",
+                     ompk_last_error());
+    }
+    const char *tag = ompk_moe_isa_name(isa);
+    cr_expect(memcmp(o[0].dx, o[1].dx, (size_t)(s.T * s.H) * 4) == 0, "%s %s dx", tag,
+              fmt_name(fmt));
+    cr_expect(memcmp(o[0].dw, o[1].dw, (size_t)(s.T * s.k) * 4) == 0, "%s dw", tag);
+    for (int p = 0; p < 3; p++) {
+        cr_expect(memcmp(o[0].da[p], o[1].da[p], (size_t)(s.E * s.r * sft_in(&s, p)) * 4) == 0,
+                  "%s dA %d", tag, p);
+        cr_expect(memcmp(o[0].db[p], o[1].db[p], (size_t)(s.E * s.r * sft_outd(&s, p)) * 4) == 0,
+                  "%s dB %d", tag, p);
+        if (o[0].dW[p])
+            cr_expect(memcmp(o[0].dW[p], o[1].dW[p], (size_t)(s.E * s.H * s.I) * 4) == 0,
+                      "%s dW %d", tag, p);
+    }
+    for (int v = 0; v < 2; v++) sft_out_free(&o[v]);
+    sft_batch_free(&b);
+    sft_free(&L);
+}
+
+Test(moe_sft, dy_bf16_same_bits) {
+    const ompk_moe_isa isas[4] = {OMPK_MOE_ISA_PORTABLE, OMPK_MOE_ISA_AMX_EMULATED,
+                                  OMPK_MOE_ISA_AVX512BF16, OMPK_MOE_ISA_AMX};
+    for (int i = 0; i < 4; i++) {
+        if (!isa_or_skip(isas[i])) continue;
+        dy_dtype_same_bits(isas[i], OMPK_MOE_BF16);
+        dy_dtype_same_bits(isas[i], OMPK_MOE_INT8);
+    }
+}
+
+/* OMPK_MOE_GRAD_BF16: every output against the reference within one more operand rounding */
+Test(moe_sft, grad_operands_bf16) {
+    const ompk_moe_isa isas[4] = {OMPK_MOE_ISA_PORTABLE, OMPK_MOE_ISA_AMX_EMULATED,
+                                  OMPK_MOE_ISA_AVX512BF16, OMPK_MOE_ISA_AMX};
+    for (int i = 0; i < 4; i++) {
+        if (!isa_or_skip(isas[i])) continue;
+        for (int f = 0; f <= OMPK_MOE_INT8; f++) {
+            sft_shape s = shape((ompk_moe_format)f, isas[i], 8);
+            s.T = 75;
+            s.grad = OMPK_MOE_GRAD_BF16;
+            full_check(s, 300 + (uint64_t)f);
+        }
+    }
+}
+
 Test(moe_sft, lora_ranks) {
     const int ranks[4] = {1, 8, 16, 64};
     for (int i = 0; i < 4; i++) {
@@ -78,7 +138,18 @@ Test(moe_sft, lora_ranks) {
 
 Test(moe_sft, top_k_1_to_8) {
     for (int k = 1; k <= 8; k++) {
-        sft_shape s = {9, 40, 70, 19, k, 4, 2, 1, OMPK_MOE_BF16, OMPK_MOE_ISA_AMX_EMULATED, 2};
+        sft_shape s = {9,
+                       40,
+                       70,
+                       19,
+                       k,
+                       4,
+                       2,
+                       1,
+                       OMPK_MOE_BF16,
+                       OMPK_MOE_ISA_AMX_EMULATED,
+                       2,
+                       OMPK_MOE_GRAD_SPLIT};
         full_check(s, 100 + k);
         s.fmt = OMPK_MOE_INT8;
         full_check(s, 200 + k);

@@ -5,7 +5,8 @@
 #include "moe_sft_common.h"
 
 static sft_shape shape(void) {
-    sft_shape s = {4, 40, 70, 9, 2, 8, 2, 2, OMPK_MOE_BF16, OMPK_MOE_ISA_PORTABLE, 2};
+    sft_shape s = {
+        4, 40, 70, 9, 2, 8, 2, 2, OMPK_MOE_BF16, OMPK_MOE_ISA_PORTABLE, 2, OMPK_MOE_GRAD_SPLIT};
     return s;
 }
 

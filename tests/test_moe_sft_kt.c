@@ -5,7 +5,7 @@
 #include "moe_sft_common.h"
 
 static sft_shape shape(ompk_moe_format fmt, ompk_moe_isa isa, int r) {
-    sft_shape s = {5, 72, 100, 37, 3, r, 2, 4, fmt, isa, 2};
+    sft_shape s = {5, 72, 100, 37, 3, r, 2, 4, fmt, isa, 2, OMPK_MOE_GRAD_SPLIT};
     return s;
 }
 

@@ -72,6 +72,13 @@ typedef enum ompk_moe_isa {
     OMPK_MOE_ISA_AMX_EMULATED = 4 /* the AMX tile code on a C emulation of the tiles (tests) */
 } ompk_moe_isa;
 
+/* Operands of the backward's data-gradient products (dh = dy down, dx = dg gate + du up) on bf16
+ * and int8 bases; the int4 formats use fp32 products on their dequantized weights either way. */
+typedef enum ompk_moe_grad_operands {
+    OMPK_MOE_GRAD_SPLIT = 0, /* dy, dg, du as bf16 hi + lo pairs: about 16 mantissa bits */
+    OMPK_MOE_GRAD_BF16 = 1   /* rounded once to bf16, as a bf16 autograd does: half the tile work */
+} ompk_moe_grad_operands;
+
 typedef struct ompk_moe_config {
     int64_t experts;      /* E >= 1 */
     int64_t hidden;       /* H >= 1 (even for int4 formats) */
@@ -103,6 +110,7 @@ typedef struct ompk_moe_config {
      * fp32, A_g x, A_u x, A_d a fp32); a is recomputed from g and u, z is never stored. */
     int cache_depth;   /* saved forwards alive at once (micro-batches, pipeline stages), 0..64 */
     int lora_max_rank; /* largest LoRA rank ompk_moe_set_lora will accept, 0 = no LoRA */
+    ompk_moe_grad_operands grad_operands;
 } ompk_moe_config;
 
 typedef struct ompk_moe ompk_moe;

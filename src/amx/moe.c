@@ -110,6 +110,9 @@ static ompk_status check_config(const ompk_moe_config *c) {
         c->lora_max_rank > 4096)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f,
                          "cache_depth must be in 0..64, lora_max_rank in 0..4096");
+    if (c->grad_operands != OMPK_MOE_GRAD_SPLIT && c->grad_operands != OMPK_MOE_GRAD_BF16)
+        return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f, "unknown grad_operands %d",
+                         (int)c->grad_operands);
     return OMPK_OK;
 }
 
@@ -180,6 +183,7 @@ ompk_status ompk_moe_create(const ompk_moe_config *config, ompk_moe **out) {
      * L1 reuse of A saves); int8 about even, slightly ahead */
     m->kblock = config->kblock ? config->kblock > 0 : isint;
     m->prefetch = config->prefetch;
+    m->grad_bf16 = config->grad_operands == OMPK_MOE_GRAD_BF16;
     m->kte = isint ? 64 : 32;
     m->tb = m->fmt >= OMPK_MOE_INT4 ? 512 : 1024;
     m->Hk = (m->H + m->kte - 1) / m->kte * m->kte;

@@ -5,9 +5,9 @@
  * 32-row AMX call does both halves against the same weight tiles (a route's result is row r
  * plus row r + 16, each row's sum in the kernel's order: the bits do not depend on the layout).
  * Padding (K beyond the data, rows of a partial group) holds 0.
- * dh with bf16 dy on a bf16 base: lo is exactly 0, so the expert's rows are hi rows only, in
- * order from its first group's start, and one AMX call covers 32 routes (each result h + 0.0f,
- * the bits of h + lo).
+ * Hi only (OMPK_MOE_GRAD_BF16, or dh with bf16 dy on a bf16 base, where lo is exactly 0): the
+ * expert's rows are hi rows in order from its first group's start, one AMX call covers 32
+ * routes, and each result is h + 0.0f (the bits of h + lo when lo is 0).
  * Work item: (expert, chunk of MOE_BWD_STEPS 32-column n-steps); the chunk's weights stay in L2
  * while the expert's groups stream past them. The kernel is chosen per expert from the routed
  * row count of this backward. Every output element is written by one kernel call: the results
@@ -41,12 +41,13 @@ void moe_wt_group_offsets(const ompk_moe *m, const int64_t *offs, int64_t *goff)
     for (int64_t e = 0; e < m->E; e++) goff[e + 1] = goff[e] + (offs[e + 1] - offs[e] + 15) / 16;
 }
 
+/* lo NULL: hi only */
 static void split_row(const float *v, const float *sc, int64_t n, uint16_t *hi, uint16_t *lo) {
     for (int64_t i = 0; i < n; i++) {
         const float x = sc ? v[i] * sc[i] : v[i];
         const uint16_t h = ompk_f32_to_bf16(x);
         hi[i] = h;
-        lo[i] = ompk_f32_to_bf16(x - ompk_bf16_to_f32(h));
+        if (lo) lo[i] = ompk_f32_to_bf16(x - ompk_bf16_to_f32(h));
     }
 }
 
@@ -67,15 +68,9 @@ static void split_all(const ompk_moe *m, int dx, int hionly, const float *src0, 
 #pragma omp for schedule(static) nowait
     for (int64_t rr = 0; rr < R; rr++) {
         const int64_t route = rroute[rr], e = ids[route];
-        if (hionly) {
-            uint16_t *hi = (uint16_t *)(A + (goff[e] * 32 + rr - offs[e]) * lda);
-            const float *v = src0 + (route / m->k) * H;
-            for (int64_t i = 0; i < H; i++) hi[i] = ompk_f32_to_bf16(v[i]);
-            memset(hi + H, 0, (size_t)(K - H) * 2);
-            continue;
-        }
-        uint16_t *hi = row_at(A, lda, offs, goff, e, rr);
-        uint16_t *lo = (uint16_t *)((uint8_t *)hi + 16 * lda);
+        uint16_t *hi = hionly ? (uint16_t *)(A + (goff[e] * 32 + rr - offs[e]) * lda)
+                              : row_at(A, lda, offs, goff, e, rr);
+        uint16_t *lo = hionly ? NULL : (uint16_t *)((uint8_t *)hi + 16 * lda);
         const float *sc = m->wt_scale ? m->wt_scale + e * (H + 2 * I) : NULL;
         int64_t n = 0;
         if (!dx) {
@@ -83,13 +78,13 @@ static void split_all(const ompk_moe *m, int dx, int hionly, const float *src0, 
             n = H;
         } else {
             split_row(src0 + route * I, sc ? sc + H : NULL, I, hi, lo);
-            split_row(src1 + route * I, sc ? sc + H + I : NULL, I, hi + ip, lo + ip);
+            split_row(src1 + route * I, sc ? sc + H + I : NULL, I, hi + ip, lo ? lo + ip : NULL);
             memset(hi + I, 0, (size_t)(ip - I) * 2);
-            memset(lo + I, 0, (size_t)(ip - I) * 2);
+            if (lo) memset(lo + I, 0, (size_t)(ip - I) * 2);
             n = ip + I;
         }
         memset(hi + n, 0, (size_t)(K - n) * 2);
-        memset(lo + n, 0, (size_t)(K - n) * 2);
+        if (lo) memset(lo + n, 0, (size_t)(K - n) * 2);
     }
     /* rows of the experts' partial last groups */
 #pragma omp for schedule(static)
@@ -177,7 +172,7 @@ void moe_bwd_gemm_dh(const ompk_moe *m, const float *dy, int dy_bf16, const int6
                      const int64_t *goff, const int32_t *rroute, const int32_t *ids, uint8_t *A,
                      float *q, float *tb) {
     const gemm G = {m->wt, m->wt_dn_bytes + m->wt_gu_bytes, m->wt_dn_kt, m->wt_dn_nb, m->I};
-    const int hionly = dy_bf16 && !m->wt_scale;
+    const int hionly = m->grad_bf16 || (dy_bf16 && !m->wt_scale);
     split_all(m, 0, hionly, dy, NULL, offs, goff, rroute, ids, G.kt, A);
     run(m, &G, hionly, offs, goff, rroute, A, q, m->I, tb);
 }
@@ -187,6 +182,6 @@ void moe_bwd_gemm_dx(const ompk_moe *m, const int64_t *offs, const int64_t *goff
                      uint8_t *A, float *o, float *tb) {
     const gemm G = {m->wt + m->wt_dn_bytes, m->wt_dn_bytes + m->wt_gu_bytes, m->wt_gu_kt,
                     m->wt_gu_nb, m->H};
-    split_all(m, 1, 0, dg, du, offs, goff, rroute, ids, G.kt, A);
-    run(m, &G, 0, offs, goff, rroute, A, o, m->H, tb);
+    split_all(m, 1, m->grad_bf16, dg, du, offs, goff, rroute, ids, G.kt, A);
+    run(m, &G, m->grad_bf16, offs, goff, rroute, A, o, m->H, tb);
 }

@@ -23,7 +23,7 @@ static void report(const ompk_moe *m, const char *name, const ompk_tensor *t, co
                    int64_t n) {
     if (!t || !ref) return;
     ompk_verify_report("moe_backward", name, ompk_moe_isa_name(m->isa), t, ref, 0, -1,
-                       ompk_tol_for(OMPK_BF16, rms(ref, n)));
+                       ompk_tol_moe_grad(m->grad_bf16, rms(ref, n)));
 }
 
 static int lora_f32(const ompk_moe *m, int64_t r, float *la[3], float *lb[3]) {

@@ -26,6 +26,17 @@ static inline ompk_tol ompk_tol_for(ompk_dtype out_dtype, double scale) {
     return t;
 }
 
+/* MoE backward outputs: bf16-level; OMPK_MOE_GRAD_BF16 rounds the data-gradient products'
+ * operands (dy, dg, du) to bf16 once more, which every gradient downstream carries. */
+static inline ompk_tol ompk_tol_moe_grad(int grad_bf16, double scale) {
+    ompk_tol t = ompk_tol_for(OMPK_BF16, scale);
+    if (grad_bf16) {
+        t.atol *= 3.0;
+        t.rtol *= 3.0;
+    }
+    return t;
+}
+
 /* Attention outputs (docs/KERNELS.md section 2), for verify mode and the attention suites alike. */
 typedef enum ompk_tol_att {
     OMPK_TOL_ATT_OUT,
