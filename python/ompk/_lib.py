@@ -106,6 +106,7 @@ class MoeConfig(ctypes.Structure):
         ("prefetch", ctypes.c_int),
         ("cache_depth", ctypes.c_int),
         ("lora_max_rank", ctypes.c_int),
+        ("grad_operands", ctypes.c_int),
     ]
 
 

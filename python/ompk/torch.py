@@ -434,12 +434,15 @@ class MoE(torch.nn.Module):
     are the frozen base weights, packed once (format "bf16", "int8", "int4", "int4_zp");
     lora_rank > 0 adds trainable adapters (f32, on the host: the layer borrows them). forward(x
     [T,H], expert_ids [T,k], weights [T,k]) -> y [T,H], differentiable in x, the routing weights
-    and the adapters (the training forward runs when any of them requires grad)."""
+    and the adapters (the training forward runs when any of them requires grad). grad_operands
+    "bf16" gives the backward's data-gradient products bf16 operands (about twice as fast, one
+    more bf16 rounding) instead of "split" bf16 hi + lo pairs."""
 
     FORMATS = {"bf16": 0, "int8": 1, "int4": 2, "int4_zp": 3}
+    GRAD_OPERANDS = {"split": 0, "bf16": 1}
 
     def __init__(self, gate, up, down, top_k, max_tokens, *, format="bf16", lora_rank=0,
-                 lora_alpha=None, cache_depth=8, threads=0, isa=0):
+                 lora_alpha=None, cache_depth=8, threads=0, isa=0, grad_operands="split"):
         super().__init__()
         E, I, H = gate.shape
         cfg = _lib.MoeConfig()
@@ -447,6 +450,7 @@ class MoE(torch.nn.Module):
         cfg.max_tokens, cfg.format, cfg.threads, cfg.isa = max_tokens, self.FORMATS[format], \
             threads, isa
         cfg.cache_depth, cfg.lora_max_rank = cache_depth, lora_rank
+        cfg.grad_operands = self.GRAD_OPERANDS[grad_operands]
         h = ctypes.c_void_p()
         call("ompk_moe_create", ctypes.byref(cfg), ctypes.byref(h))
         self._h, self._attached, self.top_k, self.dims = h.value, None, top_k, (E, H, I)

@@ -226,6 +226,28 @@ def test_moe_matches_reference(device, rank):
         torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_moe_grad_operands_bf16(device):
+    # bf16 operands for the backward's data-gradient products: within a few bf16 roundings of the
+    # default's gradients, and not the same numbers (the option took effect)
+    layer, (gate, up, down) = moe_layer(4)
+    fast = ot.MoE(gate, up, down, TOPK, T, lora_rank=4, lora_alpha=8.0, threads=2,
+                  grad_operands="bf16")
+    with torch.no_grad():
+        for p, q in zip(fast.lora(), layer.lora()):
+            p.copy_(q)
+    x, ids, w = moe_inputs(device)
+    dy = torch.randn(T, H, device=device)
+    gx = []
+    for m in (layer, fast):
+        xa = x.clone().requires_grad_()
+        (m(xa, ids, w) * dy).sum().backward()
+        gx.append(xa.grad.double().cpu())
+    torch.testing.assert_close(gx[1], gx[0], rtol=3e-2, atol=3e-2 * gx[0].abs().max().item())
+    assert not torch.equal(gx[1], gx[0])
+    with pytest.raises(KeyError):
+        ot.MoE(gate, up, down, TOPK, T, grad_operands="fp8")
+
+
 def test_moe_gradcheck(device):
     # x and a pass through bf16 roundings (piecewise constant), so finite differences can only
     # see the routing weights and B_down, which enter after them; the adapters live on the host
