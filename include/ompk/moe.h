@@ -262,9 +262,10 @@ typedef struct ompk_moe_grads {
  * Repacking them at every backward would move about as many bytes as the GEMMs stream. Their
  * activation operands dy, dg and du enter as bf16 pairs hi = bf16(v), lo = bf16(v - hi), two tile
  * products summed in fp32 (about 16 mantissa bits per operand: fp32-level gradients for twice
- * the tile work; parts below 2^-126 read as zero on AMX / AVX-512 BF16). int8: the copies hold
- * the codes (exact in bf16) and each weight row's scale multiplies the activation it meets
- * (code * scale itself is not exact in bf16). The int4 formats keep fp32 products on their
+ * the tile work; parts below 2^-126 read as zero on AMX / AVX-512 BF16); a bf16 dy on a bf16
+ * base has lo = 0 and skips that half; grad_operands = OMPK_MOE_GRAD_BF16 keeps hi only. int8: the
+ * copies hold the codes (exact in bf16) and each weight row's scale multiplies the activation it
+ * meets (code * scale itself is not exact in bf16). The int4 formats keep fp32 products on their
  * dequantized weights (their group scales vary along both dimensions of the products). */
 ompk_status ompk_moe_backward(ompk_moe *moe, const ompk_tensor *dy, const ompk_moe_grads *grads);
 
