@@ -8,7 +8,7 @@
 #define RT_WARP_EMULATE 1
 #include "emu_team.h"
 
-#include "../src/target/router_topk.c"
+#include "../src/target/router/router_topk.c"
 
 #include <criterion/criterion.h>
 #include <math.h>

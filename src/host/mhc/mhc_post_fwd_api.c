@@ -7,7 +7,7 @@
 #include "ompk/mhc.h"
 #include "route.h"
 #include "mhc_impl.h"
-#include "target/mhc_post.h"
+#include "target/mhc/mhc_post.h"
 #include "tolerance.h"
 #include "verify.h"
 

@@ -10,7 +10,7 @@
 #include "error.h"
 #include "ompk/attention.h"
 #include "route.h"
-#include "target/attention_kernels.h"
+#include "target/attention/attention_kernels.h"
 #include "tolerance.h"
 #include "verify.h"
 

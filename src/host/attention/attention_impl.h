@@ -4,7 +4,7 @@
 #define OMPK_ATTENTION_IMPL_H
 
 #include "route.h"
-#include "target/attention_kernels.h"
+#include "target/attention/attention_kernels.h"
 #include "variant.h"
 
 typedef struct attention_fwd_call {

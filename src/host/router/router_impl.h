@@ -4,7 +4,7 @@
 #define OMPK_ROUTER_IMPL_H
 
 #include "route.h"
-#include "target/router_topk.h"
+#include "target/router/router_topk.h"
 #include "variant.h"
 
 typedef struct router_fwd_call {

@@ -9,7 +9,7 @@
 #include "mhc_ref_pre.h"
 #include "ompk/mhc.h"
 #include "route.h"
-#include "target/mhc_kern.h"
+#include "target/mhc/mhc_kern.h"
 #include "tolerance.h"
 #include "verify.h"
 

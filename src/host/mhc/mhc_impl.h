@@ -3,8 +3,8 @@
 #define OMPK_MHC_IMPL_H
 
 #include "route.h"
-#include "target/mhc_kern.h"
-#include "target/mhc_post.h"
+#include "target/mhc/mhc_kern.h"
+#include "target/mhc/mhc_post.h"
 #include "impl_avail.h"
 #include "variant.h"
 

@@ -19,7 +19,7 @@
 
 #include "bf16.h"
 #include "cpu.h"
-#include "target/attention_kernels.h"
+#include "target/attention/attention_kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

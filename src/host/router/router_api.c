@@ -8,7 +8,7 @@
 #include "ref/router_ref.h"
 #include "route.h"
 #include "router_impl.h"
-#include "target/router_topk.h"
+#include "target/router/router_topk.h"
 #include "verify.h"
 
 /* indices are int32 flattened pair numbers */
