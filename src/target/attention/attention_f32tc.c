@@ -51,31 +51,17 @@
 #define ATTT_LOG2E 1.4426950408889634f
 #define ATTT_LN2 0.6931471805599453f
 
-/* The warp instructions (mma.sync tf32, shuffles, cp.async, ex2) come from ptx_mma.h. */
-#if defined(ATTT_EMULATE)
-/* tests/test_attention_f32tc_emu.c: the team's 128 threads are host OpenMP threads and the
- * warp instructions exchange fragments through memory (ptx_mma.h's emulation), so CI runs the
- * kernel's own algorithm (operand split, permuted fragments, masks, online softmax) against the
- * reference; the GPU run checks the real instructions. */
-#define PTX_MMA_EMULATE 1
-#include <math.h>
-#include <omp.h>
-#define ATTT_HAVE 1
-#define ATTT_TID() OMPK_EMU_TID()
-#define ATTT_BID() attt_emu_block
-#define ATTT_SYNC() OMPK_EMU_SYNC()
-#elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-#include <math.h>
-#include <omp.h>
-#include <ompx.h>
-#define ATTT_HAVE 1
-#define ATTT_REAL 1
-#define ATTT_TID() ompx_thread_id_x()
-#define ATTT_BID() ompx_block_id_x()
-#define ATTT_SYNC() ompx_sync_block_acq_rel()
-#endif
+/* The team's ids and barrier come from bare.h, the warp instructions (mma.sync tf32, shuffles,
+ * cp.async, ex2) from ptx_mma.h. tests/test_attention_f32tc_emu.c runs the kernel emulated
+ * (OMPK_EMULATE): the team's 128 threads on the host and the warp instructions exchanging
+ * fragments through memory, so CI runs the kernel's own algorithm (operand split, permuted
+ * fragments, masks, online softmax) against the reference; the GPU run checks the real
+ * instructions. */
+#include "bare.h"
 
-#ifdef ATTT_HAVE
+#ifdef OMPK_BARE_KERNELS
+#include <math.h>
+
 #include "attention_softmax.h"
 #include "ptx_mma.h"
 #define ATTT_INLINE static inline __attribute__((always_inline))
@@ -86,8 +72,7 @@
 #define attt_cp_commit ptx_cp_async_commit
 #define attt_cp_wait1 ptx_cp_async_wait1
 
-#ifdef ATTT_EMULATE
-static int64_t attt_emu_block;
+#ifdef OMPK_EMULATE
 static float attt_emu_sk[ATTT_SK_FLOATS] __attribute__((aligned(16)));
 static float attt_emu_sv[ATTT_SV_FLOATS] __attribute__((aligned(16)));
 ATTT_INLINE float attt_opaque(float x) {
@@ -110,7 +95,7 @@ ATTT_INLINE __attribute__((unused)) float attt_opaque(float x) {
 #endif
 #endif
 
-#ifdef ATTT_HAVE
+#ifdef OMPK_BARE_KERNELS
 
 typedef struct attt_f4 {
     float v[4];
@@ -190,11 +175,11 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
                                const float *v, float *out, float *lse, float *sk, float *sv,
                                const int DH) {
     const int LDK = ATTT_LDK(DH), LDV = ATTT_LDV(DH);
-    const int tid = ATTT_TID(), lane = tid & 31, warp = tid >> 5;
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
     const int64_t N = g->N, M = g->M;
     const int64_t nqb = (N + ATTT_BQ - 1) / ATTT_BQ;
-    const int64_t blk = ATTT_BID();
+    const int64_t blk = OMPK_BID();
     const int64_t bh = blk / nqb;
     /* heaviest (last, under a causal mask) query blocks first */
     const int64_t qb = nqb - 1 - (blk - bh * nqb);
@@ -240,7 +225,7 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
     }
     for (int64_t kt = 0; kt < jmax; kt += ATTT_BK) {
         attt_cp_wait1();
-        ATTT_SYNC();
+        OMPK_SYNC();
 
         float s[4][4];
         ATTT_UNROLL
@@ -271,7 +256,7 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
                 for (int e = 0; e < 4; e++) s[nt][e] += t[e];
             }
         }
-        ATTT_SYNC(); /* every warp is done with this K tile */
+        OMPK_SYNC(); /* every warp is done with this K tile */
         if (kt + ATTT_BK < jmax) attt_load_tile(sk, kh, g->ks[2], kt + ATTT_BK, M, tid, LDK, DH);
         attt_cp_commit();
 
@@ -280,7 +265,7 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
         const int c1 = (int)(lim1 - kt < ATTT_BK ? lim1 - kt : ATTT_BK);
         att_softmax_tile(s, 4, o, DH, t4, c0, c1, sl2, &m0, &m1, &l0, &l1);
         attt_cp_wait1();
-        ATTT_SYNC(); /* this V tile has landed */
+        OMPK_SYNC(); /* this V tile has landed */
         ATTT_UNROLL
         for (int kk = 0; kk < 4; kk++) {
             /* P's A fragment: k = t4 is key 2 t4 (C element 0 / 2), k = t4 + 4 key 2 t4 + 1 */
@@ -304,7 +289,7 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
                 attt_mma3(o[2 * j + 1], ph, pl, bh[2], bh[3], bl[2], bl[3]);
             }
         }
-        ATTT_SYNC(); /* every warp is done with this V tile */
+        OMPK_SYNC(); /* every warp is done with this V tile */
         if (kt + ATTT_BK < jmax) attt_load_tile(sv, vh, g->vs[2], kt + ATTT_BK, M, tid, LDV, DH);
         attt_cp_commit();
     }
@@ -339,7 +324,7 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
     }
 }
 
-#ifdef ATTT_REAL
+#ifdef OMPK_BARE_DEVICE
 static int attt_aligned(const void *p, const int64_t s[3]) {
     return ((uintptr_t)p & 15) == 0 && s[0] % 4 == 0 && s[1] % 4 == 0 && s[2] % 4 == 0;
 }
@@ -382,11 +367,11 @@ void ompk_attn_fwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *q, c
     ATT_SWITCH_DH_TC(g->dh, ATTT_FWD)
 #undef ATTT_FWD
 }
-#endif /* ATTT_REAL */
+#endif /* OMPK_BARE_DEVICE */
 
-#endif /* ATTT_HAVE */
+#endif /* OMPK_BARE_KERNELS */
 
-#if !defined(ATTT_HAVE)
+#if !defined(OMPK_BARE_KERNELS)
 int ompk_attn_fwd_f32tc_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                            const void *v, const void *out) {
     (void)ex, (void)g, (void)q, (void)k, (void)v, (void)out;

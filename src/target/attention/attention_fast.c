@@ -25,31 +25,16 @@
 #define ATTF_UNROLL _Pragma("GCC unroll 16")
 #endif
 
-/* The warp instructions (mma.sync, ldmatrix.trans, shuffles, cp.async) come from ptx_mma.h. */
-#if defined(ATTF_EMULATE)
-/* tests/test_attention_fast_emu.c: the team's 128 threads are host OpenMP threads and the warp
- * instructions exchange fragments through memory (ptx_mma.h's emulation), so CI runs the
- * tensor-core algorithm itself (fragment layouts, masking, online softmax) against the
- * reference; the GPU run checks the real instructions. */
-#define PTX_MMA_EMULATE 1
-#include <math.h>
-#include <omp.h>
-#define ATTF_HAVE 1
-#define ATTF_TID() OMPK_EMU_TID()
-#define ATTF_BID() attf_emu_block
-#define ATTF_SYNC() OMPK_EMU_SYNC()
-#elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-#include <math.h>
-#include <omp.h>
-#include <ompx.h>
-#define ATTF_HAVE 1
-#define ATTF_REAL 1
-#define ATTF_TID() ompx_thread_id_x()
-#define ATTF_BID() ompx_block_id_x()
-#define ATTF_SYNC() ompx_sync_block_acq_rel()
-#endif
+/* The team's ids and barrier come from bare.h, the warp instructions (mma.sync, ldmatrix.trans,
+ * shuffles, cp.async) from ptx_mma.h. tests/test_attention_fast_emu.c runs the kernel emulated
+ * (OMPK_EMULATE): the team's 128 threads on the host and the warp instructions exchanging
+ * fragments through memory, so CI runs the tensor-core algorithm itself (fragment layouts,
+ * masking, online softmax) against the reference; the GPU run checks the real instructions. */
+#include "bare.h"
 
-#ifdef ATTF_HAVE
+#ifdef OMPK_BARE_KERNELS
+#include <math.h>
+
 #include "attention_softmax.h"
 #include "ptx_mma.h"
 #define ATTF_BQ 64 /* query rows per team, 16 per warp */
@@ -70,14 +55,13 @@
 /* NaN-safe: the GPU's NaN is 0x7fffffff, which plain rounding would carry into -0 */
 #define attf_pack ptx_pack_bf16x2
 
-#ifdef ATTF_EMULATE
-static int64_t attf_emu_block;
+#ifdef OMPK_EMULATE
 static uint16_t attf_emu_sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
 static uint16_t attf_emu_sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
 #endif
 #endif
 
-#ifdef ATTF_HAVE
+#ifdef OMPK_BARE_KERNELS
 
 typedef struct attf_u4 {
     uint32_t w[4];
@@ -112,11 +96,11 @@ ATTF_INLINE void attf_load_tile(uint16_t *tile, const uint16_t *base, int64_t rs
 ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const uint16_t *k,
                                const uint16_t *v, uint16_t *out, float *lse, uint16_t *sk,
                                uint16_t *sv, const int DH) {
-    const int tid = ATTF_TID(), lane = tid & 31, warp = tid >> 5;
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
     const int64_t N = g->N, M = g->M;
     const int64_t nqb = (N + ATTF_BQ - 1) / ATTF_BQ;
-    const int64_t blk = ATTF_BID();
+    const int64_t blk = OMPK_BID();
     const int64_t bh = blk / nqb;
     /* heaviest (last, under a causal mask) query blocks first */
     const int64_t qb = nqb - 1 - (blk - bh * nqb);
@@ -159,7 +143,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     }
     for (int64_t kt = 0; kt < jmax; kt += ATTF_BK) {
         attf_cp_wait1();
-        ATTF_SYNC();
+        OMPK_SYNC();
 
         float s[8][4];
         ATTF_UNROLL
@@ -171,7 +155,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
                 attf_mma(s[nt], qa[ks], *(const uint32_t *)(kr + ks * 16),
                          *(const uint32_t *)(kr + ks * 16 + 8));
         }
-        ATTF_SYNC(); /* every warp is done with this K tile */
+        OMPK_SYNC(); /* every warp is done with this K tile */
         if (kt + ATTF_BK < jmax) attf_load_tile(sk, kh, g->ks[2], kt + ATTF_BK, M, tid, DH);
         attf_cp_commit();
 
@@ -180,7 +164,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
         const int c1 = (int)(lim1 - kt < ATTF_BK ? lim1 - kt : ATTF_BK);
         att_softmax_tile(s, 8, o, DH, t4, c0, c1, sl2, &m0, &m1, &l0, &l1);
         attf_cp_wait1();
-        ATTF_SYNC(); /* this V tile has landed */
+        OMPK_SYNC(); /* this V tile has landed */
         ATTF_UNROLL
         for (int kk = 0; kk < 4; kk++) {
             uint32_t pa[4];
@@ -198,7 +182,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
                 attf_mma(o[2 * nd + 1], pa, vb[2], vb[3]);
             }
         }
-        ATTF_SYNC(); /* every warp is done with this V tile */
+        OMPK_SYNC(); /* every warp is done with this V tile */
         if (kt + ATTF_BK < jmax) attf_load_tile(sv, vh, g->vs[2], kt + ATTF_BK, M, tid, DH);
         attf_cp_commit();
     }
@@ -303,11 +287,11 @@ ATTF_INLINE void attf_dkdv_team(const ompk_attn_geom *g, const uint16_t *q, cons
                                 const uint16_t *v, const uint16_t *dout, const float *lse,
                                 const float *dsum, uint16_t *dk, uint16_t *dv, uint16_t *sq,
                                 uint16_t *sdo, float *sl, float *sd, int *slim, const int DH) {
-    const int tid = ATTF_TID(), lane = tid & 31, warp = tid >> 5;
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
     const int64_t N = g->N, M = g->M, G = g->Hq / g->Hkv;
     const int64_t nkb = (M + ATTF_BK - 1) / ATTF_BK;
-    const int64_t blk = ATTF_BID();
+    const int64_t blk = OMPK_BID();
     const int64_t bh = blk / nkb, kb = blk - bh * nkb;
     const int64_t b = bh / g->Hkv, hk = bh - b * g->Hkv;
     const int64_t key0 = kb * ATTF_BK;
@@ -334,7 +318,7 @@ ATTF_INLINE void attf_dkdv_team(const ompk_attn_geom *g, const uint16_t *q, cons
         const uint16_t *qh = q + b * g->qs[0] + h * g->qs[1];
         const uint16_t *oh = dout + b * g->dos[0] + h * g->dos[1];
         for (int64_t i0 = ifirst; i0 < N; i0 += ATTF_BQB) {
-            ATTF_SYNC(); /* the previous tiles are no longer read */
+            OMPK_SYNC(); /* the previous tiles are no longer read */
             attf_load_tile(sq, qh, g->qs[2], i0, N, tid, DH);
             attf_load_tile(sdo, oh, g->dos[2], i0, N, tid, DH);
             attf_cp_commit();
@@ -355,7 +339,7 @@ ATTF_INLINE void attf_dkdv_team(const ompk_attn_geom *g, const uint16_t *q, cons
                 slim[tid] = (int)(lim < 0 ? 0 : lim > ATTF_BK ? ATTF_BK : lim);
             }
             attf_cp_wait0();
-            ATTF_SYNC();
+            OMPK_SYNC();
             float st[8][4], dpt[8][4];
             attf_mm_nt(st, ka, sq, gq, t4, DH);
             attf_mm_nt(dpt, va, sdo, gq, t4, DH);
@@ -384,11 +368,11 @@ ATTF_INLINE void attf_dq_team(const ompk_attn_geom *g, const uint16_t *q, const 
                               const uint16_t *v, const uint16_t *dout, const float *lse,
                               const float *dsum, uint16_t *dq, uint16_t *sk, uint16_t *sv,
                               const int DH) {
-    const int tid = ATTF_TID(), lane = tid & 31, warp = tid >> 5;
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
     const int64_t N = g->N, M = g->M;
     const int64_t nqb = (N + ATTF_BQ - 1) / ATTF_BQ;
-    const int64_t blk = ATTF_BID();
+    const int64_t blk = OMPK_BID();
     const int64_t bh = blk / nqb;
     const int64_t qb = nqb - 1 - (blk - bh * nqb);
     const int64_t b = bh / g->Hq, h = bh - b * g->Hq, hk = h / (g->Hq / g->Hkv);
@@ -415,12 +399,12 @@ ATTF_INLINE void attf_dq_team(const ompk_attn_geom *g, const uint16_t *q, const 
     const uint16_t *kh = k + b * g->ks[0] + hk * g->ks[1];
     const uint16_t *vh = v + b * g->vs[0] + hk * g->vs[1];
     for (int64_t kt = 0; kt < jmax; kt += ATTF_BK) {
-        ATTF_SYNC(); /* the previous tiles are no longer read */
+        OMPK_SYNC(); /* the previous tiles are no longer read */
         attf_load_tile(sk, kh, g->ks[2], kt, M, tid, DH);
         attf_load_tile(sv, vh, g->vs[2], kt, M, tid, DH);
         attf_cp_commit();
         attf_cp_wait0();
-        ATTF_SYNC();
+        OMPK_SYNC();
         float s[8][4], dp[8][4];
         attf_mm_nt(s, qa, sk, gq, t4, DH);
         attf_mm_nt(dp, da, sv, gq, t4, DH);
@@ -442,7 +426,7 @@ ATTF_INLINE void attf_dq_team(const ompk_attn_geom *g, const uint16_t *q, const 
                     DH);
 }
 
-#ifdef ATTF_REAL
+#ifdef OMPK_BARE_DEVICE
 static int attf_aligned(const void *p, const int64_t s[3]) {
     return ((uintptr_t)p & 15) == 0 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
 }
@@ -542,11 +526,11 @@ void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, co
 #undef ATTF_FWD
 }
 
-#endif /* ATTF_REAL */
+#endif /* OMPK_BARE_DEVICE */
 
-#endif /* ATTF_HAVE */
+#endif /* OMPK_BARE_KERNELS */
 
-#ifndef ATTF_HAVE
+#ifndef OMPK_BARE_KERNELS
 int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                           const void *v, const void *out) {
     (void)ex, (void)g, (void)q, (void)k, (void)v, (void)out;

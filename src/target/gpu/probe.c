@@ -3,11 +3,8 @@
  * Also the launch probe: the fixed cost of one synchronous target region, which every small
  * ompk call pays and which no kernel tuning can remove. */
 #include <omp.h>
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-#include <ompx.h>
-#define PROBE_HAVE_BARE 1
-#endif
 
+#include "bare.h"
 #include "gpu_wait.h"
 #include "probe.h"
 
@@ -30,7 +27,7 @@ int ompk_probe_launch(int dev, ompk_probe_form form, int *word) {
     ompk_gpu_wait_prepare(dev);
     switch (form) {
     case OMPK_PROBE_BARE:
-#ifdef PROBE_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
 #pragma omp target teams ompx_bare num_teams(1) thread_limit(32) device(dev) is_device_ptr(word)
     {
         if (ompx_thread_id_x() == 0) word[0] += 1;

@@ -5,8 +5,8 @@
  * bare target region still needs one. Only ptx_pack_bf16x2 means the same thing on the host; the
  * warp-collective ones (mma, ldmatrix, shuffles, cp.async groups) have no single-thread meaning,
  * so their host bodies are placeholders and callers must launch such regions on devices only
- * (their dispatch checks ex.on_target). Available when PTX_MMA_DEVICE is defined: clang offload
- * builds; elsewhere only the host bodies exist. With PTX_MMA_EMULATE (tests) the host bodies
+ * (their dispatch checks ex.on_target). Available when OMPK_BARE_DEVICE is defined (bare.h): clang
+ * offload builds; elsewhere only the host bodies exist. With OMPK_EMULATE (tests) the host bodies
  * emulate the warp collectives instead (below).
  *
  * Fragment layouts (m16n8k16, row.col; lane = 4 * g + t, g = lane / 4, t = lane % 4):
@@ -24,9 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-#define PTX_MMA_DEVICE 1
-#endif
+#include "bare.h"
 
 #define PTX_INLINE static inline __attribute__((always_inline, unused))
 
@@ -55,11 +53,10 @@ PTX_INLINE float ptx_bf16_half(uint32_t w, int hi) {
     return x.f;
 }
 
-#ifdef PTX_MMA_EMULATE
-/* Host emulation for tests: a team runs as an emulated team (emu_hooks.h: thread number = thread
- * id in the team, a warp = 32 consecutive threads), every thread makes the same calls, and the
+#ifdef OMPK_EMULATE
+/* Host emulation for tests: a team runs as an emulated team (bare.h: thread number = thread id in
+ * the team, a warp = 32 consecutive threads), every thread makes the same calls, and the
  * collectives exchange fragments through memory between two barriers. */
-#include "emu_hooks.h"
 #define PTX_EMU_THREADS 1024
 /* out of line: each call is two barriers anyway */
 #define PTX_EMU_FN static __attribute__((noinline, unused))
@@ -94,12 +91,12 @@ static inline float ptx_emu_elem(uint32_t w, int kk, int tf32) {
 /* c += A * B for the warp's m16n8k16 bf16 or m16n8k8 tf32 tile, from the 32 lanes' fragments:
  * a register holds P = 2 (bf16) or 1 (tf32) consecutive k, a lane 4 P of them per register. */
 PTX_EMU_FN void ptx_emu_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int tf32) {
-    const int tid = OMPK_EMU_TID(), w0 = tid & ~31, lane = tid & 31;
+    const int tid = OMPK_TID(), w0 = tid & ~31, lane = tid & 31;
     const int P = tf32 ? 1 : 2, KG = 4 * P;
     for (int i = 0; i < 4; i++) ptx_emu_u[tid][i] = a[i];
     ptx_emu_u[tid][4] = b0;
     ptx_emu_u[tid][5] = b1;
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
     const int g = lane >> 2, t = lane & 3;
     for (int e = 0; e < 4; e++) {
         const int row = g + (e >= 2 ? 8 : 0), col = t * 2 + (e & 1);
@@ -114,7 +111,7 @@ PTX_EMU_FN void ptx_emu_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32
         }
         c[e] = ptx_emu_canon(acc);
     }
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
 }
 
 PTX_EMU_FN void ptx_mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -126,9 +123,9 @@ PTX_EMU_FN void ptx_mma_tf32_1688(float c[4], const uint32_t a[4], uint32_t b0, 
 }
 
 PTX_EMU_FN void ptx_emu_ldsm(uint32_t r[4], const uint16_t *p, int trans) {
-    const int tid = OMPK_EMU_TID(), w0 = tid & ~31, lane = tid & 31;
+    const int tid = OMPK_TID(), w0 = tid & ~31, lane = tid & 31;
     ptx_emu_p[tid] = p;
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
     const int g = lane >> 2, t = lane & 3;
     for (int mi = 0; mi < 4; mi++) {
         if (trans) {
@@ -140,7 +137,7 @@ PTX_EMU_FN void ptx_emu_ldsm(uint32_t r[4], const uint16_t *p, int trans) {
             r[mi] = (uint32_t)rp[2 * t] | ((uint32_t)rp[2 * t + 1] << 16);
         }
     }
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
 }
 PTX_EMU_FN void ptx_ldsm_x4(uint32_t r[4], const uint16_t *p) {
     ptx_emu_ldsm(r, p, 0);
@@ -150,11 +147,11 @@ PTX_EMU_FN void ptx_ldsm_x4_trans(uint32_t r[4], const uint16_t *p) {
 }
 
 PTX_EMU_FN float ptx_shfl_xor(float v, int mask) {
-    const int tid = OMPK_EMU_TID();
+    const int tid = OMPK_TID();
     ptx_emu_f[tid] = v;
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
     const float o = ptx_emu_f[tid ^ mask];
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
     return o;
 }
 #else
@@ -186,7 +183,7 @@ PTX_INLINE float ptx_shfl_xor(float v, int mask) {
 
 /* 2^x; the GPU's ex2.approx (2 ulp) */
 PTX_INLINE float ptx_ex2(float x) {
-#ifdef PTX_MMA_EMULATE
+#ifdef OMPK_EMULATE
     return ptx_emu_canon(exp2f(x));
 #else
     return exp2f(x);
@@ -202,7 +199,7 @@ PTX_INLINE void ptx_cp_async_commit(void) {}
 PTX_INLINE void ptx_cp_async_wait0(void) {}
 PTX_INLINE void ptx_cp_async_wait1(void) {}
 
-#if defined(PTX_MMA_DEVICE) && !defined(PTX_MMA_EMULATE)
+#ifdef OMPK_BARE_DEVICE
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 PTX_INLINE uint32_t ptx_shared_addr(const void *p) {
     uint32_t addr;
@@ -262,7 +259,7 @@ PTX_INLINE void ptx_cp_async_wait2(void) {}
 PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
     return ptx_pack_bf16x2(lo, hi);
 }
-#if defined(PTX_MMA_DEVICE) && !defined(PTX_MMA_EMULATE)
+#ifdef OMPK_BARE_DEVICE
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 PTX_INLINE void ptx_cp_async_wait2(void) {
     __asm__ volatile("cp.async.wait_group 2;" ::: "memory");
@@ -281,7 +278,7 @@ PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
 PTX_INLINE void ptx_ld16_l2fill(const void *p, uint32_t w[4]) {
     memcpy(w, p, 16);
 }
-#if defined(PTX_MMA_DEVICE) && !defined(PTX_MMA_EMULATE)
+#ifdef OMPK_BARE_DEVICE
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 PTX_INLINE void ptx_ld16_l2fill(const void *p, uint32_t w[4]) {
     __asm__("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"

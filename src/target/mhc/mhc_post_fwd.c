@@ -59,7 +59,7 @@ post_chunk8(const int n, const char *x, int64_t xsi, const float *comb, int64_t 
     post_compute8(n, xv, fv, cw, pw, out, osi, bf16, esz);
 }
 
-#ifdef OMPK_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
 /* GPU variant body for one token: the token's weights stay in registers across its chunks, and
  * each chunk is loaded as raw words (all streams before any arithmetic) and unpacked on use. */
 static inline __attribute__((always_inline)) void
@@ -168,7 +168,7 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
  * tokens), its threads striding over the token's 8-element chunks. It avoids the portable loop's
  * 64-bit index division per chunk, keeps the token's weights in registers, and holds chunks as
  * raw words (see post_token_raw). */
-#ifdef OMPK_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
 #define POST_BARE_KERNEL(N, BF, NAME)                                                              \
     static void NAME(ompk_exec ex, const ompk_mhc_post_args *a) {                                  \
         POST_UNPACK(a);                                                                            \
@@ -213,7 +213,7 @@ static void (*const post_plain[8])(const ompk_mhc_post_args *) = {
     post_plain_1, post_plain_2, post_plain_3, post_plain_4,
     post_plain_5, post_plain_6, post_plain_7, post_plain_8};
 
-#ifdef OMPK_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
 static const post_kernel_fn post_bare[2][8] = {
     {post_bare_f32_1, post_bare_f32_2, post_bare_f32_3, post_bare_f32_4, post_bare_f32_5,
      post_bare_f32_6, post_bare_f32_7, post_bare_f32_8},
@@ -236,7 +236,7 @@ const ompk_mhc_post_stream_cfg *ompk_mhc_post_stream_find(const char *name, int 
 
 /* Target tensors on the vector path with D >= 512 (shorter rows leave most of a team idle). */
 int ompk_mhc_post_bare_fits(ompk_exec ex, const ompk_mhc_post_args *a) {
-#ifdef OMPK_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
     return ex.on_target && a->D >= 512 && ompk_mhc_post_vec_ok(a);
 #else
     (void)ex, (void)a;
@@ -245,7 +245,7 @@ int ompk_mhc_post_bare_fits(ompk_exec ex, const ompk_mhc_post_args *a) {
 }
 
 void ompk_mhc_post_fwd_bare1(ompk_exec ex, const ompk_mhc_post_args *a) {
-#ifdef OMPK_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
     post_bare[a->is_bf16 ? 1 : 0][a->n - 1](ex, a);
 #else
     (void)ex, (void)a;

@@ -5,11 +5,8 @@
 #define OMPK_MHC_POST_KERN_H
 
 #include <stdint.h>
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-#include <ompx.h>
-#define OMPK_HAVE_BARE 1
-#endif
 
+#include "bare.h"
 #include "mhc_post.h"
 #include "vec8.h"
 
@@ -29,7 +26,7 @@ post_weights(const int n, const float *comb, int64_t csi, int64_t cso, const flo
     }
 }
 
-#ifdef OMPK_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
 /* Element e of a chunk held as raw 16-byte words: bf16 (one word) or f32 (two words). Unpacking
  * at the point of use keeps the chunk in 4 (bf16) or 8 (f32) registers per stream instead of 8
  * floats, which is what bounds occupancy for the memory-bound GPU variant. */
@@ -232,7 +229,7 @@ PS_INLINE void post_token_stream(const int n, const int bf16, const int U, const
  * token (no token loop: per-token strides and bases would stay live in registers across it),
  * its threads covering the token's chunks U at a time (see post_token_stream). The team size
  * is a launch argument: a team needs no more threads than C/U. Callers keep T < 2^31. */
-#ifdef OMPK_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
 #define POST_STREAM_KERNEL(N, BF, U, H, NAME)                                                      \
     static void NAME(ompk_exec ex, const ompk_mhc_post_args *a, int threads) {                     \
         POST_UNPACK(a);                                                                            \

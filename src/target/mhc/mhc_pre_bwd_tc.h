@@ -1,6 +1,6 @@
 /* mHC pre backward on tensor cores, for bf16 x, dh_in and grad_x_post on the GPU (used by
  * mhc_pre_bwd.c; the team functions also run on the host in tests/test_mhc_pre_bwd_tc_emu.c with
- * PTX_MMA_EMULATE). Four launches instead of six:
+ * OMPK_EMULATE). Four launches instead of six:
  *  - Stages 1 + 2 fused, a warp a token (bwd_tc_dhpre_warp: 16-byte loads of x and dh_in, lane
  *    sums reduced by shuffles); lane 0 then runs the portable stage-2 body and writes the token's
  *    dh_mix, coef and h_pre in the order the mma fragments need (bwd_tc_frag_tok: one
@@ -131,21 +131,7 @@ MHC_INLINE void bwd_tc_frag_tok(const int N, uint16_t *frag, int64_t t, const fl
     for (int i = 0; i < N; i++) fw[WB + WA + 16 + i * 16 + r] = dhm ? hp[i * shp1] : 0.f;
 }
 
-#if defined(PTX_MMA_DEVICE) || defined(PTX_MMA_EMULATE)
-#define BWD_TC_HAVE 1
-#include <omp.h>
-#ifdef PTX_MMA_EMULATE
-/* a team is one host parallel region of BWD_TC_THREADS threads; the test sets the block */
-static int bwd_tc_emu_block;
-#define BWD_TC_TID() OMPK_EMU_TID()
-#define BWD_TC_BID() bwd_tc_emu_block
-#define BWD_TC_SYNC() OMPK_EMU_SYNC()
-#else
-#include <ompx.h>
-#define BWD_TC_TID() ompx_thread_id_x()
-#define BWD_TC_BID() ompx_block_id_x()
-#define BWD_TC_SYNC() ompx_sync_block_acq_rel()
-#endif
+#ifdef OMPK_BARE_KERNELS
 
 /* (b, s) of a token, stepped by 16 tokens without divisions (T < 2^31: 32-bit halves, fewer
  * registers) */
@@ -263,9 +249,9 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
                             uint32_t *sm) {
     const int M = BWD_TC_M(N), MT = BWD_TC_MT(N), KS = BWD_TC_KS(N), FW = BWD_TC_FW(N);
     const int WB = BWD_TC_WB(N), WA = BWD_TC_WA(N), SW = BWD_TC_SW, NS = BWD_TC_NS;
-    const int tid = BWD_TC_TID(), lane = tid & 31, warp = tid >> 5;
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
-    const int bid = BWD_TC_BID();
+    const int bid = OMPK_BID();
     const int kb = bid % g->NKT, q = bid / g->NKT;
     const int64_t S = g->S, D = g->D, K = g->K;
     const int64_t k0 = (int64_t)kb * BWD_TC_KT, kw0 = k0 + 32 * warp;
@@ -332,7 +318,7 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
     int slot = 0;
     for (int j = 0; j < ntile; j++) {
         ptx_cp_async_wait2(); /* tile j's group has landed (NS - 2 newer ones may be pending) */
-        BWD_TC_SYNC();
+        OMPK_SYNC();
         {
             const int jn = j + NS - 1, sn = slot == 0 ? NS - 1 : slot - 1;
             if (jn < ntile) {
@@ -434,7 +420,7 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
     }
     /* block sums: each thread a run of consecutive tokens, then a fixed tree over the threads
      * in shared memory (the ring is free once every warp passed this barrier) */
-    BWD_TC_SYNC();
+    OMPK_SYNC();
     float *red = (float *)sm;
     const int R = M + 3;
     const int64_t per = (t1 - t0 + BWD_TC_THREADS - 1) / BWD_TC_THREADS;
@@ -443,13 +429,13 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
         float v = 0.f;
         for (int64_t t = a0; t < a1; t++) v += tok[t * R + j];
         red[tid] = v;
-        BWD_TC_SYNC();
+        OMPK_SYNC();
         for (int w = BWD_TC_THREADS / 2; w >= 1; w >>= 1) {
             if (tid < w) red[tid] += red[tid + w];
-            BWD_TC_SYNC();
+            OMPK_SYNC();
         }
         if (tid == 0) blk[(int64_t)q * R + j] = red[0];
-        BWD_TC_SYNC();
+        OMPK_SYNC();
     }
 }
 
@@ -462,6 +448,6 @@ void mhc_pre_bwd_tc_stage4_r128(ompk_exec ex, int n, const bwd_tc_geom *g, const
                                 const char *dh, const char *gxp, char *dx, const float *phi,
                                 const float *gamma, const uint32_t *frag, const float *tok,
                                 float *pw, float *blk);
-#endif /* BWD_TC_HAVE */
+#endif /* OMPK_BARE_KERNELS */
 
 #endif

@@ -1,5 +1,5 @@
 /* mHC pre forward, tensor-core GEMM for bf16 x on the GPU (used by mhc_pre_fwd.c; the team
- * function is also run on the host by tests/test_mhc_pre_tc_emu.c with PTX_MMA_EMULATE).
+ * function is also run on the host by tests/test_mhc_pre_tc_emu.c with OMPK_EMULATE).
  *
  * Launch 1 of the pre forward becomes an ompx_bare kernel on mma.sync m16n8k16 (bf16 in, f32
  * accumulate). A team of PRE_TC_WARPS warps owns PRE_TC_TOK(n) tokens and one K split; each
@@ -130,21 +130,7 @@ MHC_INLINE int pre_tc_chunk_off(const pre_tc_geom *g, int q, int q1, int e, int6
     return q < q1 && d < g->D;
 }
 
-#if defined(PTX_MMA_DEVICE) || defined(PTX_MMA_EMULATE)
-#define PRE_TC_HAVE 1
-#include <omp.h>
-#ifdef PTX_MMA_EMULATE
-/* a team is one host parallel region of PRE_TC_THREADS threads; the test sets the block */
-static int pre_tc_emu_block;
-#define PRE_TC_TID() OMPK_EMU_TID()
-#define PRE_TC_BID() pre_tc_emu_block
-#define PRE_TC_SYNC() OMPK_EMU_SYNC()
-#else
-#include <ompx.h>
-#define PRE_TC_TID() ompx_thread_id_x()
-#define PRE_TC_BID() ompx_block_id_x()
-#define PRE_TC_SYNC() ompx_sync_block_acq_rel()
-#endif
+#ifdef OMPK_BARE_KERNELS
 
 /* x of chunk q (zeros past the split or past D) for the lane's 2 * TM token rows */
 MHC_INLINE void pre_tc_loadx(const int TM, const int L2F, uint32_t xv[PRE_TC_TMMAX][2][4],
@@ -280,9 +266,9 @@ MHC_INLINE void pre_tc_team(const int N, const int OPT, const pre_tc_geom *g, co
     const int ROTON = OPT & PRE_TC_OPT_ROT, L2F = (OPT & PRE_TC_OPT_L2F) != 0;
     const int M = 2 * N + N * N, NT = PRE_TC_NT(N), SC = PRE_TC_SC(N), BUF = PRE_TC_BUF(N);
     const int TM = PRE_TC_TM(N), LDW = PRE_TC_LDW(N);
-    const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
-    const int blk = PRE_TC_BID();
+    const int blk = OMPK_BID();
     const int c = g->ILV ? blk % g->KS : blk / g->NG;
     const int grp = g->ILV ? blk / g->KS : blk - c * g->NG;
     const int64_t T = g->T;
@@ -317,7 +303,7 @@ MHC_INLINE void pre_tc_team(const int N, const int OPT, const pre_tc_geom *g, co
         if (cc < SC) pre_tc_loadx(TM, L2F, xa[cc], xr, g, q0 + rot * qstep + cc, q1, t4);
     pre_tc_fetchw(N, SC, pw, phi, gamma, g, q0 + rot * qstep, q1, tid);
     pre_tc_storew(N, SC, LDW, pw, ws, tid);
-    PRE_TC_SYNC();
+    OMPK_SYNC();
     for (int st = 0; st < nst; st++) {
         /* past the last stage: chunks from q1 on, zeros */
         const int sn = st + 1 + rot < nst ? st + 1 + rot : st + 1 + rot - nst;
@@ -328,7 +314,7 @@ MHC_INLINE void pre_tc_team(const int N, const int OPT, const pre_tc_geom *g, co
         if (st + 1 < nst) pre_tc_fetchw(N, SC, pw, phi, gamma, g, qn, q1, tid);
         pre_tc_stage(N, SC, LDW, TM, acc, ss, xa, ws + (st & 1) * BUF, gq, t4);
         if (st + 1 < nst) pre_tc_storew(N, SC, LDW, pw, ws + ((st + 1) & 1) * BUF, tid);
-        PRE_TC_SYNC();
+        OMPK_SYNC();
         MHC_UNROLL
         for (int cc = 0; cc < 2; cc++) {
             if (cc >= SC) continue;
@@ -380,9 +366,9 @@ MHC_INLINE void pre_tca_team(const int N, const int ROTON, const pre_tc_geom *g,
                              uint16_t *xs) {
     const int M = 2 * N + N * N, NT = PRE_TC_NT(N), TM = PRE_TCA_TM, NS = PRE_TCA_NS;
     const int WBUF = PRE_TCA_WBUF(N), XBUF = PRE_TCA_XBUF;
-    const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
-    const int blk = PRE_TC_BID();
+    const int blk = OMPK_BID();
     const int c = g->ILV ? blk % g->KS : blk / g->NG;
     const int grp = g->ILV ? blk / g->KS : blk - c * g->NG;
     const int64_t T = g->T;
@@ -421,7 +407,7 @@ MHC_INLINE void pre_tca_team(const int N, const int ROTON, const pre_tc_geom *g,
     for (int st = 0; st < nst; st++) {
         /* groups committed: st + NS - 1; all but the newest NS - 2 = 1 have landed */
         ptx_cp_async_wait1();
-        PRE_TC_SYNC();
+        OMPK_SYNC();
         const int sn = st + NS - 1, slot_n = slot == 0 ? NS - 1 : slot - 1;
         if (sn < nst) pre_tca_issue(xrow, g, PRE_TCA_Q(sn), q1, xs + slot_n * XBUF, tid);
         ptx_cp_async_commit();
@@ -493,8 +479,8 @@ MHC_INLINE void pre_epi_team(const int N, const pre_tc_geom *g, int KS, const fl
                              float *inv_rms, float *h_pre, float *es) {
     const int M = 2 * N + N * N, MP = M + 1, LPT = PRE_EPI_LPT(N), NP = PRE_EPI_NP(N);
     const int ER = NP * NP / LPT; /* Sinkhorn entries a lane: 1 or 2 */
-    const int tid = PRE_TC_TID(), slot = tid / LPT, l = tid % LPT;
-    const int64_t T = g->T, t = (int64_t)PRE_TC_BID() * PRE_EPI_TOK(N) + slot;
+    const int tid = OMPK_TID(), slot = tid / LPT, l = tid % LPT;
+    const int64_t T = g->T, t = (int64_t)OMPK_BID() * PRE_EPI_TOK(N) + slot;
     /* past T: lane work on the last token (the shuffles need every lane), nothing written */
     const int live_t = t < T;
     const int64_t tl = live_t ? t : T - 1;
@@ -504,7 +490,7 @@ MHC_INLINE void pre_epi_team(const int N, const pre_tc_geom *g, int KS, const fl
         for (int c = 0; c < KS; c++) sum += part[((int64_t)c * T + tl) * MP + m];
         e[m] = sum;
     }
-    PRE_TC_SYNC();
+    OMPK_SYNC();
     const float r = 1.f / sqrtf(e[M] / (float)((int64_t)N * g->D) + a->norm_eps);
     const float a0 = alpha[0], a1 = alpha[a->salpha], a2 = alpha[2 * a->salpha];
     const int64_t b = tl / g->S, s = tl % g->S;
@@ -582,11 +568,11 @@ MHC_INLINE void pre_epi_hin_team(const int N, const pre_tc_geom *g, int KS, cons
                                  const char *x, char *h_in) {
     pre_epi_team(N, g, KS, part, a, alpha, bias, hp_ws, h_post, logits, comb, h_mix, inv_rms, h_pre,
                  es);
-    PRE_TC_SYNC();
-    const int64_t t0 = (int64_t)PRE_TC_BID() * PRE_EPI_TOK(N), np = g->D / 8;
+    OMPK_SYNC();
+    const int64_t t0 = (int64_t)OMPK_BID() * PRE_EPI_TOK(N), np = g->D / 8;
     const int64_t nt = g->T - t0 < PRE_EPI_TOK(N) ? g->T - t0 : PRE_EPI_TOK(N);
     /* two pieces an iteration, both loads first: twice the bytes in flight a thread */
-    for (int64_t w = PRE_TC_TID(); w < nt * np; w += 2 * PRE_TC_THREADS) {
+    for (int64_t w = OMPK_TID(); w < nt * np; w += 2 * PRE_TC_THREADS) {
         const int64_t w2 = w + PRE_TC_THREADS, u = w / np, u2 = w2 / np;
         ompk_u128 v[8], v2[8];
         pre_tc_hin_load(N, g, x, t0 + u, (w - u * np) * 8, v);
@@ -635,6 +621,6 @@ MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, con
     pre_tc_hin_load(N, g, x, t, d, v);
     pre_tc_hin_store(N, g, hp, h_in, t, d, v);
 }
-#endif /* PRE_TC_HAVE */
+#endif /* OMPK_BARE_KERNELS */
 
 #endif

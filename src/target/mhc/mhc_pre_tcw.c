@@ -16,7 +16,7 @@
 
 void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, int ring, const char *x,
                       const float *phi, const float *gamma, uint16_t *wp, float *part) {
-#ifdef PRE_TC_HAVE
+#ifdef OMPK_BARE_KERNELS
     const pre_tc_geom gg = *g;
     const int teams = gg.NG * gg.KS;
     const int64_t items = (gg.NCH + PRE_TCW_SC - 1) / PRE_TCW_SC * (PRE_TC_NT(n) * 8) * 64;

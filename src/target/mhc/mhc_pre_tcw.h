@@ -1,5 +1,5 @@
 /* mHC pre forward, launch 1 as a tensor-core GEMM that reads x in wide row pieces (n <= 4; the
- * team function is also run on the host by tests/test_mhc_pre_tc_emu.c with PTX_MMA_EMULATE).
+ * team function is also run on the host by tests/test_mhc_pre_tc_emu.c with OMPK_EMULATE).
  *
  * Why another GEMM: x is T rows of n*D bf16 (32 KB at the benchmark shape), and the GEMM of
  * mhc_pre_tc.h loads it straight into mma fragments, where one warp load covers 8 rows x 64
@@ -130,7 +130,7 @@ static inline void pre_tcw_wpair(int n, const pre_tc_geom *g, const float *phi, 
     memcpy(b + 2 * NT * 1024 + at, &lo, 4);
 }
 
-#ifdef PRE_TC_HAVE
+#ifdef OMPK_BARE_KERNELS
 /* f32 sum of squares of the two bf16 in a packed pair, added to s */
 MHC_INLINE float pre_tcw_sq2(uint32_t w, float s) {
     const float lo = ptx_bf16_half(w, 0), hi = ptx_bf16_half(w, 1);
@@ -190,9 +190,9 @@ MHC_INLINE void pre_tcw_team(const int N, const int NB, const pre_tc_geom *g, co
      * global memory every stage (the barriers and stores may alias it) */
     const pre_tc_geom G = *g;
     const int M = 2 * N + N * N, MP = M + 1, NT = PRE_TC_NT(N), SC = PRE_TCW_SC;
-    const int tid = PRE_TC_TID(), lane = tid & 31, warp = tid >> 5;
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3, quarter = warp & 3, half = warp >> 2;
-    const int blk = PRE_TC_BID();
+    const int blk = OMPK_BID();
     const int c = blk / G.NG, grp = blk - c * G.NG;
     const int64_t T = G.T, t0 = (int64_t)grp * PRE_TCW_TOK;
     const int q0 = c * G.CPS, q1 = q0 + G.CPS > G.NCH ? G.NCH : q0 + G.CPS;
@@ -236,7 +236,7 @@ MHC_INLINE void pre_tcw_team(const int N, const int NB, const pre_tc_geom *g, co
             ptx_cp_async_wait0();
         else
             ptx_cp_async_wait1();
-        PRE_TC_SYNC();
+        OMPK_SYNC();
         if (nis < nst) {
             pre_tcw_issue(ring + tl * PRE_TCW_XS, x, ro, ps, G.D, G.sx2, q1, warp, lane);
             tl = tl + 1 == NB ? 0 : tl + 1;
@@ -248,7 +248,7 @@ MHC_INLINE void pre_tcw_team(const int N, const int NB, const pre_tc_geom *g, co
         sc = sc + 1 == nst ? 0 : sc + 1;
         tc = tc + 1 == NB ? 0 : tc + 1;
     }
-    PRE_TC_SYNC(); /* the ring is dead: the quarter sums reuse it */
+    OMPK_SYNC(); /* the ring is dead: the quarter sums reuse it */
     float *red = (float *)ring;
     /* quarter sums: red[(quarter * TOK + token) * MP + m] */
     MHC_UNROLL
@@ -260,7 +260,7 @@ MHC_INLINE void pre_tcw_team(const int N, const int NB, const pre_tc_geom *g, co
         pre_tc_put_row(NT, M, acc[mt], h, t4, ss[mt][h],
                        red + (quarter * PRE_TCW_TOK + (2 * half + mt) * 16 + h * 8 + gq) * MP);
     }
-    PRE_TC_SYNC();
+    OMPK_SYNC();
     for (int e = tid; e < PRE_TCW_TOK * MP; e += PRE_TCW_THREADS) {
         const int tok = e / MP;
         if (t0 + tok >= T) continue;
@@ -269,6 +269,6 @@ MHC_INLINE void pre_tcw_team(const int N, const int NB, const pre_tc_geom *g, co
         part[((int64_t)c * T + t0) * MP + e] = ((rr[0] + rr[qs]) + rr[2 * qs]) + rr[3 * qs];
     }
 }
-#endif /* PRE_TC_HAVE */
+#endif /* OMPK_BARE_KERNELS */
 
 #endif

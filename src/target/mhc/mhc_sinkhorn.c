@@ -4,6 +4,7 @@
  * its 2*repeat intermediate matrices stored in a device workspace laid out [state][token][n*n]
  * (adjacent lanes, adjacent tokens), then walked in reverse. Tokens go in batches so that the
  * workspace stays bounded for any T. */
+#include "bare.h"
 #include "mhc_kern.h"
 
 #define SK_WS_BYTES ((int64_t)64 << 20)
@@ -117,8 +118,7 @@ void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
 #undef SK_FWD
 }
 
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-#include <ompx.h>
+#ifdef OMPK_BARE_DEVICE
 #include <stdlib.h>
 #include <string.h>
 

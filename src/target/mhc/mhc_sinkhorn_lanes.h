@@ -14,7 +14,7 @@
  * host's only by that rounding order. Every lane of the warp runs every step (padding rows and
  * the missing tokens of a last group hold zeros and store nothing), as the shuffles require.
  *
- * tests/test_mhc_sinkhorn_lanes_emu.c runs skl_token on an emulated warp (PTX_MMA_EMULATE); the
+ * tests/test_mhc_sinkhorn_lanes_emu.c runs skl_token on an emulated warp (OMPK_EMULATE); the
  * GPU run of test_mhc_sinkhorn checks the real kernel. */
 #ifndef OMPK_MHC_SINKHORN_LANES_H
 #define OMPK_MHC_SINKHORN_LANES_H

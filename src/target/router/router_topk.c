@@ -275,47 +275,43 @@ static void rt_token(const void *sx, int64_t xo, int64_t xs, const void *sy, int
  *    handful of the 16384 tokens tied); a token holding NaN or +inf is finished by lane 0 with
  *    the portable per-token routine.
  * OMPK_ROUTER_VARIANT=portable forces the portable kernel. */
-#if defined(RT_WARP_EMULATE)
-/* tests/test_router_warp.c: the warp code on an emulated team of 32 threads (emu_hooks.h),
+#include "bare.h"
+#if defined(OMPK_EMULATE)
+/* tests/test_router_warp.c: the warp code on an emulated team of 32 threads (bare.h),
  * collectives through memory */
-#include "emu_hooks.h"
-#define RT_HAVE_WARP 1
 static unsigned rt_emu_u[32];
 static int rt_emu_i[32];
 static inline unsigned rt_wmax(unsigned v) {
-    OMPK_EMU_SYNC();
-    rt_emu_u[OMPK_EMU_TID()] = v;
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
+    rt_emu_u[OMPK_TID()] = v;
+    OMPK_SYNC();
     unsigned m = 0;
     for (int l = 0; l < 32; l++) m = rt_emu_u[l] > m ? rt_emu_u[l] : m;
     return m;
 }
 static inline int rt_wadd(int v) {
-    OMPK_EMU_SYNC();
-    rt_emu_i[OMPK_EMU_TID()] = v;
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
+    rt_emu_i[OMPK_TID()] = v;
+    OMPK_SYNC();
     int s = 0;
     for (int l = 0; l < 32; l++) s += rt_emu_i[l];
     return s;
 }
 static inline unsigned rt_wshfl(unsigned v, int src) {
-    OMPK_EMU_SYNC();
-    rt_emu_u[OMPK_EMU_TID()] = v;
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
+    rt_emu_u[OMPK_TID()] = v;
+    OMPK_SYNC();
     return rt_emu_u[src];
 }
 static inline unsigned rt_wballot(int pred) {
-    OMPK_EMU_SYNC();
-    rt_emu_i[OMPK_EMU_TID()] = pred != 0;
-    OMPK_EMU_SYNC();
+    OMPK_SYNC();
+    rt_emu_i[OMPK_TID()] = pred != 0;
+    OMPK_SYNC();
     unsigned m = 0;
     for (int l = 0; l < 32; l++) m |= (unsigned)rt_emu_i[l] << l;
     return m;
 }
-#elif defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
-#include <ompx.h>
-#define RT_HAVE_WARP 1
-#define RT_HAVE_BARE 1
+#elif defined(OMPK_BARE_DEVICE)
 
 /* Host bodies only satisfy the host compilation of the region; the kernel launches on GPUs. */
 static inline unsigned rt_wmax(unsigned v) {
@@ -347,7 +343,7 @@ static inline __attribute__((unused)) unsigned rt_wballot(int pred) {
 #pragma omp end declare variant
 #endif
 
-#ifdef RT_HAVE_WARP
+#ifdef OMPK_BARE_KERNELS
 #define RT_BARE_KMAX 32
 #define RT_BARE_NMAX 256
 #define RT_WARPS 4
@@ -861,7 +857,7 @@ static inline void rt_warp_shape(int N, int k, int *S, int *CS) {
 
 #endif
 
-#ifdef RT_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
 
 /* One kernel per (S, CS), so that each gets the registers of its own network sizes. */
 // clang-format off
@@ -929,9 +925,9 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, i
 }
 #endif
 
-#ifndef RT_WARP_EMULATE
+#ifndef OMPK_EMULATE
 int ompk_router_bare_fits(ompk_exec ex, const ompk_router_fwd_args *a) {
-#ifdef RT_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
     if (!ex.on_target || a->k > RT_BARE_KMAX || a->N > RT_BARE_NMAX) return 0;
     /* in-row offsets are int32 there (N <= 256) */
     const int64_t lim = INT32_MAX / RT_BARE_NMAX;
@@ -943,7 +939,7 @@ int ompk_router_bare_fits(ompk_exec ex, const ompk_router_fwd_args *a) {
 }
 
 void ompk_router_topk_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, int warp1) {
-#ifdef RT_HAVE_BARE
+#ifdef OMPK_BARE_DEVICE
     rt_fwd_bare(ex, a, sort, warp1);
 #else
     (void)ex, (void)a, (void)sort, (void)warp1;
