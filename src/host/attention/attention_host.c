@@ -1,6 +1,6 @@
 /* Host attention for bf16 on AVX-512 BF16 CPUs (the portable kernel stays the fallback and the
- * GPU kernel): the same flash schedule as src/target/attention_portable.c, written for the
- * vdpbf16ps dot product, which does two bf16 products per f32 lane at twice the FMA rate.
+ * GPU kernel): the same flash schedule as src/target/attention/attention_portable.c, written for
+ * the vdpbf16ps dot product, which does two bf16 products per f32 lane at twice the FMA rate.
  *
  * Layout: 16 query rows (forward, dq) or 16 keys (dk/dv) sit in the 16 lanes of a vector, with
  * their bf16 values transposed once per block as pairs along the head dim (xT[p][lane] =

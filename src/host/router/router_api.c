@@ -1,5 +1,5 @@
 /* ompk_router_topk_fwd / ompk_router_topk_bwd: validation, routing, verify and trace around the
- * kernels in src/target/router_topk.c. */
+ * kernels in src/target/router/router_topk.c. */
 #include <stdlib.h>
 
 #include "check.h"

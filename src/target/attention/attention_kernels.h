@@ -64,8 +64,8 @@ void ompk_attn_bwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *dout,
                         const void *k, const void *v, const void *out, const float *lse, void *dq,
                         void *dk, void *dv, float *dsum);
 
-/* Host kernels on AVX-512 (src/host/attention_host.c; bf16 needs AVX-512 BF16): whether they
- * can serve this call (bwd: the backward), the forward, and the backward given dsum from
+/* Host kernels on AVX-512 (src/host/attention/attention_host.c; bf16 needs AVX-512 BF16): whether
+ * they can serve this call (bwd: the backward), the forward, and the backward given dsum from
  * ompk_attn_rowsum (returns nonzero, with dq/dk/dv incomplete, when its f32 workspace cannot
  * be allocated). */
 int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g, int bwd);
