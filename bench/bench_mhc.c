@@ -98,7 +98,7 @@ static int bench_post(ompk_bench_ctx *ctx) {
         return rc;
     }
     /* on a GPU, the default and the alternatives (mhc_post_fwd entries, team sizes; see
-     * src/host/mhc_post_impl.c), the default again last to show drift within the run */
+     * src/host/mhc/mhc_post_impl.c), the default again last to show drift within the run */
     const post_sweep_entry bf16_sweep[] = {{NULL, 0},   {"bare1", 0}, {"portable", 0}, {NULL, 64},
                                            {NULL, 256}, {"u1c", 0},   {"u2c", 0},      {"u2c", 128},
                                            {"u4c", 0},  {"u4p", 0},   {NULL, 0}};

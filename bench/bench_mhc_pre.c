@@ -215,7 +215,7 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
 
 static int bench_mhc_pre(ompk_bench_ctx *ctx) {
     if (ctx->dev.type == OMPK_HOST) return bench_shape(ctx, 1, 1024, 4, 2048, NULL, 0);
-    /* n4: every GPU entry of the mhc_pre_fwd list by name (src/host/mhc_pre_fwd_impl.c: the
+    /* n4: every GPU entry of the mhc_pre_fwd list by name (src/host/mhc/mhc_pre_fwd_impl.c: the
      * wide-load and register tensor-core GEMMs and their alternatives) and the SIMT kernels */
     const char *n4[32];
     int nn4 = 0;

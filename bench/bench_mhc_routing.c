@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "bench.h"
-#include "target/mhc_post.h"
+#include "target/mhc/mhc_post.h"
 
 typedef struct probe {
     ompk_mhc_post_args a;

@@ -3,7 +3,7 @@
  * so a barrier costs one stack switch per thread instead of waking host threads (32 to 1024 of
  * them on a CI machine of 2 cores, at every emulated warp instruction).
  * Include before the kernel source: it defines the hooks OMPK_EMU_TID() and OMPK_EMU_SYNC()
- * that the kernels' emulation branches use (src/target/emu_hooks.h). Every thread must pass the
+ * that the kernels' emulation branches use (src/target/gpu/bare.h). Every thread must pass the
  * same number of sync points, as on the GPU; emu_team_run reports a team that does not. */
 #ifndef OMPK_TEST_EMU_TEAM_H
 #define OMPK_TEST_EMU_TEAM_H

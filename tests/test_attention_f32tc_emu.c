@@ -1,11 +1,11 @@
-/* The 3xTF32 GPU forward for f32 (src/target/attention_f32tc.c) run on the host: the source is
- * included with ATTT_EMULATE, which makes each team 128 emulated threads (emu_team.h) and turns
- * mma.sync tf32 (operands read as their top 19 bits, as the tensor cores do) and the shuffles into
- * fragment exchanges through memory. CI thereby checks the kernel's own algorithm (operand split,
- * permuted fragments, tile loads, masks, online softmax) against the double reference with the
- * f32 tolerances of the other suites; the GPU run of test_attention_fwd checks the real
+/* The 3xTF32 GPU forward for f32 (src/target/attention/attention_f32tc.c) run on the host: the
+ * source is included with OMPK_EMULATE, which makes each team 128 emulated threads (emu_team.h) and
+ * turns mma.sync tf32 (operands read as their top 19 bits, as the tensor cores do) and the shuffles
+ * into fragment exchanges through memory. CI thereby checks the kernel's own algorithm (operand
+ * split, permuted fragments, tile loads, masks, online softmax) against the double reference with
+ * the f32 tolerances of the other suites; the GPU run of test_attention_fwd checks the real
  * instructions. */
-#define ATTT_EMULATE 1
+#define OMPK_EMULATE 1
 #include "emu_team.h"
 
 #include "attention_f32tc.c"
@@ -51,7 +51,7 @@ static int emu_run(att_case *c) {
     fwd_args a = {&g, c->q.host, c->k.host, c->v.host, c->out.host, c->lse.host};
     const int64_t teams = g.B * g.Hq * ((g.N + ATTT_BQ - 1) / ATTT_BQ);
     for (int64_t t = 0; t < teams; t++) {
-        attt_emu_block = t;
+        ompk_emu_block = (int)t;
         if (emu_team_run(128, fwd_thread, &a) != 0) return 0;
     }
     return 1;

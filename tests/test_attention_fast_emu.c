@@ -1,9 +1,9 @@
-/* The tensor-core GPU forward (src/target/attention_fast.c) run on the host: the source is
- * included with ATTF_EMULATE, which makes each team 128 emulated threads (emu_team.h) and turns
+/* The tensor-core GPU forward (src/target/attention/attention_fast.c) run on the host: the source
+ * is included with OMPK_EMULATE, which makes each team 128 emulated threads (emu_team.h) and turns
  * mma.sync, ldmatrix.trans and the shuffles into fragment exchanges through memory. CI thereby
  * checks the kernel's own algorithm (fragment layouts, tile loads, masks, online softmax, bf16 P)
  * against the double reference; the GPU run of test_attention_fwd checks the real instructions. */
-#define ATTF_EMULATE 1
+#define OMPK_EMULATE 1
 #include "emu_team.h"
 
 #include "attention_fast.c"
@@ -50,7 +50,7 @@ static int emu_run(att_case *c) {
     a.out = c->out.host, a.lse = c->lse.host;
     const int64_t teams = g.B * g.Hq * ((g.N + ATTF_BQ - 1) / ATTF_BQ);
     for (int64_t t = 0; t < teams; t++) {
-        attf_emu_block = t;
+        ompk_emu_block = (int)t;
         if (emu_team_run(128, fwd_thread, &a) != 0) return 0;
     }
     return 1;
@@ -164,12 +164,12 @@ static int emu_bwd(att_case *c) {
     int ok = 1;
     const int64_t kteams = g.B * g.Hkv * ((g.M + ATTF_BK - 1) / ATTF_BK);
     for (int64_t t = 0; t < kteams && ok; t++) {
-        attf_emu_block = t;
+        ompk_emu_block = (int)t;
         ok = emu_team_run(128, dkdv_thread, &a) == 0;
     }
     const int64_t qteams = g.B * g.Hq * ((g.N + ATTF_BQ - 1) / ATTF_BQ);
     for (int64_t t = 0; t < qteams && ok; t++) {
-        attf_emu_block = t;
+        ompk_emu_block = (int)t;
         ok = emu_team_run(128, dq_thread, &a) == 0;
     }
     free(dsum);

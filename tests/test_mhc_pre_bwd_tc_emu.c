@@ -1,5 +1,5 @@
-/* The tensor-core stage 4 of the mHC pre backward (src/target/mhc_pre_bwd_tc.h) run on the host:
- * with PTX_MMA_EMULATE a team is BWD_TC_THREADS emulated threads (emu_team.h) and mma.sync,
+/* The tensor-core stage 4 of the mHC pre backward (src/target/mhc/mhc_pre_bwd_tc.h) run on the
+ * host: with OMPK_EMULATE a team is BWD_TC_THREADS emulated threads (emu_team.h) and mma.sync,
  * ldmatrix and the shuffles exchange fragments through memory, so CI checks the kernel's own
  * algorithm (the fragment tiles stage 2 writes, the hi/mid/lo splits, the column permutation of the
  * dx tiles, the cp.async ring over many tiles, token tails inside a tile and across batches, padded
@@ -7,7 +7,7 @@
  *   dx[t,k] = sum_m dh_mix[t,m] w[m,k] - coef[t] x[t,k] + h_pre[t,i] dh_in[t,d] (+ gxp[t,k])
  *   dW[m,k] = sum_t dh_mix[t,m] x[t,k]   (partials per token block, summed in block order)
  * The GPU run of test_mhc_pre / test_mhc_pre_bwd_tc checks the real instructions. */
-#define PTX_MMA_EMULATE 1
+#define OMPK_EMULATE 1
 #include "emu_team.h"
 
 #include "mhc_pre_bwd_tc.h"
@@ -145,7 +145,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
                     pw,
                     blk};
     for (int bid = 0; bid < g.NKT * g.NB; bid++) {
-        bwd_tc_emu_block = bid;
+        ompk_emu_block = bid;
         cr_assert_eq(emu_team_run(BWD_TC_THREADS, team_thread, &ta), 0,
                      "block %d: the emulated team diverged", bid);
     }

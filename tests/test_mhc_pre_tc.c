@@ -1,5 +1,5 @@
 /* ompk_mhc_pre_fwd under the default order and each entry of its implementation list available
- * in this build (src/host/mhc_pre_fwd_impl.c: on a GPU the wide-load and register tensor-core
+ * in this build (src/host/mhc/mhc_pre_fwd_impl.c: on a GPU the wide-load and register tensor-core
  * GEMMs and their benchmark alternatives, each where it fits the call, else the default; the host
  * form; portable = the SIMT kernels, on the host too), each against the double reference, on
  * every device tu_devices lists. Shapes that take the tensor-core

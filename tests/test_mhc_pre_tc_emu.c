@@ -1,11 +1,11 @@
-/* The tensor-core GEMM of the mHC pre forward (src/target/mhc_pre_tc.h) run on the host: with
- * PTX_MMA_EMULATE a team is PRE_TC_THREADS emulated threads (emu_team.h: fibers on one host
+/* The tensor-core GEMM of the mHC pre forward (src/target/mhc/mhc_pre_tc.h) run on the host:
+ * with OMPK_EMULATE a team is PRE_TC_THREADS emulated threads (emu_team.h: fibers on one host
  * thread) and mma.sync and the shuffles exchange fragments through memory, so CI checks the
  * kernel's own algorithm (the k permutation shared by A and B, the hi/mid/lo weight split, stage
  * double buffering, split and token tails, strides, the partial layout) against a double reference;
  * the GPU run of test_mhc_pre checks the real instructions. The wide-load GEMM (mhc_pre_tcw.h) runs
  * the same checks as a team of PRE_TCW_THREADS threads. */
-#define PTX_MMA_EMULATE 1
+#define OMPK_EMULATE 1
 #include "emu_team.h"
 
 #include "mhc_pre_tc.h"
@@ -152,7 +152,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     }
     gemm_args ga = {n, async, &g, (const char *)x, wp, phi, a.gamma, part};
     for (int blk = 0; blk < g.NG * g.KS; blk++) {
-        pre_tc_emu_block = blk;
+        ompk_emu_block = blk;
         cr_assert_eq(emu_team_run(nthr, gemm_team, &ga), 0, "block %d: the team diverged", blk);
     }
 
@@ -349,7 +349,7 @@ static void check_epi(int n, int64_t B, int64_t S, int KS, int all_outputs, int 
     const int64_t teams = (T + PRE_EPI_TOK(n) - 1) / PRE_EPI_TOK(n);
     epi_args ea = {n, fused, &g, KS, part, &a, hp_ws, (char *)h_in};
     for (int64_t blk = 0; blk < teams; blk++) {
-        pre_tc_emu_block = (int)blk;
+        ompk_emu_block = (int)blk;
         cr_assert_eq(emu_team_run(PRE_TC_THREADS, epi_team, &ea), 0,
                      "block %lld: the team diverged", (long long)blk);
     }

@@ -1,10 +1,10 @@
-/* The GPU Sinkhorn backward with a token's rows over G lanes (src/target/mhc_sinkhorn_lanes.h)
- * run on the host: with PTX_MMA_EMULATE a warp is 32 emulated threads (emu_team.h: fibers on one
+/* The GPU Sinkhorn backward with a token's rows over G lanes (src/target/mhc/mhc_sinkhorn_lanes.h)
+ * run on the host: with OMPK_EMULATE a warp is 32 emulated threads (emu_team.h: fibers on one
  * host thread) and the butterfly shuffles exchange values through memory, so CI checks the kernel's
  * own algorithm (row/lane layout, column sums over the group, padding rows and tokens, the state
  * workspace walked in reverse with one step of prefetch) against the double reference for every n;
  * the GPU run of test_mhc_sinkhorn checks the real kernel. */
-#define PTX_MMA_EMULATE 1
+#define OMPK_EMULATE 1
 #include "emu_team.h"
 
 #include "mhc_sinkhorn_lanes.h"

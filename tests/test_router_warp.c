@@ -1,14 +1,14 @@
 /* The GPU warp-per-token forward (k <= 32, N <= 256) run on the host: the kernel source is
- * included with RT_WARP_EMULATE, which turns the warp collectives (ballot, redux add, shuffles)
+ * included with OMPK_EMULATE, which turns the warp collectives (ballot, redux add, shuffles)
  * into exchanges through memory between the 32 lanes of an emulated team (emu_team.h: fibers on
  * one host thread, switching at every collective). So CI checks the warp
  * algorithm itself against the brute-force reference, not only the portable kernel; the GPU run
  * of test_router_fwd checks the real instructions. Classes 5 and 6 hold NaN and +inf, which the
  * warp kernels hand to the portable routine: the order is exact there too (NaN above +inf). */
-#define RT_WARP_EMULATE 1
+#define OMPK_EMULATE 1
 #include "emu_team.h"
 
-#include "../src/target/router_topk.c"
+#include "../src/target/router/router_topk.c"
 
 #include <criterion/criterion.h>
 #include <math.h>

@@ -192,7 +192,7 @@ struct ompk_moe {
     int P;
     moe_part part[MOE_MAX_PARTS];
     int nnodes;
-    hwloc_topology_t topo; /* the process-wide topology (moe.c), shared read-only, not owned */
+    hwloc_topology_t topo; /* the process-wide topology (moe_api.c), shared read-only, not owned */
     int ncores;
     hwloc_cpuset_t *core_set; /* [ncores] */
     int *core_node;           /* [ncores] NUMA node logical index of each core */

@@ -1,0 +1,427 @@
+/* ompk_mhc_pre_fwd / ompk_mhc_pre_bwd / ompk_mhc_params_default: validation, workspace,
+ * routing, verify and trace around the kernels. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "error.h"
+#include "mhc_impl.h"
+#include "mhc_ref_pre.h"
+#include "ompk/mhc.h"
+#include "route.h"
+#include "target/mhc/mhc_kern.h"
+#include "tolerance.h"
+#include "verify.h"
+
+ompk_mhc_params ompk_mhc_params_default(void) {
+    ompk_mhc_params p;
+    p.norm_eps = 1e-6f;
+    p.hc_eps = 1e-6f;
+    p.post_mult = 2.0f;
+    p.sinkhorn_repeat = 20;
+    p.sinkhorn_eps = 1e-6f;
+    p.fuse_sinkhorn = 1;
+    return p;
+}
+
+static void check_params(ompk_call *c, const ompk_mhc_params *p) {
+    ompk_call_require(c, isfinite(p->norm_eps) && p->norm_eps >= 0, OMPK_ERR_INVALID_ARGUMENT,
+                      "norm_eps must be finite and >= 0");
+    ompk_call_require(c, isfinite(p->hc_eps) && p->hc_eps >= 0 && p->hc_eps < 1,
+                      OMPK_ERR_INVALID_ARGUMENT, "hc_eps must be in [0, 1)");
+    ompk_call_require(c, isfinite(p->post_mult) && p->post_mult != 0, OMPK_ERR_INVALID_ARGUMENT,
+                      "post_mult must be finite and non-zero");
+    ompk_call_require(c, p->sinkhorn_repeat >= 1 && p->sinkhorn_repeat <= 1000,
+                      OMPK_ERR_INVALID_ARGUMENT, "sinkhorn_repeat = %d, must be 1..1000",
+                      p->sinkhorn_repeat);
+    ompk_call_require(c, isfinite(p->sinkhorn_eps) && p->sinkhorn_eps >= 0,
+                      OMPK_ERR_INVALID_ARGUMENT, "sinkhorn_eps must be finite and >= 0");
+}
+
+static void dims(ompk_call *c, const char *name, const ompk_tensor *t, int nd,
+                 const int64_t *shape) {
+    for (int d = 0; d < nd; d++) ompk_call_dim(c, name, t, d, shape[d]);
+}
+
+/* The sizes of a pre call: x [B,S,n,D], T = B*S tokens, K = n*D, M = 2n + n^2. */
+typedef struct pre_dims {
+    int64_t B, S, n, D, T, K, M;
+} pre_dims;
+
+/* The inputs pre forward and pre backward share: x [B,S,n,D], phi [M,K], gamma [K] or NULL,
+ * alpha [3]. Fills the dimensions (all 0 unless x passed its checks, so that no product is
+ * formed from an unchecked n; with 1 <= n <= 8, D >= 1 and x within the size policy, none of
+ * them can overflow). */
+static void check_pre_inputs(ompk_call *c, const ompk_tensor *x, const ompk_tensor *phi,
+                             const ompk_tensor *gamma, const ompk_tensor *alpha, pre_dims *z) {
+    memset(z, 0, sizeof *z);
+    if (ompk_call_input(c, "x", x, 4, OMPK_DT_FLOAT)) {
+        const int64_t n = x->shape[2], D = x->shape[3];
+        ompk_call_require(c, n >= 1 && n <= 8, OMPK_ERR_INVALID_ARGUMENT,
+                          "n = %lld streams, must be 1..8", (long long)n);
+        ompk_call_require(c, D >= 1, OMPK_ERR_INVALID_ARGUMENT, "D must be >= 1");
+        ompk_call_unit_stride(c, "x", x, 3);
+        if (ompk_call_ok(c)) {
+            z->B = x->shape[0], z->S = x->shape[1], z->n = n, z->D = D;
+            z->T = z->B * z->S, z->K = n * D, z->M = 2 * n + n * n;
+        }
+    }
+    const int64_t K = z->K, M = z->M;
+    ompk_call_input(c, "phi", phi, 2, OMPK_DT(OMPK_F32));
+    dims(c, "phi", phi, 2, (int64_t[]){M, K});
+    ompk_call_unit_stride(c, "phi", phi, 1);
+    ompk_call_tensor(c, "gamma", gamma, 1, OMPK_DT(OMPK_F32), 0, 1);
+    if (gamma) {
+        ompk_call_dim(c, "gamma", gamma, 0, K);
+        ompk_call_unit_stride(c, "gamma", gamma, 0);
+    }
+    ompk_call_input(c, "alpha", alpha, 1, OMPK_DT(OMPK_F32));
+    ompk_call_dim(c, "alpha", alpha, 0, 3);
+}
+
+/* ---- verify / trace helpers ---------------------------------------------------------------- */
+
+typedef struct vset {
+    int count;
+    ompk_tensor h[24];
+    void *own[24];
+    double *dv[24];
+    int ok;
+} vset;
+
+/* Host snapshot of t (NULL allowed) as slot i: h[i] and a contiguous double copy dv[i]. */
+static void vset_add(vset *v, int i, const ompk_tensor *t) {
+    v->dv[i] = NULL;
+    v->own[i] = NULL;
+    if (!t || !v->ok) return;
+    if (ompk_host_view(t, &v->h[i], &v->own[i]) != OMPK_OK) {
+        v->ok = 0;
+        return;
+    }
+    int64_t n = ompk_tensor_numel(t);
+    v->dv[i] = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!v->dv[i]) {
+        v->ok = 0;
+        return;
+    }
+    ompk_mhc_ref_gather(&v->h[i], v->dv[i]);
+}
+
+static void vset_free(vset *v) {
+    for (int i = 0; i < v->count; i++) {
+        free(v->dv[i]);
+        ompk_host_view_free(v->own[i]);
+    }
+}
+
+static double *dalloc(int64_t n) {
+    return calloc((size_t)(n ? n : 1), sizeof(double));
+}
+
+static double max_abs(const double *r, int64_t n, int64_t stride, int64_t lo, int64_t hi) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t col = i % stride;
+        if (col >= lo && col < hi && fabs(r[i]) > m) m = fabs(r[i]);
+    }
+    return m;
+}
+
+/* One verify line for columns [lo, hi) of the innermost dim (hi < 0: all), with the absolute
+ * tolerance scaled by the section's largest reference magnitude. */
+static void vrep(const char *fn, const char *out, const char *sec, const ompk_tensor *h,
+                 const double *ref, int64_t lo, int64_t hi) {
+    int64_t n = ompk_tensor_numel(h), inner = h->ndim ? h->shape[h->ndim - 1] : 1;
+    if (inner < 1) inner = 1;
+    double s = max_abs(ref, n, inner, lo, hi < 0 ? inner : hi);
+    ompk_verify_report(fn, out, sec, h, ref, lo, hi, ompk_tol_for(h->dtype, s > 0 ? s : 1));
+}
+
+/* Rows [r0, r1) of a 2-D host view and its reference, reported as one section. */
+static void vrep_rows(const char *fn, const char *out, const char *sec, const ompk_tensor *h,
+                      const double *ref, int64_t r0, int64_t r1) {
+    ompk_tensor sub = *h;
+    sub.shape[0] = r1 - r0;
+    sub.data = (char *)h->data + r0 * h->strides[0] * (h->dtype == OMPK_BF16 ? 2 : 4);
+    vrep(fn, out, sec, &sub, ref + r0 * h->shape[1], 0, -1);
+}
+
+static void pre_fwd_verify(const ompk_tensor *ts[12], const ompk_mhc_params *p) {
+    static const char fn[] = "mhc_pre_fwd";
+    static const char *names[12] = {"x",      "phi",        "gamma", "alpha", "bias",    "h_in",
+                                    "h_post", "res_logits", "comb",  "h_mix", "inv_rms", "h_pre"};
+    vset v;
+    v.count = 12;
+    v.ok = 1;
+    for (int i = 0; i < 12; i++) vset_add(&v, i, ts[i]);
+    if (v.ok && ompk_trace_enabled())
+        for (int i = 0; i < 12; i++)
+            if (ts[i]) ompk_trace_tensor(fn, names[i], &v.h[i]);
+    if (v.ok && ompk_verify_enabled()) {
+        const ompk_tensor *x = ts[0];
+        const int64_t T = x->shape[0] * x->shape[1], n = x->shape[2], D = x->shape[3];
+        const int64_t M = 2 * n + n * n;
+        double *h_in = dalloc(T * D), *h_post = dalloc(T * n), *lg = dalloc(T * n * n);
+        double *comb = dalloc(T * n * n), *h_mix = dalloc(T * M), *inv = dalloc(T);
+        double *h_pre = dalloc(T * n);
+        if (h_in && h_post && lg && comb && h_mix && inv && h_pre) {
+            ompk_mhc_ref_pre_fwd(T, (int)n, D, v.dv[0], v.dv[1], v.dv[2], v.dv[3], v.dv[4], p, h_in,
+                                 h_post, lg, ts[8] ? comb : NULL, h_mix, inv, h_pre);
+            vrep(fn, "h_in", NULL, &v.h[5], h_in, 0, -1);
+            vrep(fn, "h_post", "post", &v.h[6], h_post, 0, -1);
+            if (ts[7]) vrep(fn, "res_logits", "res", &v.h[7], lg, 0, -1);
+            if (ts[8]) vrep(fn, "comb", "res", &v.h[8], comb, 0, -1);
+            if (ts[9]) {
+                vrep(fn, "h_mix", "pre", &v.h[9], h_mix, 0, n);
+                vrep(fn, "h_mix", "post", &v.h[9], h_mix, n, 2 * n);
+                vrep(fn, "h_mix", "res", &v.h[9], h_mix, 2 * n, M);
+            }
+            if (ts[10]) vrep(fn, "inv_rms", NULL, &v.h[10], inv, 0, -1);
+            if (ts[11]) vrep(fn, "h_pre", "pre", &v.h[11], h_pre, 0, -1);
+        }
+        free(h_in), free(h_post), free(lg), free(comb), free(h_mix), free(inv), free(h_pre);
+    }
+    vset_free(&v);
+}
+
+ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
+                             const ompk_tensor *alpha, const ompk_tensor *bias,
+                             const ompk_mhc_params *params, ompk_tensor *h_in, ompk_tensor *h_post,
+                             ompk_tensor *res_logits, ompk_tensor *comb, ompk_tensor *h_mix,
+                             ompk_tensor *inv_rms, ompk_tensor *h_pre) {
+    ompk_call c;
+    ompk_call_begin(&c, "ompk_mhc_pre_fwd");
+    const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
+    check_params(&c, &p);
+    pre_dims z;
+    check_pre_inputs(&c, x, phi, gamma, alpha, &z);
+    const int64_t B = z.B, S = z.S, n = z.n, D = z.D, T = z.T, M = z.M;
+    ompk_call_input(&c, "bias", bias, 1, OMPK_DT(OMPK_F32));
+    ompk_call_dim(&c, "bias", bias, 0, M);
+    ompk_call_output(&c, "h_in", h_in, 3, OMPK_DT_FLOAT);
+    dims(&c, "h_in", h_in, 3, (int64_t[]){B, S, D});
+    ompk_call_same_dtype(&c, "x", x, "h_in", h_in);
+    ompk_call_unit_stride(&c, "h_in", h_in, 2);
+    ompk_call_output(&c, "h_post", h_post, 3, OMPK_DT(OMPK_F32));
+    dims(&c, "h_post", h_post, 3, (int64_t[]){B, S, n});
+    if (p.fuse_sinkhorn) {
+        ompk_call_output(&c, "comb", comb, 4, OMPK_DT(OMPK_F32));
+        ompk_call_tensor(&c, "res_logits", res_logits, 4, OMPK_DT(OMPK_F32), 1, 1);
+    } else {
+        ompk_call_require(&c, comb == NULL, OMPK_ERR_INVALID_ARGUMENT,
+                          "comb must be NULL when Sinkhorn is not fused");
+        ompk_call_output(&c, "res_logits", res_logits, 4, OMPK_DT(OMPK_F32));
+    }
+    dims(&c, "comb", comb, 4, (int64_t[]){B, S, n, n});
+    dims(&c, "res_logits", res_logits, 4, (int64_t[]){B, S, n, n});
+    ompk_call_tensor(&c, "h_mix", h_mix, 2, OMPK_DT(OMPK_F32), 1, 1);
+    dims(&c, "h_mix", h_mix, 2, (int64_t[]){T, M});
+    ompk_call_tensor(&c, "inv_rms", inv_rms, 1, OMPK_DT(OMPK_F32), 1, 1);
+    dims(&c, "inv_rms", inv_rms, 1, (int64_t[]){T});
+    ompk_call_tensor(&c, "h_pre", h_pre, 2, OMPK_DT(OMPK_F32), 1, 1);
+    dims(&c, "h_pre", h_pre, 2, (int64_t[]){T, n});
+    ompk_status st = ompk_call_end(&c);
+    if (st != OMPK_OK) return st;
+
+    mhc_pre_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x->data;
+    a.B = B, a.S = S, a.D = D, a.n = (int)n, a.bf16 = x->dtype == OMPK_BF16;
+    for (int d = 0; d < 4; d++) a.sx[d] = x->strides[d];
+    a.phi = (const float *)phi->data, a.sphi = phi->strides[0];
+    a.gamma = gamma ? (const float *)gamma->data : NULL;
+    a.alpha = (const float *)alpha->data, a.salpha = alpha->strides[0];
+    a.bias = (const float *)bias->data, a.sbias = bias->strides[0];
+    a.h_in = h_in->data;
+    for (int d = 0; d < 3; d++) a.shin[d] = h_in->strides[d], a.shpost[d] = h_post->strides[d];
+    a.h_post = (float *)h_post->data;
+    if (res_logits) {
+        a.logits = (float *)res_logits->data;
+        for (int d = 0; d < 4; d++) a.slog[d] = res_logits->strides[d];
+    }
+    if (comb) {
+        a.comb = (float *)comb->data;
+        for (int d = 0; d < 4; d++) a.scomb[d] = comb->strides[d];
+    }
+    if (h_mix)
+        a.h_mix = (float *)h_mix->data, a.shmix[0] = h_mix->strides[0],
+        a.shmix[1] = h_mix->strides[1];
+    if (inv_rms) a.inv_rms = (float *)inv_rms->data, a.sinv = inv_rms->strides[0];
+    if (h_pre)
+        a.h_pre = (float *)h_pre->data, a.shpre[0] = h_pre->strides[0],
+        a.shpre[1] = h_pre->strides[1];
+    a.norm_eps = p.norm_eps, a.hc_eps = p.hc_eps, a.post_mult = p.post_mult;
+    a.sk_eps = p.sinkhorn_eps, a.repeat = p.sinkhorn_repeat;
+    if (T == 0) return OMPK_OK;
+
+    const mhc_pre_fwd_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_MHC_PRE_FWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
+
+    if (ompk_verify_enabled() || ompk_trace_enabled()) {
+        const ompk_tensor *ts[12] = {x,      phi,        gamma, alpha, bias,    h_in,
+                                     h_post, res_logits, comb,  h_mix, inv_rms, h_pre};
+        pre_fwd_verify(ts, &p);
+    }
+    return OMPK_OK;
+}
+
+static void pre_bwd_verify(const ompk_tensor *ts[18], const ompk_mhc_params *p) {
+    static const char fn[] = "mhc_pre_bwd";
+    static const char *names[18] = {
+        "x",       "phi",   "gamma",  "alpha", "dh_in", "dh_post", "dh_res", "grad_x_post", "h_mix",
+        "inv_rms", "h_pre", "h_post", "dx",    "dphi",  "dalpha",  "dbias",  "dgamma",      ""};
+    vset v;
+    v.count = 17;
+    v.ok = 1;
+    for (int i = 0; i < 17; i++) vset_add(&v, i, ts[i]);
+    if (v.ok && ompk_trace_enabled())
+        for (int i = 0; i < 17; i++)
+            if (ts[i]) ompk_trace_tensor(fn, names[i], &v.h[i]);
+    if (v.ok && ompk_verify_enabled()) {
+        const ompk_tensor *x = ts[0];
+        const int64_t T = x->shape[0] * x->shape[1], n = x->shape[2], D = x->shape[3];
+        const int64_t M = 2 * n + n * n, K = n * D;
+        double *dx = dalloc(T * K), *dphi = dalloc(M * K), *dal = dalloc(3), *db = dalloc(M);
+        double *dg = dalloc(K);
+        if (dx && dphi && dal && db && dg) {
+            ompk_mhc_ref_pre_bwd(T, (int)n, D, v.dv[0], v.dv[1], v.dv[2], v.dv[3], p, v.dv[4],
+                                 v.dv[5], v.dv[6], v.dv[7], v.dv[8], v.dv[9], v.dv[10], v.dv[11],
+                                 dx, dphi, dal, db, ts[16] ? dg : NULL);
+            vrep(fn, "dx", NULL, &v.h[12], dx, 0, -1);
+            vrep_rows(fn, "dphi", "pre", &v.h[13], dphi, 0, n);
+            vrep_rows(fn, "dphi", "post", &v.h[13], dphi, n, 2 * n);
+            vrep_rows(fn, "dphi", "res", &v.h[13], dphi, 2 * n, M);
+            for (int g = 0; g < 3; g++)
+                vrep(fn, "dalpha",
+                     g == 0   ? "pre"
+                     : g == 1 ? "post"
+                              : "res",
+                     &v.h[14], dal, g, g + 1);
+            vrep(fn, "dbias", "pre", &v.h[15], db, 0, n);
+            vrep(fn, "dbias", "post", &v.h[15], db, n, 2 * n);
+            vrep(fn, "dbias", "res", &v.h[15], db, 2 * n, M);
+            if (ts[16]) vrep(fn, "dgamma", NULL, &v.h[16], dg, 0, -1);
+        }
+        free(dx), free(dphi), free(dal), free(db), free(dg);
+    }
+    vset_free(&v);
+}
+
+/* With no tokens the weight gradients are empty sums: zero them row by row (each row is
+ * contiguous) instead of running the kernels, whose token pointers may be NULL then. */
+static ompk_status zero_weight_grads(ompk_device dev, const mhc_pre_bwd_args *a, int64_t M,
+                                     int64_t K) {
+    ompk_status st = OMPK_OK;
+    for (int64_t r = 0; r < M && st == OMPK_OK; r++)
+        st = ompk_memset(a->dphi + r * a->sdphi, dev, 0, sizeof(float) * (size_t)K);
+    for (int64_t r = 0; r < M && st == OMPK_OK; r++)
+        st = ompk_memset(a->dbias + r * a->sdbias, dev, 0, sizeof(float));
+    for (int64_t r = 0; r < 3 && st == OMPK_OK; r++)
+        st = ompk_memset(a->dalpha + r * a->sdalpha, dev, 0, sizeof(float));
+    if (a->dgamma && st == OMPK_OK) st = ompk_memset(a->dgamma, dev, 0, sizeof(float) * (size_t)K);
+    return st;
+}
+
+ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
+                             const ompk_tensor *alpha, const ompk_mhc_params *params,
+                             const ompk_tensor *dh_in, const ompk_tensor *dh_post,
+                             const ompk_tensor *dh_res, const ompk_tensor *grad_x_post,
+                             const ompk_tensor *h_mix, const ompk_tensor *inv_rms,
+                             const ompk_tensor *h_pre, const ompk_tensor *h_post, ompk_tensor *dx,
+                             ompk_tensor *dphi, ompk_tensor *dalpha, ompk_tensor *dbias,
+                             ompk_tensor *dgamma) {
+    ompk_call c;
+    ompk_call_begin(&c, "ompk_mhc_pre_bwd");
+    const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
+    check_params(&c, &p);
+    pre_dims z;
+    check_pre_inputs(&c, x, phi, gamma, alpha, &z);
+    const int64_t B = z.B, S = z.S, n = z.n, D = z.D, T = z.T, K = z.K, M = z.M;
+    ompk_call_input(&c, "dh_in", dh_in, 3, OMPK_DT_FLOAT);
+    dims(&c, "dh_in", dh_in, 3, (int64_t[]){B, S, D});
+    ompk_call_unit_stride(&c, "dh_in", dh_in, 2);
+    ompk_call_input(&c, "dh_post", dh_post, 3, OMPK_DT(OMPK_F32));
+    dims(&c, "dh_post", dh_post, 3, (int64_t[]){B, S, n});
+    ompk_call_input(&c, "dh_res", dh_res, 4, OMPK_DT(OMPK_F32));
+    dims(&c, "dh_res", dh_res, 4, (int64_t[]){B, S, n, n});
+    if (ompk_call_tensor(&c, "grad_x_post", grad_x_post, 4, OMPK_DT_FLOAT, 0, 1)) {
+        dims(&c, "grad_x_post", grad_x_post, 4, (int64_t[]){B, S, n, D});
+        ompk_call_unit_stride(&c, "grad_x_post", grad_x_post, 3);
+    }
+    ompk_call_input(&c, "h_mix", h_mix, 2, OMPK_DT(OMPK_F32));
+    dims(&c, "h_mix", h_mix, 2, (int64_t[]){T, M});
+    ompk_call_input(&c, "inv_rms", inv_rms, 1, OMPK_DT(OMPK_F32));
+    dims(&c, "inv_rms", inv_rms, 1, (int64_t[]){T});
+    ompk_call_input(&c, "h_pre", h_pre, 2, OMPK_DT(OMPK_F32));
+    dims(&c, "h_pre", h_pre, 2, (int64_t[]){T, n});
+    ompk_call_input(&c, "h_post", h_post, 3, OMPK_DT(OMPK_F32));
+    dims(&c, "h_post", h_post, 3, (int64_t[]){B, S, n});
+    ompk_call_output(&c, "dx", dx, 4, OMPK_DT_FLOAT);
+    dims(&c, "dx", dx, 4, (int64_t[]){B, S, n, D});
+    ompk_call_same_dtype(&c, "x", x, "dx", dx);
+    ompk_call_unit_stride(&c, "dx", dx, 3);
+    ompk_call_output(&c, "dphi", dphi, 2, OMPK_DT(OMPK_F32));
+    dims(&c, "dphi", dphi, 2, (int64_t[]){M, K});
+    ompk_call_unit_stride(&c, "dphi", dphi, 1);
+    ompk_call_output(&c, "dalpha", dalpha, 1, OMPK_DT(OMPK_F32));
+    ompk_call_dim(&c, "dalpha", dalpha, 0, 3);
+    ompk_call_output(&c, "dbias", dbias, 1, OMPK_DT(OMPK_F32));
+    ompk_call_dim(&c, "dbias", dbias, 0, M);
+    if (gamma) {
+        ompk_call_output(&c, "dgamma", dgamma, 1, OMPK_DT(OMPK_F32));
+        ompk_call_dim(&c, "dgamma", dgamma, 0, K);
+        ompk_call_unit_stride(&c, "dgamma", dgamma, 0);
+    } else {
+        ompk_call_require(&c, dgamma == NULL, OMPK_ERR_INVALID_ARGUMENT,
+                          "dgamma must be NULL when gamma is");
+    }
+    ompk_status st = ompk_call_end(&c);
+    if (st != OMPK_OK) return st;
+
+    mhc_pre_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x->data, a.dh_in = dh_in->data, a.gxp = grad_x_post ? grad_x_post->data : NULL;
+    a.B = B, a.S = S, a.D = D, a.n = (int)n;
+    a.bf16 = x->dtype == OMPK_BF16, a.dh_bf16 = dh_in->dtype == OMPK_BF16;
+    a.gxp_bf16 = grad_x_post && grad_x_post->dtype == OMPK_BF16;
+    for (int d = 0; d < 4; d++) {
+        a.sx[d] = x->strides[d], a.sdres[d] = dh_res->strides[d], a.sdx[d] = dx->strides[d];
+        if (grad_x_post) a.sgxp[d] = grad_x_post->strides[d];
+    }
+    for (int d = 0; d < 3; d++) {
+        a.sdh[d] = dh_in->strides[d], a.sdpost[d] = dh_post->strides[d];
+        a.shpost[d] = h_post->strides[d];
+    }
+    a.phi = (const float *)phi->data, a.sphi = phi->strides[0];
+    a.gamma = gamma ? (const float *)gamma->data : NULL;
+    a.alpha = (const float *)alpha->data, a.salpha = alpha->strides[0];
+    a.dh_post = (const float *)dh_post->data, a.dh_res = (const float *)dh_res->data;
+    a.h_mix = (const float *)h_mix->data, a.shmix[0] = h_mix->strides[0];
+    a.shmix[1] = h_mix->strides[1];
+    a.inv_rms = (const float *)inv_rms->data, a.sinv = inv_rms->strides[0];
+    a.h_pre = (const float *)h_pre->data, a.shpre[0] = h_pre->strides[0];
+    a.shpre[1] = h_pre->strides[1];
+    a.h_post = (const float *)h_post->data;
+    a.hc_eps = p.hc_eps, a.post_mult = p.post_mult;
+    a.dx = dx->data;
+    a.dphi = (float *)dphi->data, a.sdphi = dphi->strides[0];
+    a.dalpha = (float *)dalpha->data, a.sdalpha = dalpha->strides[0];
+    a.dbias = (float *)dbias->data, a.sdbias = dbias->strides[0];
+    a.dgamma = dgamma ? (float *)dgamma->data : NULL;
+
+    if (T == 0) return zero_weight_grads(c.device, &a, M, K);
+
+    const mhc_pre_bwd_call call = {ompk_exec_for(c.device), &a};
+    st = ompk_impl_run(OMPK_OP_MHC_PRE_BWD, &call, c.device, c.fn, NULL);
+    if (st != OMPK_OK) return st;
+
+    if (ompk_verify_enabled() || ompk_trace_enabled()) {
+        const ompk_tensor *ts[18] = {x,      phi,         gamma,  alpha,   dh_in,  dh_post,
+                                     dh_res, grad_x_post, h_mix,  inv_rms, h_pre,  h_post,
+                                     dx,     dphi,        dalpha, dbias,   dgamma, NULL};
+        pre_bwd_verify(ts, &p);
+    }
+    return OMPK_OK;
+}

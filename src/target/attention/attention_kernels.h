@@ -1,0 +1,108 @@
+/* Internal: attention kernels behind ompk_attention_fwd / _bwd. Arguments are validated by the
+ * entry points; pointers are device pointers of ex.device (host pointers when !ex.on_target). */
+#ifndef OMPK_ATTENTION_KERNELS_H
+#define OMPK_ATTENTION_KERNELS_H
+
+#include <stdint.h>
+
+#include "route.h"
+
+/* x rounded to fp32 before its next use: a score s = dot * scale must not fuse into the
+ * subtraction s - lse (the forward rounds s; a fused backward then misses p = 1 on one-hot rows).
+ * GCC (-ffp-contract=fast) fuses across statements, which the barrier stops; clang fuses only
+ * within one expression, so the product there must stay a statement or function of its own. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define ATT_ROUNDED(x) __builtin_assoc_barrier(x)
+#else
+#define ATT_ROUNDED(x) (x)
+#endif
+
+/* Shape, strides (elements, order b, h, n; dh has stride 1) and options of one call. */
+typedef struct ompk_attn_geom {
+    int64_t B, Hq, Hkv, N, M, dh;
+    int64_t qs[3], ks[3], vs[3], os[3], ls[3]; /* q, k, v, out, lse */
+    int64_t dos[3], dqs[3], dks[3], dvs[3];    /* dout, dq, dk, dv (backward only) */
+    float scale;
+    int mask; /* ompk_attention_mask */
+    int bf16; /* q, k, v, out, dout, dq, dk, dv are bf16 (else f32) */
+} ompk_attn_geom;
+
+/* Portable kernels: OpenMP target teams loops, on the GPU or on the host's threads. */
+void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                            const void *v, void *out, float *lse);
+/* dsum[(b*Hq + h)*N + i] = <dout_i, out_i> (fp32), the backward's row term. */
+void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *out,
+                      float *dsum);
+/* dsum: 2*B*Hq*N f32 workspace on ex's device (the GPU form keeps the rows' lse in the second
+ * half). */
+void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
+                            const void *k, const void *v, const void *out, const float *lse,
+                            void *dq, void *dk, void *dv, float *dsum);
+
+/* Whether the [B,H,L,dh] operand x (strides s, bf16 or f32, on ex's device) is all finite
+ * (attention_finite.c). */
+int ompk_attn_all_finite(ompk_exec ex, const void *x, int bf16, int64_t B, int64_t H, int64_t L,
+                         int64_t dh, const int64_t s[3]);
+
+/* GPU forward on tensor cores (attention_fast.c): whether it can serve this call (target
+ * tensors, bf16, dh in {32, 64, 80, 96, 128}, 16-byte aligned rows), and the kernel. */
+int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                          const void *v, const void *out);
+void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                        const void *v, void *out, float *lse);
+/* GPU forward for f32 on the tensor cores through 3xTF32 (attention_f32tc.c): whether it can
+ * serve this call (target tensors, f32, dh in {32, 64, 80, 96, 128}, 16-byte aligned rows),
+ * and the kernel. */
+int ompk_attn_fwd_f32tc_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                           const void *v, const void *out);
+void ompk_attn_fwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                         const void *v, void *out, float *lse);
+/* GPU backward on tensor cores: same conditions as the forward for all eight tensors
+ * (q, k, v, out, dout, dq, dk, dv in that order in ptrs). */
+int ompk_attn_bwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *const ptrs[8]);
+void ompk_attn_bwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
+                        const void *k, const void *v, const void *out, const float *lse, void *dq,
+                        void *dk, void *dv, float *dsum);
+
+/* Host kernels on AVX-512 (src/host/attention/attention_host.c; bf16 needs AVX-512 BF16): whether
+ * they can serve this call (bwd: the backward), the forward, and the backward given dsum from
+ * ompk_attn_rowsum (returns nonzero, with dq/dk/dv incomplete, when its f32 workspace cannot
+ * be allocated). */
+int ompk_attn_host_ok(ompk_exec ex, const ompk_attn_geom *g, int bwd);
+void ompk_attn_fwd_host(const ompk_attn_geom *g, const void *q, const void *k, const void *v,
+                        void *out, float *lse);
+int ompk_attn_bwd_host(const ompk_attn_geom *g, const void *dout, const void *q, const void *k,
+                       const void *v, const float *lse, void *dq, void *dk, void *dv,
+                       const float *dsum);
+
+/* The head dims of the tensor-core kernels (attention_fast.c, attention_f32tc.c and their host
+ * emulation tests); callers check dh first, so 128 is the remaining case. */
+#define ATT_SWITCH_DH_TC(dh, CALL)                                                                 \
+    switch (dh) {                                                                                  \
+    case 32:                                                                                       \
+        CALL(32);                                                                                  \
+        break;                                                                                     \
+    case 64:                                                                                       \
+        CALL(64);                                                                                  \
+        break;                                                                                     \
+    case 80:                                                                                       \
+        CALL(80);                                                                                  \
+        break;                                                                                     \
+    case 96:                                                                                       \
+        CALL(96);                                                                                  \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(128);                                                                                 \
+        break;                                                                                     \
+    }
+
+/* One instance per supported head dim (dh is a compile-time constant inside each), shared by
+ * the portable and host kernels: the tensor-core head dims plus 256; callers check dh first. */
+#define ATT_SWITCH_DH(dh, CALL)                                                                    \
+    if ((dh) == 256) {                                                                             \
+        CALL(256);                                                                                 \
+    } else {                                                                                       \
+        ATT_SWITCH_DH_TC(dh, CALL)                                                                 \
+    }
+
+#endif

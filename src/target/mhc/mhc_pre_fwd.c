@@ -1,0 +1,383 @@
+/* mHC pre, forward (docs/KERNELS.md 1.1), Sinkhorn (1.3) optionally fused; one OpenMP source for
+ * GPU and host. Three launches:
+ *  1. GEMM + sum of squares in one pass over x. Work item = (K chunk, TPT tokens); adjacent
+ *     GPU lanes take adjacent tokens of the same chunk, so the gamma-scaled, transposed phi row
+ *     they read is one broadcast per warp, and each lane's x reads are whole 32-byte sectors.
+ *     The M+1 sums of a token live in registers (n is a compile-time constant per switch arm);
+ *     each item writes its partial sums.
+ *  2. Per token: the partials summed in fixed chunk order (deterministic), then rms, sigmoids,
+ *     logits and the Sinkhorn iterations in registers.
+ *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x.
+ * Splitting K over items keeps every SM busy for any T; the partials cost (M+1) floats per
+ * token and chunk, which is small next to x. On the host the three launches become one pass over
+ * token tiles (mhc_pre_fwd_host.h, pre_host_<n>): one partial row a token, and x still in cache
+ * for h_in. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mhc_kern.h"
+#include "mhc_pre_tc.h"
+#include "mhc_pre_tcw.h"
+
+#define NMAX 8
+#define MMAX (2 * NMAX + NMAX * NMAX)
+
+#include "mhc_pre_fwd_host.h"
+
+/* tokens per work item: amortises the phi broadcast loads over more FMAs where the register
+ * budget allows it */
+#define MHC_TPT(N) ((2 * (N) + (N) * (N)) <= 24 ? 2 : 1)
+
+typedef struct pre_geom {
+    int64_t T, K, CD, NCD, NC, MP; /* chunk width, chunks per stream, chunks, partial row */
+    int MW, TPT;
+} pre_geom;
+
+static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
+    pre_geom g;
+    const int n = a->n, M = 2 * n + n * n;
+    g.T = a->B * a->S;
+    g.K = (int64_t)n * a->D;
+    g.MW = mhc_mw(n);
+    g.MP = M + 1;
+    g.TPT = MHC_TPT(n);
+    /* about 2^17 work items in all: enough to fill a GPU, few enough partials */
+    int64_t items_tok = (g.T + g.TPT - 1) / g.TPT;
+    if (items_tok < 1) items_tok = 1;
+    int64_t want = ((int64_t)1 << 17) / items_tok;
+    int64_t ncd = (want + n - 1) / n;
+    int64_t max_ncd = (a->D + 15) / 16;
+    if (ncd < 1) ncd = 1;
+    if (ncd > max_ncd) ncd = max_ncd;
+    if (max_ncd < 1) ncd = 1;
+    int64_t cd = (a->D + ncd - 1) / ncd;
+    cd = (cd + 15) & ~(int64_t)15;
+    if (cd < 16) cd = 16;
+    g.CD = cd;
+    g.NCD = a->D > 0 ? (a->D + cd - 1) / cd : 1;
+    g.NC = g.NCD * n;
+    return g;
+}
+
+/* Enough for either path: which one runs is decided with the call's device at launch. */
+int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
+    pre_geom g = pre_geometry(a);
+    const int64_t simt =
+        (int64_t)sizeof(float) * (g.K * g.MW + g.NC * g.T * g.MP + g.T * a->n) + 64;
+    const int64_t tc = pre_tc_workspace(a);
+    const int M = 2 * a->n + a->n * a->n;
+    const int64_t host =
+        (int64_t)sizeof(float) * (M * a->n * pre_host_dp(a->D) + g.T * g.MP + g.T * a->n) + 64;
+    const int64_t most = simt > tc ? simt : tc;
+    return most > host ? most : host;
+}
+
+static int pre_vec_ok(const mhc_pre_fwd_args *a) {
+    if (a->sx[3] != 1 || a->shin[2] != 1) return 0;
+    MHC_UNROLL
+    for (int k = 0; k < 3; k++)
+        if (a->sx[k] % 8) return 0;
+    if (a->shin[0] % 8 || a->shin[1] % 8) return 0;
+    if (((uintptr_t)a->x | (uintptr_t)a->h_in) & 15) return 0;
+    return 1;
+}
+
+#ifdef OMPK_BARE_KERNELS
+/* teams the wide-load GEMM aims at: c->teams when in 64 .. PRE_TCW_TEAMS_MAX, else PRE_TCW_TEAMS */
+static int pre_tcw_teams(const mhc_pre_fwd_cfg *c) {
+    return c->teams >= 64 && c->teams <= PRE_TCW_TEAMS_MAX ? c->teams : PRE_TCW_TEAMS;
+}
+#endif
+
+/* Stage 1 body: partial GEMM rows and sum of squares of tokens t0.. (TPT of them, clamped to
+ * T-1 for loads) over d in [d0, d1) of stream i. The phi row of each k is read as 16-byte words
+ * (MW is a multiple of 4, rows 16-byte aligned): one broadcast load per 4 columns. */
+MHC_INLINE void pre_part(const int N, const int TPT, const char *x, int64_t sx0, int64_t sx1,
+                         int64_t sx2, int64_t S, int64_t T, int64_t t0, int i, int64_t D,
+                         int64_t d0, int64_t d1, const float *wt, int MW, float *part, int64_t c,
+                         int bf16, int vec) {
+    const int M = 2 * N + N * N;
+    const int MQ = (M + 3) / 4;
+    const int esz = bf16 ? 2 : 4;
+    float acc[2][MMAX + 4], ss[2] = {0.f, 0.f};
+    const char *row[2] = {x, x};
+    MHC_UNROLL
+    for (int u = 0; u < 2; u++) {
+        if (u >= TPT) continue;
+        int64_t t = t0 + u < T ? t0 + u : T - 1;
+        row[u] = x + ((t / S) * sx0 + (t % S) * sx1 + (int64_t)i * sx2) * esz;
+        MHC_UNROLL
+        for (int m = 0; m < MMAX + 4; m++) acc[u][m] = 0.f;
+    }
+    const float *w = wt + ((int64_t)i * D + d0) * MW;
+    int64_t d = d0;
+    for (; d + 8 <= d1; d += 8) {
+        float xv[2][8];
+        MHC_UNROLL
+        for (int u = 0; u < 2; u++) {
+            if (u >= TPT) continue;
+            if (vec)
+                ompk_load8(row[u] + d * esz, bf16, xv[u]);
+            else
+                MHC_UNROLL
+            for (int e = 0; e < 8; e++) xv[u][e] = ompk_load_f(row[u], d + e, bf16);
+        }
+        MHC_UNROLL
+        for (int e = 0; e < 8; e++) {
+            const mhc_f4 *w4 = (const mhc_f4 *)w;
+            MHC_UNROLL
+            for (int q = 0; q < (MMAX + 3) / 4; q++) {
+                if (q >= MQ) continue;
+                const mhc_f4 wq = w4[q];
+                MHC_UNROLL
+                for (int r = 0; r < 4; r++) MHC_UNROLL
+                for (int u = 0; u < 2; u++)
+                    if (u < TPT) acc[u][4 * q + r] += xv[u][e] * wq.v[r];
+            }
+            MHC_UNROLL
+            for (int u = 0; u < 2; u++)
+                if (u < TPT) ss[u] += xv[u][e] * xv[u][e];
+            w += MW;
+        }
+    }
+    for (; d < d1; d++) {
+        MHC_UNROLL
+        for (int u = 0; u < 2; u++) {
+            if (u >= TPT) continue;
+            float xv = ompk_load_f(row[u], d, bf16);
+            MHC_UNROLL
+            for (int m = 0; m < MMAX; m++)
+                if (m < M) acc[u][m] += xv * w[m];
+            ss[u] += xv * xv;
+        }
+        w += MW;
+    }
+    MHC_UNROLL
+    for (int u = 0; u < 2; u++) {
+        if (u >= TPT || t0 + u >= T) continue;
+        float *p = part + (c * T + t0 + u) * (M + 1);
+        MHC_UNROLL
+        for (int m = 0; m < MMAX; m++)
+            if (m < M) p[m] = acc[u][m];
+        p[M] = ss[u];
+    }
+}
+
+static inline float sigmoidf(float z) {
+    return 1.f / (1.f + expf(-z));
+}
+
+/* Stage 2 body: one token's sums -> h_mix, inv_rms, h_pre, h_post, logits, comb. */
+MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t T,
+                          const float *part, int64_t K, const mhc_pre_fwd_args *a,
+                          const float *alpha, const float *bias, float *hp_ws, float *h_post,
+                          float *logits, float *comb, float *h_mix, float *inv_rms, float *h_pre) {
+    const int M = 2 * N + N * N;
+    float acc[MMAX + 1];
+    MHC_UNROLL
+    for (int m = 0; m <= MMAX; m++)
+        if (m <= M) acc[m] = 0.f;
+    for (int64_t c = 0; c < NC; c++) {
+        const float *p = part + (c * T + t) * (M + 1);
+        MHC_UNROLL
+        for (int m = 0; m <= MMAX; m++)
+            if (m <= M) acc[m] += p[m];
+    }
+    const int64_t b = t / S, s = t % S;
+    const float r = 1.f / sqrtf(acc[M] / (float)K + a->norm_eps);
+    const float a0 = alpha[0], a1 = alpha[a->salpha], a2 = alpha[2 * a->salpha];
+    if (inv_rms) inv_rms[t * a->sinv] = r;
+    if (h_mix) MHC_UNROLL
+    for (int m = 0; m < MMAX; m++)
+        if (m < M) h_mix[t * a->shmix[0] + m * a->shmix[1]] = acc[m];
+    MHC_UNROLL
+    for (int i = 0; i < NMAX; i++) {
+        if (i >= N) continue;
+        float hp = sigmoidf(a0 * (acc[i] * r) + bias[i * a->sbias]) + a->hc_eps;
+        hp_ws[t * N + i] = hp;
+        if (h_pre) h_pre[t * a->shpre[0] + i * a->shpre[1]] = hp;
+        h_post[b * a->shpost[0] + s * a->shpost[1] + i * a->shpost[2]] =
+            a->post_mult * sigmoidf(a1 * (acc[N + i] * r) + bias[(N + i) * a->sbias]);
+    }
+    float c[8][8];
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) {
+        if (i >= N || j >= N) continue;
+        const int m = 2 * N + i * N + j;
+        c[i][j] = a2 * (acc[m] * r) + bias[m * a->sbias];
+        if (logits)
+            logits[b * a->slog[0] + s * a->slog[1] + i * a->slog[2] + j * a->slog[3]] = c[i][j];
+    }
+    if (comb) {
+        mhc_sk_fwd(N, a->repeat, a->sk_eps, c, (float *)0, 0);
+        MHC_UNROLL
+        for (int i = 0; i < 8; i++) MHC_UNROLL
+        for (int j = 0; j < 8; j++)
+            if (i < N && j < N)
+                comb[b * a->scomb[0] + s * a->scomb[1] + i * a->scomb[2] + j * a->scomb[3]] =
+                    c[i][j];
+    }
+}
+
+/* Stage 3 body: h_in for 16 consecutive d (fewer at the tail) of token t. */
+MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float *hp, char *out,
+                        int64_t nd, int bf16, int vec) {
+    const int esz = bf16 ? 2 : 4;
+    if (nd == 16) {
+        float acc[16], xv[16];
+        MHC_UNROLL
+        for (int e = 0; e < 16; e++) acc[e] = 0.f;
+        MHC_UNROLL
+        for (int i = 0; i < NMAX; i++) {
+            if (i >= N) continue;
+            mhc_load16(xrow + i * sx2 * esz, bf16, vec, xv);
+            const float h = hp[i];
+            MHC_UNROLL
+            for (int e = 0; e < 16; e++) acc[e] += h * xv[e];
+        }
+        mhc_store16(out, bf16, vec, acc);
+        return;
+    }
+    for (int64_t e = 0; e < nd; e++) {
+        float acc = 0.f;
+        MHC_UNROLL
+        for (int i = 0; i < NMAX; i++)
+            if (i < N) acc += hp[i] * ompk_load_f(xrow + i * sx2 * esz, e, bf16);
+        ompk_store_f(out, e, acc, bf16);
+    }
+}
+
+#ifdef OMPK_BARE_KERNELS
+/* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
+ * lane's 8-element piece is either inside D or past it); the cp.async GEMM (tc = 3) n <= 6 and
+ * the wide-load GEMM (tc = 4, mhc_pre_tcw.h) n <= 4, its ring of 2 n = 4 only. */
+int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_fwd_cfg *c) {
+    if (!ex.on_target || !a->bf16 || !pre_vec_ok(a) || a->D % 8 || c->tc < 1) return 0;
+    for (int async = 0; async < 2; async++) {
+        const pre_tc_geom g = pre_tc_geometry(a, 0, async);
+        if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return 0;
+    }
+    if ((a->B * a->S + PRE_EPI_TOK(a->n) - 1) / PRE_EPI_TOK(a->n) > 0x7fffffff) return 0;
+#ifndef OMPK_LAB
+    /* the product builds the defaults' kernels only: the wide-load GEMM with its ring of 3, the
+     * register GEMM rotated with L2 fills, lane-parallel launch 2 */
+    if (c->epi != 1 || !(c->tc == 4 ? c->ring == 3 : c->tc == 1 && c->rot && c->l2f)) return 0;
+#endif
+    if (c->tc == 3) return PRE_TCA_FITS(a->n);
+    if (c->tc == 4) {
+        const pre_tc_geom gw = pre_tcw_geometry(a, pre_tcw_teams(c));
+        return PRE_TCW_FITS(a->n) && gw.KS >= 1 && (int64_t)gw.NG * gw.KS <= 0x7fffffff &&
+               (c->ring != 2 || a->n == 4);
+    }
+    return 1;
+}
+#else
+int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_fwd_cfg *c) {
+    (void)ex, (void)a, (void)c;
+    return 0;
+}
+#endif
+
+/* Everything the per-n launches need (mhc_pre_fwd_n.inc defines pre_stages_<n>). */
+typedef struct pre_launch {
+    ompk_exec ex;
+    const char *x;
+    int64_t sx0, sx1, sx2, S, T, D, K, CD, NCD, NC, shin0, shin1;
+    int MW, bf16, vec;
+    float *wt, *part, *hp_ws;
+    const float *alpha, *bias;
+    char *h_in;
+    float *h_post, *logits, *comb, *h_mix, *inv_rms, *h_pre;
+    mhc_pre_fwd_args args;
+    int tc;   /* mhc_pre_fwd_cfg.tc: tensor-core GEMM and bare h_in kernels */
+    int epi;  /* mhc_pre_fwd_cfg.epi (tensor-core path only) */
+    int l2f;  /* mhc_pre_fwd_cfg.l2f */
+    int ring; /* mhc_pre_fwd_cfg.ring */
+    pre_tc_geom tg;
+    const float *phi, *gamma;
+    uint16_t *wp; /* the wide-load GEMM's precomputed weights (tc = 4) */
+} pre_launch;
+
+#define MHC_N_INC "mhc_pre_fwd_n.inc"
+#include "mhc_each_n.inc"
+#undef MHC_N_INC
+
+void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
+                        const mhc_pre_fwd_cfg *var) {
+    const pre_geom g = pre_geometry(a);
+    const int n = a->n, M = 2 * n + n * n, MW = g.MW, TPT = g.TPT, bf16 = a->bf16;
+    const int vec = pre_vec_ok(a);
+    const int64_t T = g.T, K = g.K, D = a->D, S = a->S, CD = g.CD, NCD = g.NCD, NC = g.NC;
+    const char *x = (const char *)a->x;
+    const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];
+    const float *phi = a->phi, *gamma = a->gamma, *alpha = a->alpha, *bias = a->bias;
+    const int64_t sphi = a->sphi;
+#ifdef OMPK_BARE_KERNELS
+    const int tc = var->tc;
+    pre_tc_geom tg =
+        tc == 4 ? pre_tcw_geometry(a, pre_tcw_teams(var)) : pre_tc_geometry(a, tc == 2, tc == 3);
+#else
+    const int tc = 0;
+    pre_tc_geom tg = pre_tc_geometry(a, 0, 0);
+#endif
+    tg.ROT = var->rot;
+    float *wt = (float *)ws;
+    /* the tensor-core path needs no transposed weights: its partials start the workspace */
+    float *part = tc ? wt : wt + K * MW;
+    float *hp_ws = part + (tc ? (int64_t)tg.KS : NC) * T * g.MP;
+    char *h_in = (char *)a->h_in;
+    float *h_post = a->h_post, *logits = a->logits, *comb = a->comb, *h_mix = a->h_mix;
+    float *inv_rms = a->inv_rms, *h_pre = a->h_pre;
+    const mhc_pre_fwd_args args = *a;
+    if (T == 0) return;
+
+    if (var->host) {
+        /* gamma folded into phi as [M][n * DP] (mhc_pre_fwd_host.h) */
+        const int64_t DP = pre_host_dp(D);
+        float *wh = (float *)ws;
+#pragma omp parallel for collapse(2) schedule(static)
+        for (int m = 0; m < M; m++)
+            for (int64_t k = 0; k < n * DP; k++) {
+                const int64_t i = k / DP, d = k - i * DP;
+                wh[m * n * DP + k] =
+                    d < D ? phi[m * sphi + i * D + d] * (gamma ? gamma[i * D + d] : 1.f) : 0.f;
+            }
+        pre_launch L;
+        L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D, L.K = K;
+        L.bf16 = bf16, L.wt = wh, L.part = wh + M * n * DP, L.hp_ws = L.part + T * g.MP;
+        L.alpha = alpha, L.bias = bias, L.h_in = h_in, L.shin0 = a->shin[0], L.shin1 = a->shin[1];
+        L.h_post = h_post, L.logits = logits, L.comb = comb, L.h_mix = h_mix;
+        L.inv_rms = inv_rms, L.h_pre = h_pre, L.args = args;
+#define PRE_HOST(N) pre_host_##N(&L)
+        MHC_SWITCH_N(n, PRE_HOST)
+#undef PRE_HOST
+        return;
+    }
+
+    /* gamma folded into phi, transposed to [K][MW] (zero padded) */
+    if (!tc) {
+#pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
+    device(ex.device) is_device_ptr(phi, gamma, wt) thread_limit(256)
+        for (int64_t k = 0; k < K; k++)
+            for (int m = 0; m < MW; m++)
+                wt[k * MW + m] = m < M ? phi[m * sphi + k] * (gamma ? gamma[k] : 1.f) : 0.f;
+    }
+
+    pre_launch L;
+    L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
+    L.K = K, L.CD = CD, L.NCD = NCD, L.NC = tc ? tg.KS : NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
+    L.tc = tc, L.epi = var->epi, L.l2f = var->l2f, L.ring = var->ring, L.tg = tg, L.phi = phi,
+    L.gamma = gamma;
+    /* after hp_ws, 16-byte aligned */
+    L.wp = (uint16_t *)(((uintptr_t)(hp_ws + T * n) + 15) & ~(uintptr_t)15);
+    L.wt = wt, L.part = part, L.hp_ws = hp_ws, L.alpha = alpha, L.bias = bias;
+    L.h_in = h_in, L.shin0 = a->shin[0], L.shin1 = a->shin[1];
+    L.h_post = h_post, L.logits = logits, L.comb = comb, L.h_mix = h_mix;
+    L.inv_rms = inv_rms, L.h_pre = h_pre, L.args = args;
+#define PRE_STAGES(N) pre_stages_##N(&L)
+    MHC_SWITCH_N(n, PRE_STAGES)
+#undef PRE_STAGES
+    (void)TPT;
+}

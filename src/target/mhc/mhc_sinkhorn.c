@@ -1,0 +1,182 @@
+/* Sinkhorn-Knopp forward and backward (docs/KERNELS.md 1.3, 1.5), one token per work item with the
+ * n x n matrix in registers (n a compile-time constant per switch arm).
+ * The backward is the exact reverse of the unrolled forward: the forward is recomputed once and
+ * its 2*repeat intermediate matrices stored in a device workspace laid out [state][token][n*n]
+ * (adjacent lanes, adjacent tokens), then walked in reverse. Tokens go in batches so that the
+ * workspace stays bounded for any T. */
+#include "bare.h"
+#include "mhc_kern.h"
+
+#define SK_WS_BYTES ((int64_t)64 << 20)
+
+MHC_INLINE void sk_fwd_token(const int N, const float *lg, const int64_t *sl, float *out,
+                             const int64_t *so, int repeat, float eps) {
+    float c[8][8];
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) c[i][j] = (i < N && j < N) ? lg[i * sl[2] + j * sl[3]] : 0.f;
+    mhc_sk_fwd(N, repeat, eps, c, (float *)0, 0);
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++)
+        if (i < N && j < N) out[i * so[2] + j * so[3]] = c[i][j];
+}
+
+static int64_t sk_state_floats(const mhc_sk_args *a) {
+    return (int64_t)2 * a->repeat * a->n * a->n;
+}
+
+int64_t mhc_sk_bwd_batch(const mhc_sk_args *a) {
+    int64_t T = a->B * a->S;
+    int64_t per = sk_state_floats(a) * (int64_t)sizeof(float);
+    int64_t tb = SK_WS_BYTES / (per > 0 ? per : 1);
+    if (tb < 1) tb = 1;
+    return tb < T ? tb : (T > 0 ? T : 1);
+}
+
+int64_t mhc_sk_bwd_workspace(const mhc_sk_args *a) {
+    return mhc_sk_bwd_batch(a) * sk_state_floats(a) * (int64_t)sizeof(float);
+}
+
+/* y = z/(sum_axis z + eps) backward: g <- (g - sum_axis(g*z)/(s+eps)) / (s+eps), z read from
+ * state zs (+ add: eps for the first column step, whose input is the softmax + eps). */
+MHC_INLINE void sk_step_bwd(const int N, float g[8][8], const float *zs, int col, float add,
+                            float eps) {
+    float z[8][8];
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) z[i][j] = (i < N && j < N) ? zs[i * N + j] + add : 0.f;
+    if (col) {
+        MHC_UNROLL
+        for (int j = 0; j < 8; j++) {
+            if (j >= N) continue;
+            float s = 0.f, gz = 0.f;
+            MHC_UNROLL
+            for (int i = 0; i < 8; i++)
+                if (i < N) {
+                    s += z[i][j];
+                    gz += g[i][j] * z[i][j];
+                }
+            const float den = s + eps, q = gz / den;
+            MHC_UNROLL
+            for (int i = 0; i < 8; i++)
+                if (i < N) g[i][j] = (g[i][j] - q) / den;
+        }
+    } else {
+        MHC_UNROLL
+        for (int i = 0; i < 8; i++) {
+            if (i >= N) continue;
+            float s = 0.f, gz = 0.f;
+            MHC_UNROLL
+            for (int j = 0; j < 8; j++)
+                if (j < N) {
+                    s += z[i][j];
+                    gz += g[i][j] * z[i][j];
+                }
+            const float den = s + eps, q = gz / den;
+            MHC_UNROLL
+            for (int j = 0; j < 8; j++)
+                if (j < N) g[i][j] = (g[i][j] - q) / den;
+        }
+    }
+}
+
+MHC_INLINE void sk_bwd_token(const int N, const float *lg, const int64_t *sl, const float *dc,
+                             const int64_t *sd, float *out, const int64_t *so, int repeat,
+                             float eps, float *st, int64_t sstride) {
+    float c[8][8], g[8][8];
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) MHC_UNROLL
+    for (int j = 0; j < 8; j++) {
+        c[i][j] = (i < N && j < N) ? lg[i * sl[2] + j * sl[3]] : 0.f;
+        g[i][j] = (i < N && j < N) ? dc[i * sd[2] + j * sd[3]] : 0.f;
+    }
+    mhc_sk_fwd(N, repeat, eps, c, st, sstride);
+    for (int s = 2 * repeat - 1; s >= 1; s--)
+        sk_step_bwd(N, g, st + (s - 1) * sstride, s & 1, s == 1 ? eps : 0.f, eps);
+    /* softmax: dlogit = (g - sum_j g*p) * p, p = state 0 */
+    MHC_UNROLL
+    for (int i = 0; i < 8; i++) {
+        if (i >= N) continue;
+        float gp = 0.f;
+        MHC_UNROLL
+        for (int j = 0; j < 8; j++)
+            if (j < N) gp += g[i][j] * st[i * N + j];
+        MHC_UNROLL
+        for (int j = 0; j < 8; j++)
+            if (j < N) out[i * so[2] + j * so[3]] = (g[i][j] - gp) * st[i * N + j];
+    }
+}
+
+#define MHC_N_INC "mhc_sinkhorn_n.inc"
+#include "mhc_each_n.inc"
+#undef MHC_N_INC
+
+void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
+#define SK_FWD(N) sk_fwd_launch_##N(ex, a)
+    MHC_SWITCH_N(a->n, SK_FWD)
+#undef SK_FWD
+}
+
+#ifdef OMPK_BARE_DEVICE
+#include <stdlib.h>
+#include <string.h>
+
+#include "mhc_sinkhorn_lanes.h"
+#define SKL_THREADS 128
+
+// clang-format off
+#define SKL_REGION(N_)                                                                             \
+    _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(SKL_THREADS) device(ex.device) is_device_ptr(lg, dc, out, st) firstprivate(S, t0, nt, repeat, eps, sstride, l0, l1, l2, l3, d0, d1, d2, d3, o0, o1, o2, o3)") \
+    {                                                                                              \
+        const int tid = ompx_thread_id_x(), G = SKL_G(N_), i = tid % G;                          \
+        const int64_t u = (int64_t)ompx_block_id_x() * (SKL_THREADS / G) + tid / G;             \
+        const int ok = u < nt;                                                                     \
+        const int64_t uu = ok ? u : 0, t = t0 + uu, b = t / S, s = t % S;                          \
+        skl_token(N_, G, i, ok && i < N_, lg + b * l0 + s * l1, l2, l3, dc + b * d0 + s * d1, d2, \
+                  d3, out + b * o0 + s * o1, o2, o3, repeat, eps, st + uu * N_ * N_ + i * N_,      \
+                  sstride);                                                                        \
+    }
+// clang-format on
+
+/* GPU: the token's rows over G lanes (mhc_sinkhorn_lanes.h) */
+void mhc_sk_bwd_lanes_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws) {
+    const float *lg = a->logits, *dc = a->dcomb;
+    float *out = a->out, *st = (float *)ws;
+    const int n = a->n, repeat = a->repeat, G = SKL_G(n);
+    const float eps = a->eps;
+    const int64_t S = a->S, T = a->B * a->S, TB = mhc_sk_bwd_batch(a);
+    const int64_t l0 = a->sl[0], l1 = a->sl[1], l2 = a->sl[2], l3 = a->sl[3];
+    const int64_t d0 = a->sd[0], d1 = a->sd[1], d2 = a->sd[2], d3 = a->sd[3];
+    const int64_t o0 = a->so[0], o1 = a->so[1], o2 = a->so[2], o3 = a->so[3];
+    for (int64_t t0 = 0; t0 < T; t0 += TB) {
+        const int64_t nt = T - t0 < TB ? T - t0 : TB, sstride = nt * n * n;
+        const int per = SKL_THREADS / G;
+        const int teams = (int)((nt + per - 1) / per);
+        switch (n) {
+        case 1:
+            SKL_REGION(1) break;
+        case 2:
+            SKL_REGION(2) break;
+        case 3:
+            SKL_REGION(3) break;
+        case 4:
+            SKL_REGION(4) break;
+        case 5:
+            SKL_REGION(5) break;
+        case 6:
+            SKL_REGION(6) break;
+        case 7:
+            SKL_REGION(7) break;
+        default:
+            SKL_REGION(8) break;
+        }
+    }
+}
+#endif
+
+void mhc_sk_bwd_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws) {
+#define SK_BWD(N) sk_bwd_launch_##N(ex, a, ws)
+    MHC_SWITCH_N(a->n, SK_BWD)
+#undef SK_BWD
+}
