@@ -243,7 +243,7 @@ static inline ompk_status sft_forward(sft_layer *L, const sft_batch *b, float *y
     ompk_tensor ti = ompk_tensor_make(b->ids, OMPK_I64, 2, si, ompk_device_host());
     ompk_tensor tw = ompk_tensor_make(b->w, OMPK_F32, 2, si, ompk_device_host());
     ompk_tensor ty = ompk_tensor_make(y, OMPK_F32, 2, sx, ompk_device_host());
-    return ompk_moe_forward_train(L->moe, &tx, &ti, &tw, &ty, mode);
+    return ompk_moe_fwd_train(L->moe, &tx, &ti, &tw, &ty, mode);
 }
 
 static inline ompk_status sft_backward(sft_layer *L, const sft_batch *b, sft_out *o,
@@ -253,7 +253,7 @@ static inline ompk_status sft_backward(sft_layer *L, const sft_batch *b, sft_out
     ompk_moe_grads g = sft_grads(&s, b->T, o, v, accumulate);
     int64_t sx[2] = {b->T, s.H};
     ompk_tensor tdy = ompk_tensor_make(b->dy, OMPK_F32, 2, sx, ompk_device_host());
-    return ompk_moe_backward(L->moe, &tdy, &g);
+    return ompk_moe_bwd(L->moe, &tdy, &g);
 }
 
 /* one step: forward PUSH then backward */

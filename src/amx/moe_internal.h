@@ -200,7 +200,7 @@ struct ompk_moe {
     int loaded;
     int amx_min_rows;
     int kblock;   /* use the K-blocked AMX kernels where the format allows */
-    int prefetch; /* ompk_moe_config.prefetch */
+    int prefetch; /* weight prefetch mode (ompk_moe_tuning_set) */
     /* scratch arena: one allocation, explicit offsets, a canary after every buffer */
     uint8_t *arena;
     size_t arena_bytes;

@@ -61,8 +61,8 @@ FZ_INIT {
     cfg.no_pin = (int)fz_int(1, 0, 1);
     cfg.isa = (ompk_moe_isa)fz_isas[fz_u8() % 8];
     cfg.amx_min_rows = (int)fz_int(0, 1, 1000);
-    cfg.kblock = (int)fz_int(0, -1, 1);
-    cfg.prefetch = (int)fz_int(fz_range(0, 3), 4, -1);
+    const int kblock = (int)fz_int(0, -1, 1);
+    const int prefetch = (int)fz_int(fz_range(0, 3), 4, -1);
     cfg.cache_depth = (int)fz_int(fz_range(0, 2), 65, -1);
     cfg.lora_max_rank = (int)fz_int(fz_range(0, 2), -1, 1 << 20);
 
@@ -83,6 +83,12 @@ FZ_INIT {
         return 0;
     }
     if (!m) fz_fail("create returned OK and NULL");
+    if (ompk_moe_tuning_set(m, kblock, prefetch) != OMPK_OK) {
+        if (!ompk_last_error()[0]) fz_fail("failed call left no message");
+        ompk_moe_destroy(m);
+        fz_end();
+        return 0;
+    }
 
     ompk_moe_info info, info0;
     memset(&info, 0xa5, sizeof info);
@@ -148,10 +154,10 @@ FZ_INIT {
     uint8_t mode = fz_u8();
     fz_arm();
     if (mode < 128) {
-        fz_check(ompk_moe_forward(m, px, pi, pw, py), OMPK_OK);
+        fz_check(ompk_moe_fwd(m, px, pi, pw, py), OMPK_OK);
     } else {
         ompk_moe_cache_mode cm = (ompk_moe_cache_mode)fz_int(1 + (mode & 1), 0, 3);
-        st = ompk_moe_forward_train(m, px, pi, pw, py, cm);
+        st = ompk_moe_fwd_train(m, px, pi, pw, py, cm);
         fz_check(st, OMPK_OK);
         /* the backward of what was saved (or of nothing: CACHE_EMPTY) */
         ompk_tensor dy, dx, dw, lg[6];
@@ -170,7 +176,7 @@ FZ_INIT {
         }
         g.accumulate = (int)fz_int(0, 1, -1);
         fz_arm();
-        fz_check(ompk_moe_backward(m, pdy, (fz_u8() == 255) ? NULL : &g), OMPK_OK);
+        fz_check(ompk_moe_bwd(m, pdy, (fz_u8() == 255) ? NULL : &g), OMPK_OK);
     }
 
     ompk_moe_stats stats, stats0;
