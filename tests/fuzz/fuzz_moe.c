@@ -1,7 +1,8 @@
-/* The MoE layer's life: ompk_moe_create (config from the input), get_info, load_weights or
- * load_quantized, get_weights, set_lora, forward or forward_train + backward, get_stats,
+/* The MoE layer's life: ompk_moe_create (config from the input), the tuning modes, get_info,
+ * load_weights or load_quantized, get_weights, set_lora, fwd or fwd_train + bwd, get_stats,
  * destroy; each call checked on its own. */
 #include "fuzz_common.h"
+#include "variant.h" /* ompk_moe_tuning_set */
 
 static const int fz_isas[] = {OMPK_MOE_ISA_PORTABLE,
                               OMPK_MOE_ISA_PORTABLE,
