@@ -426,16 +426,14 @@ static ompk_status pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const o
     return OMPK_OK;
 }
 
-ompk_status ompk_mhc_pre_fwd(const ompk_mhc_pre_fwd_args *args, const ompk_mhc_params *params) {
-    if (!args) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, "ompk_mhc_pre_fwd", "args is NULL");
-    const ompk_mhc_pre_fwd_args *a = args;
+ompk_status ompk_mhc_pre_fwd(const ompk_mhc_pre_fwd_args *a, const ompk_mhc_params *params) {
+    if (!a) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, "ompk_mhc_pre_fwd", "args is NULL");
     return pre_fwd(a->x, a->phi, a->gamma, a->alpha, a->bias, params, a->h_in, a->h_post,
                    a->res_logits, a->comb, a->h_mix, a->inv_rms, a->h_pre);
 }
 
-ompk_status ompk_mhc_pre_bwd(const ompk_mhc_pre_bwd_args *args, const ompk_mhc_params *params) {
-    if (!args) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, "ompk_mhc_pre_bwd", "args is NULL");
-    const ompk_mhc_pre_bwd_args *a = args;
+ompk_status ompk_mhc_pre_bwd(const ompk_mhc_pre_bwd_args *a, const ompk_mhc_params *params) {
+    if (!a) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, "ompk_mhc_pre_bwd", "args is NULL");
     return pre_bwd(a->x, a->phi, a->gamma, a->alpha, params, a->dh_in, a->dh_post, a->dh_res,
                    a->grad_x_post, a->h_mix, a->inv_rms, a->h_pre, a->h_post, a->dx, a->dphi,
                    a->dalpha, a->dbias, a->dgamma);
