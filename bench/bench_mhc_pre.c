@@ -70,9 +70,19 @@ static int bufs_new(ompk_bench_ctx *ctx, mhc_bufs *m) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!all[i]) return 1;
     /* a forward once, so the backward sees consistent saved tensors */
-    ompk_status st =
-        ompk_mhc_pre_fwd(&m->tx, &m->tphi, &m->tgamma, &m->talpha, &m->tbias, &m->p, &m->th_in,
-                         &m->th_post, &m->tlogits, &m->tcomb, &m->th_mix, &m->tinv, &m->th_pre);
+    ompk_status st = ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &m->tx,
+                                                               .phi = &m->tphi,
+                                                               .gamma = &m->tgamma,
+                                                               .alpha = &m->talpha,
+                                                               .bias = &m->tbias,
+                                                               .h_in = &m->th_in,
+                                                               .h_post = &m->th_post,
+                                                               .res_logits = &m->tlogits,
+                                                               .comb = &m->tcomb,
+                                                               .h_mix = &m->th_mix,
+                                                               .inv_rms = &m->tinv,
+                                                               .h_pre = &m->th_pre},
+                                      &m->p);
     return st != OMPK_OK;
 }
 
@@ -86,26 +96,50 @@ static void bufs_free(ompk_bench_ctx *ctx, mhc_bufs *m) {
 
 static ompk_status call_pre_fwd(void *p) {
     mhc_bufs *m = p;
-    return ompk_mhc_pre_fwd(&m->tx, &m->tphi, &m->tgamma, &m->talpha, &m->tbias, &m->p, &m->th_in,
-                            &m->th_post, &m->tlogits, &m->tcomb, &m->th_mix, &m->tinv, &m->th_pre);
+    return ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &m->tx,
+                                                     .phi = &m->tphi,
+                                                     .gamma = &m->tgamma,
+                                                     .alpha = &m->talpha,
+                                                     .bias = &m->tbias,
+                                                     .h_in = &m->th_in,
+                                                     .h_post = &m->th_post,
+                                                     .res_logits = &m->tlogits,
+                                                     .comb = &m->tcomb,
+                                                     .h_mix = &m->th_mix,
+                                                     .inv_rms = &m->tinv,
+                                                     .h_pre = &m->th_pre},
+                            &m->p);
 }
 
 static ompk_status call_sk_fwd(void *p) {
     mhc_bufs *m = p;
-    return ompk_sinkhorn_fwd(&m->tlogits, m->p.sinkhorn_repeat, m->p.sinkhorn_eps, &m->tcomb);
+    return ompk_mhc_sinkhorn_fwd(&m->tlogits, &m->tcomb, &m->p);
 }
 
 static ompk_status call_sk_bwd(void *p) {
     mhc_bufs *m = p;
-    return ompk_sinkhorn_bwd(&m->tlogits, &m->tdcomb, m->p.sinkhorn_repeat, m->p.sinkhorn_eps,
-                             &m->tdh_res);
+    return ompk_mhc_sinkhorn_bwd(&m->tlogits, &m->tdcomb, &m->tdh_res, &m->p);
 }
 
 static ompk_status call_pre_bwd(void *p) {
     mhc_bufs *m = p;
-    return ompk_mhc_pre_bwd(&m->tx, &m->tphi, &m->tgamma, &m->talpha, &m->p, &m->tdh_in,
-                            &m->tdh_post, &m->tdh_res, NULL, &m->th_mix, &m->tinv, &m->th_pre,
-                            &m->th_post, &m->tdx, &m->tdphi, &m->tdalpha, &m->tdbias, &m->tdgamma);
+    return ompk_mhc_pre_bwd(&(ompk_mhc_pre_bwd_args){.x = &m->tx,
+                                                     .phi = &m->tphi,
+                                                     .gamma = &m->tgamma,
+                                                     .alpha = &m->talpha,
+                                                     .dh_in = &m->tdh_in,
+                                                     .dh_post = &m->tdh_post,
+                                                     .dh_res = &m->tdh_res,
+                                                     .h_mix = &m->th_mix,
+                                                     .inv_rms = &m->tinv,
+                                                     .h_pre = &m->th_pre,
+                                                     .h_post = &m->th_post,
+                                                     .dx = &m->tdx,
+                                                     .dphi = &m->tdphi,
+                                                     .dalpha = &m->tdalpha,
+                                                     .dbias = &m->tdbias,
+                                                     .dgamma = &m->tdgamma},
+                            &m->p);
 }
 
 static ompk_status call_train(void *p) {

@@ -19,23 +19,46 @@ typedef struct pb_bufs {
 
 static ompk_status pb_fwd(void *p) {
     pb_bufs *m = p;
-    return ompk_mhc_pre_fwd(&m->x, &m->phi, &m->gamma, &m->alpha, &m->bias, &m->p, &m->h_in,
-                            &m->h_post, &m->logits, &m->comb, &m->h_mix, &m->inv, &m->h_pre);
+    return ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &m->x,
+                                                     .phi = &m->phi,
+                                                     .gamma = &m->gamma,
+                                                     .alpha = &m->alpha,
+                                                     .bias = &m->bias,
+                                                     .h_in = &m->h_in,
+                                                     .h_post = &m->h_post,
+                                                     .res_logits = &m->logits,
+                                                     .comb = &m->comb,
+                                                     .h_mix = &m->h_mix,
+                                                     .inv_rms = &m->inv,
+                                                     .h_pre = &m->h_pre},
+                            &m->p);
 }
 
 static ompk_status pb_bwd(void *p) {
     pb_bufs *m = p;
-    return ompk_mhc_pre_bwd(&m->x, &m->phi, &m->gamma, &m->alpha, &m->p, &m->dh_in, &m->dh_post,
-                            &m->dh_res, NULL, &m->h_mix, &m->inv, &m->h_pre, &m->h_post, &m->dx,
-                            &m->dphi, &m->dalpha, &m->dbias, &m->dgamma);
+    return ompk_mhc_pre_bwd(&(ompk_mhc_pre_bwd_args){.x = &m->x,
+                                                     .phi = &m->phi,
+                                                     .gamma = &m->gamma,
+                                                     .alpha = &m->alpha,
+                                                     .dh_in = &m->dh_in,
+                                                     .dh_post = &m->dh_post,
+                                                     .dh_res = &m->dh_res,
+                                                     .h_mix = &m->h_mix,
+                                                     .inv_rms = &m->inv,
+                                                     .h_pre = &m->h_pre,
+                                                     .h_post = &m->h_post,
+                                                     .dx = &m->dx,
+                                                     .dphi = &m->dphi,
+                                                     .dalpha = &m->dalpha,
+                                                     .dbias = &m->dbias,
+                                                     .dgamma = &m->dgamma},
+                            &m->p);
 }
 
 static ompk_status pb_chain(void *p) {
     pb_bufs *m = p;
     ompk_status st = pb_fwd(p);
-    if (st == OMPK_OK)
-        st = ompk_sinkhorn_bwd(&m->logits, &m->dcomb, m->p.sinkhorn_repeat, m->p.sinkhorn_eps,
-                               &m->dh_res);
+    if (st == OMPK_OK) st = ompk_mhc_sinkhorn_bwd(&m->logits, &m->dcomb, &m->dh_res, &m->p);
     if (st == OMPK_OK) st = pb_bwd(p);
     return st;
 }

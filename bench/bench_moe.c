@@ -19,6 +19,7 @@
 
 #include "bench.h"
 #include "ompk/moe.h"
+#include "variant.h"
 
 #define MOE_LAYERS 8
 
@@ -37,7 +38,7 @@ static ompk_status moe_call(void *p) {
     moe_arg *a = p;
     ompk_moe *m = a->layers[a->cur];
     a->cur = (a->cur + 1) % a->nl;
-    return ompk_moe_forward(m, &a->x, &a->ids, &a->w, &a->y);
+    return ompk_moe_fwd(m, &a->x, &a->ids, &a->w, &a->y);
 }
 
 static double stream_read_gbs, stream_best_gbs;
@@ -208,11 +209,14 @@ static ompk_moe *make_layer(const moe_shape *s, ompk_moe_format f, ompk_moe_isa 
     c.max_tokens = Tmax;
     c.format = f;
     c.isa = isa;
-    c.kblock = kblock;
-    c.prefetch = prefetch;
     ompk_moe *m = NULL;
     if (ompk_moe_create(&c, &m) != OMPK_OK) {
         fprintf(stderr, "moe bench: create: %s\n", ompk_last_error());
+        return NULL;
+    }
+    if (ompk_moe_tuning_set(m, kblock, prefetch) != OMPK_OK) {
+        fprintf(stderr, "moe bench: tuning: %s\n", ompk_last_error());
+        ompk_moe_destroy(m);
         return NULL;
     }
     if (ompk_moe_load_weights(m, g, u, d) != OMPK_OK) {

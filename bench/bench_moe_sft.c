@@ -1,5 +1,5 @@
-/* ompk-bench entries for MoE LoRA fine-tuning (issue 14): moe_sft_fwd (ompk_moe_forward_train
- * with PUSH), moe_sft_bwd (ompk_moe_backward, which pops it) and moe_sft_step (both). Shapes: E64
+/* ompk-bench entries for MoE LoRA fine-tuning (issue 14): moe_sft_fwd (ompk_moe_fwd_train
+ * with PUSH), moe_sft_bwd (ompk_moe_bwd, which pops it) and moe_sft_step (both). Shapes: E64
  * H2048 I1408 top-6 at T4096 (DeepSeek-V2-Lite-like) and E128 H2048 I768 top-8 at T1024, bf16
  * base with LoRA r8 and r32, int8 base with r8, the r8 cases also with OMPK_MOE_GRAD_BF16; --quick:
  * E16 H512 I256 top-4 T128 (CI machine). A training step counts 16*T*k*H*I FLOPs (6 forward, 10
@@ -133,11 +133,11 @@ static int time_pairs(ompk_bench_ctx *ctx, ompk_moe *m, sft_io *io, const ompk_m
     for (int i = -ctx->warmup; i < ctx->reps; i++) {
         double t0 = omp_get_wtime();
         ompk_status st =
-            ompk_moe_forward_train(m, &io->x, &io->ids, &io->w, &io->y, OMPK_MOE_CACHE_PUSH);
+            ompk_moe_fwd_train(m, &io->x, &io->ids, &io->w, &io->y, OMPK_MOE_CACHE_PUSH);
         double t1 = omp_get_wtime();
         ompk_moe_stats fs;
         ompk_moe_get_stats(m, &fs);
-        if (st == OMPK_OK) st = ompk_moe_backward(m, &io->dy, g);
+        if (st == OMPK_OK) st = ompk_moe_bwd(m, &io->dy, g);
         double t2 = omp_get_wtime();
         if (st != OMPK_OK) {
             fprintf(stderr, "  moe_sft call failed: %s: %s\n", ompk_status_str(st),

@@ -63,9 +63,19 @@ static ompk_mhc_params params;
 
 /* Forward; returns the loss sum(w * out), read back to the host. */
 static double forward(void) {
-    check("ompk_mhc_pre_fwd",
-          ompk_mhc_pre_fwd(&x, &phi, &gamma_, &alpha, &bias, &params, &h_in, &h_post, &res_logits,
-                           &comb, &h_mix, &inv_rms, &h_pre));
+    const ompk_mhc_pre_fwd_args pre = {.x = &x,
+                                       .phi = &phi,
+                                       .gamma = &gamma_,
+                                       .alpha = &alpha,
+                                       .bias = &bias,
+                                       .h_in = &h_in,
+                                       .h_post = &h_post,
+                                       .res_logits = &res_logits,
+                                       .comb = &comb,
+                                       .h_mix = &h_mix,
+                                       .inv_rms = &inv_rms,
+                                       .h_pre = &h_pre};
+    check("ompk_mhc_pre_fwd", ompk_mhc_pre_fwd(&pre, &params));
     check("ompk_mhc_post_fwd", ompk_mhc_post_fwd(&x, &comb, &h_post, &h_in, &out));
     static float o[T * n * D], wh[T * n * D];
     to_host(o, &out);
@@ -102,15 +112,29 @@ int main(void) {
     check("ompk_mhc_post_bwd",
           ompk_mhc_post_bwd(&x, &comb, &h_post, &h_in, &w, &dx_post, &df, &dpost, &dcomb));
     ompk_tensor dres = tensor(4, sc, NULL);
-    check("ompk_sinkhorn_bwd", ompk_sinkhorn_bwd(&res_logits, &dcomb, params.sinkhorn_repeat,
-                                                 params.sinkhorn_eps, &dres));
+    check("ompk_mhc_sinkhorn_bwd", ompk_mhc_sinkhorn_bwd(&res_logits, &dcomb, &dres, &params));
     /* the residual path's dx (from post) is added into pre's dx: grad_x_post */
     ompk_tensor dx = tensor(4, sx, NULL), dphi = tensor(2, sphi, NULL),
                 dalpha = tensor(1, s3, NULL), dbias = tensor(1, sm, NULL),
                 dgamma = tensor(1, sk, NULL);
-    check("ompk_mhc_pre_bwd",
-          ompk_mhc_pre_bwd(&x, &phi, &gamma_, &alpha, &params, &df, &dpost, &dres, &dx_post, &h_mix,
-                           &inv_rms, &h_pre, &h_post, &dx, &dphi, &dalpha, &dbias, &dgamma));
+    const ompk_mhc_pre_bwd_args pre = {.x = &x,
+                                       .phi = &phi,
+                                       .gamma = &gamma_,
+                                       .alpha = &alpha,
+                                       .dh_in = &df,
+                                       .dh_post = &dpost,
+                                       .dh_res = &dres,
+                                       .grad_x_post = &dx_post,
+                                       .h_mix = &h_mix,
+                                       .inv_rms = &inv_rms,
+                                       .h_pre = &h_pre,
+                                       .h_post = &h_post,
+                                       .dx = &dx,
+                                       .dphi = &dphi,
+                                       .dalpha = &dalpha,
+                                       .dbias = &dbias,
+                                       .dgamma = &dgamma};
+    check("ompk_mhc_pre_bwd", ompk_mhc_pre_bwd(&pre, &params));
     float ga[3];
     to_host(ga, &dalpha);
     printf("loss %.6f, dL/dalpha = (%.5f, %.5f, %.5f)\n", loss, ga[0], ga[1], ga[2]);

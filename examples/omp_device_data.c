@@ -5,7 +5,7 @@
  * through `use_device_ptr`, describing them as tensors on OpenMP device `dev`:
  *   1. ompk_router_topk_fwd picks each token's K best of the N x N product keys (on the GPU),
  *   2. the program turns the K scores into gate weights (softmax) in its own target region,
- *   3. ompk_moe_forward runs the experts. They run on the host CPU (AMX where there is one):
+ *   3. ompk_moe_fwd runs the experts. They run on the host CPU (AMX where there is one):
  *      given device tensors, ompk copies x, the ids and the weights to host buffers, runs the
  *      experts there and copies y back to the device (the staging time is in
  *      ompk_moe_get_stats). The program then brings y home with `target update`.
@@ -120,12 +120,12 @@ int main(void) {
                 ompk_tensor tid = ompk_tensor_make(ids, OMPK_I32, 2, sk, dev);
                 ompk_tensor tw = ompk_tensor_make(gate, OMPK_F32, 2, sk, dev);
                 ompk_tensor ty = ompk_tensor_make(y, OMPK_F32, 2, sh, dev);
-                st = ompk_moe_forward(moe, &tx, &tid, &tw, &ty);
+                st = ompk_moe_fwd(moe, &tx, &tid, &tw, &ty);
             }
         }
 #pragma omp target update from(y[0 : T * H], ids[0 : T * K], gate[0 : T * K]) device(dev_id)
     }
-    if (st != OMPK_OK) return fail("ompk_router_topk_fwd or ompk_moe_forward", st);
+    if (st != OMPK_OK) return fail("ompk_router_topk_fwd or ompk_moe_fwd", st);
     ompk_moe_stats stats;
     ompk_moe_get_stats(moe, &stats);
 
@@ -135,8 +135,8 @@ int main(void) {
     ompk_tensor hid = ompk_tensor_make(ids, OMPK_I32, 2, sk, host);
     ompk_tensor hw = ompk_tensor_make(gate, OMPK_F32, 2, sk, host);
     ompk_tensor hy = ompk_tensor_make(y_host, OMPK_F32, 2, sh, host);
-    if ((st = ompk_moe_forward(moe, &hx, &hid, &hw, &hy)) != OMPK_OK)
-        return fail("ompk_moe_forward (host)", st);
+    if ((st = ompk_moe_fwd(moe, &hx, &hid, &hw, &hy)) != OMPK_OK)
+        return fail("ompk_moe_fwd (host)", st);
     const int same = memcmp(y, y_host, sizeof(float) * T * H) == 0;
     printf("token 0 -> experts %d, %d (gates %.3f, %.3f); y[0] = %.5f\n", ids[0], ids[1], gate[0],
            gate[1], y[0]);

@@ -3,7 +3,7 @@
  * A batch of T tokens x [T,H] is projected onto two sets of N sub-keys (sx = x Kx, sy = x Ky);
  * ompk_router_topk_fwd picks each token's k best pairs (i,j) of the N x N product keys; the
  * pair index i*N + j is the expert id (E = N^2 experts, one per product key); the gate weights
- * are the softmax of the k scores; ompk_moe_forward runs the experts. Every stage is checked
+ * are the softmax of the k scores; ompk_moe_fwd runs the experts. Every stage is checked
  * against a plain reference computed here: the routing against the brute force over all N^2
  * sums (indices must agree exactly), the layer output against a double-precision SwiGLU on the
  * weights the MoE object reports.
@@ -150,9 +150,9 @@ int main(void) {
     ompk_tensor tid = ompk_tensor_make(idx, OMPK_I32, 2, sk, host);
     ompk_tensor tw = ompk_tensor_make(gate_w, OMPK_F32, 2, sk, host);
     ompk_tensor ty = ompk_tensor_make(y, OMPK_F32, 2, sh, host);
-    st = ompk_moe_forward(moe, &tx, &tid, &tw, &ty);
+    st = ompk_moe_fwd(moe, &tx, &tid, &tw, &ty);
     if (st != OMPK_OK) {
-        printf("experts: ompk_moe_forward is not usable here (%s: %s); stopping after routing\n",
+        printf("experts: ompk_moe_fwd is not usable here (%s: %s); stopping after routing\n",
                ompk_status_str(st), ompk_last_error());
         ompk_moe_destroy(moe);
         return 0;
@@ -166,9 +166,9 @@ int main(void) {
     ompk_tensor rg = ompk_tensor_make(g, OMPK_F32, 3, sg, host);
     ompk_tensor ru = ompk_tensor_make(u, OMPK_F32, 3, sg, host);
     ompk_tensor rd = ompk_tensor_make(d, OMPK_F32, 3, sd, host);
-    if (ompk_moe_get_weights(moe, 0, &rg) != OMPK_OK ||
-        ompk_moe_get_weights(moe, 1, &ru) != OMPK_OK ||
-        ompk_moe_get_weights(moe, 2, &rd) != OMPK_OK)
+    if (ompk_moe_get_weights(moe, OMPK_MOE_WEIGHT_GATE, &rg) != OMPK_OK ||
+        ompk_moe_get_weights(moe, OMPK_MOE_WEIGHT_UP, &ru) != OMPK_OK ||
+        ompk_moe_get_weights(moe, OMPK_MOE_WEIGHT_DOWN, &rd) != OMPK_OK)
         return fail("ompk_moe_get_weights", OMPK_ERR_RUNTIME);
     double max_err = 0.0, max_ref = 0.0;
     for (int t = 0; t < T; t++) {
@@ -209,7 +209,7 @@ int main(void) {
         }
     }
     const double worst = max_err / (max_ref > 0.0 ? max_ref : 1.0);
-    printf("experts: ompk_moe_forward on the host (%s, %d threads): max |error| / max |reference| "
+    printf("experts: ompk_moe_fwd on the host (%s, %d threads): max |error| / max |reference| "
            "%.3g\n",
            ompk_moe_isa_name(info.isa), info.threads, worst);
     ompk_moe_destroy(moe);

@@ -154,17 +154,40 @@ static inline ompk_tensor *opt(tt *r) {
 }
 
 static inline ompk_status pre_run_fwd(pre_prob *q) {
-    return ompk_mhc_pre_fwd(&q->x.t, &q->phi.t, opt(&q->gamma), &q->alpha.t, &q->bias.t, &q->p,
-                            &q->h_in.t, &q->h_post.t, &q->logits.t,
-                            q->p.fuse_sinkhorn ? &q->comb.t : NULL, &q->h_mix.t, &q->inv_rms.t,
-                            &q->h_pre.t);
+    return ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &q->x.t,
+                                                     .phi = &q->phi.t,
+                                                     .gamma = opt(&q->gamma),
+                                                     .alpha = &q->alpha.t,
+                                                     .bias = &q->bias.t,
+                                                     .h_in = &q->h_in.t,
+                                                     .h_post = &q->h_post.t,
+                                                     .res_logits = &q->logits.t,
+                                                     .comb = q->p.fuse_sinkhorn ? &q->comb.t : NULL,
+                                                     .h_mix = &q->h_mix.t,
+                                                     .inv_rms = &q->inv_rms.t,
+                                                     .h_pre = &q->h_pre.t},
+                            &q->p);
 }
 
 static inline ompk_status pre_run_bwd(pre_prob *q, int with_gxp) {
-    return ompk_mhc_pre_bwd(&q->x.t, &q->phi.t, opt(&q->gamma), &q->alpha.t, &q->p, &q->dh_in.t,
-                            &q->dh_post.t, &q->dh_res.t, with_gxp ? &q->gxp.t : NULL, &q->h_mix.t,
-                            &q->inv_rms.t, &q->h_pre.t, &q->h_post.t, &q->dx.t, &q->dphi.t,
-                            &q->dalpha.t, &q->dbias.t, opt(&q->dgamma));
+    return ompk_mhc_pre_bwd(&(ompk_mhc_pre_bwd_args){.x = &q->x.t,
+                                                     .phi = &q->phi.t,
+                                                     .gamma = opt(&q->gamma),
+                                                     .alpha = &q->alpha.t,
+                                                     .dh_in = &q->dh_in.t,
+                                                     .dh_post = &q->dh_post.t,
+                                                     .dh_res = &q->dh_res.t,
+                                                     .grad_x_post = with_gxp ? &q->gxp.t : NULL,
+                                                     .h_mix = &q->h_mix.t,
+                                                     .inv_rms = &q->inv_rms.t,
+                                                     .h_pre = &q->h_pre.t,
+                                                     .h_post = &q->h_post.t,
+                                                     .dx = &q->dx.t,
+                                                     .dphi = &q->dphi.t,
+                                                     .dalpha = &q->dalpha.t,
+                                                     .dbias = &q->dbias.t,
+                                                     .dgamma = opt(&q->dgamma)},
+                            &q->p);
 }
 
 /* ---- fixtures ------------------------------------------------------------------------------ */

@@ -245,7 +245,7 @@ static inline ompk_status sft_forward(sft_layer *L, const sft_batch *b, float *y
     ompk_tensor ti = ompk_tensor_make(b->ids, OMPK_I64, 2, si, ompk_device_host());
     ompk_tensor tw = ompk_tensor_make(b->w, OMPK_F32, 2, si, ompk_device_host());
     ompk_tensor ty = ompk_tensor_make(y, OMPK_F32, 2, sx, ompk_device_host());
-    return ompk_moe_forward_train(L->moe, &tx, &ti, &tw, &ty, mode);
+    return ompk_moe_fwd_train(L->moe, &tx, &ti, &tw, &ty, mode);
 }
 
 /* dy_dt: dy passed as OMPK_F32 or as OMPK_BF16 (the batch's dy is bf16-representable: the same
@@ -265,7 +265,7 @@ static inline ompk_status sft_backward_dt(sft_layer *L, const sft_batch *b, sft_
         dyp = dyb;
     }
     ompk_tensor tdy = ompk_tensor_make(dyp, dy_dt, 2, sx, ompk_device_host());
-    ompk_status st = ompk_moe_backward(L->moe, &tdy, &g);
+    ompk_status st = ompk_moe_bwd(L->moe, &tdy, &g);
     free(dyb);
     return st;
 }

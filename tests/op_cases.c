@@ -34,23 +34,27 @@ static ompk_status post_bwd(tu_op_case *c, ompk_tensor *const *t) {
 }
 static ompk_status sk_fwd(tu_op_case *c, ompk_tensor *const *t) {
     (void)c;
-    return ompk_sinkhorn_fwd(t[0], 5, 1e-6f, t[1]);
+    ompk_mhc_params p = ompk_mhc_params_default();
+    p.sinkhorn_repeat = 5;
+    return ompk_mhc_sinkhorn_fwd(t[0], t[1], &p);
 }
 static ompk_status sk_bwd(tu_op_case *c, ompk_tensor *const *t) {
     (void)c;
-    return ompk_sinkhorn_bwd(t[0], t[1], 5, 1e-6f, t[2]);
+    ompk_mhc_params p = ompk_mhc_params_default();
+    p.sinkhorn_repeat = 5;
+    return ompk_mhc_sinkhorn_bwd(t[0], t[1], t[2], &p);
 }
 static ompk_status pre_fwd(tu_op_case *c, ompk_tensor *const *t) {
     (void)c;
-    const ompk_mhc_params p = ompk_mhc_params_default();
-    return ompk_mhc_pre_fwd(t[0], t[1], t[2], t[3], t[4], &p, t[5], t[6], t[7], t[8], t[9], t[10],
-                            t[11]);
+    const ompk_mhc_pre_fwd_args a = {t[0], t[1], t[2], t[3], t[4],  t[5],
+                                     t[6], t[7], t[8], t[9], t[10], t[11]};
+    return ompk_mhc_pre_fwd(&a, NULL);
 }
 static ompk_status pre_bwd(tu_op_case *c, ompk_tensor *const *t) {
     (void)c;
-    const ompk_mhc_params p = ompk_mhc_params_default();
-    return ompk_mhc_pre_bwd(t[0], t[1], t[2], t[3], &p, t[4], t[5], t[6], t[7], t[8], t[9], t[10],
-                            t[11], t[12], t[13], t[14], t[15], t[16]);
+    const ompk_mhc_pre_bwd_args a = {t[0], t[1],  t[2],  t[3],  t[4],  t[5],  t[6],  t[7], t[8],
+                                     t[9], t[10], t[11], t[12], t[13], t[14], t[15], t[16]};
+    return ompk_mhc_pre_bwd(&a, NULL);
 }
 #endif
 
@@ -132,8 +136,7 @@ static int moe_setup_push(tu_op_case *c, int push) {
         const int64_t sx[2] = {T, H}, si[2] = {T, k};
         ompk_tensor tx = tu_view(&x, 2, sx), ty = tu_view(&y, 2, sx), ti = tu_view(&ids, 2, si),
                     tw = tu_view(&w, 2, si);
-        const ompk_status st =
-            ompk_moe_forward_train(s->m, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH);
+        const ompk_status st = ompk_moe_fwd_train(s->m, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH);
         tu_buf_free(&x), tu_buf_free(&y), tu_buf_free(&ids), tu_buf_free(&w);
         if (st != OMPK_OK) return 0;
         s->entries = 1;
@@ -160,11 +163,11 @@ static void moe_teardown(tu_op_case *c) {
     c->state = NULL;
 }
 static ompk_status moe_fwd(tu_op_case *c, ompk_tensor *const *t) {
-    return ompk_moe_forward(((moe_state *)c->state)->m, t[0], t[1], t[2], t[3]);
+    return ompk_moe_fwd(((moe_state *)c->state)->m, t[0], t[1], t[2], t[3]);
 }
 static ompk_status moe_fwd_train(tu_op_case *c, ompk_tensor *const *t) {
-    return ompk_moe_forward_train(((moe_state *)c->state)->m, t[0], t[1], t[2], t[3],
-                                  OMPK_MOE_CACHE_PUSH);
+    return ompk_moe_fwd_train(((moe_state *)c->state)->m, t[0], t[1], t[2], t[3],
+                              OMPK_MOE_CACHE_PUSH);
 }
 static ompk_status moe_bwd(tu_op_case *c, ompk_tensor *const *t) {
     ompk_moe_grads g;
@@ -173,7 +176,7 @@ static ompk_status moe_bwd(tu_op_case *c, ompk_tensor *const *t) {
     g.gate_da = t[3], g.gate_db = t[4], g.up_da = t[5], g.up_db = t[6];
     g.down_da = t[7], g.down_db = t[8];
     g.gate_dw = t[9], g.up_dw = t[10], g.down_dw = t[11];
-    return ompk_moe_backward(((moe_state *)c->state)->m, t[0], &g);
+    return ompk_moe_bwd(((moe_state *)c->state)->m, t[0], &g);
 }
 #endif
 
@@ -239,7 +242,7 @@ static const tu_op_spec ops[] = {
      NULL,
      NULL,
      0},
-    {"ompk_sinkhorn_fwd",
+    {"ompk_mhc_sinkhorn_fwd",
      2,
      {{"logits", IN, "BSnn", F32}, {"comb", OUT, "BSnn", F32}},
      "B2 S3 n4",
@@ -249,7 +252,7 @@ static const tu_op_spec ops[] = {
      NULL,
      NULL,
      0},
-    {"ompk_sinkhorn_bwd",
+    {"ompk_mhc_sinkhorn_bwd",
      3,
      {{"logits", IN, "BSnn", F32}, {"dcomb", IN, "BSnn", F32}, {"dlogits", OUT, "BSnn", F32}},
      "B2 S3 n4",
@@ -342,7 +345,7 @@ static const tu_op_spec ops[] = {
      0},
 #endif
 #if OMPK_HAVE_MOE
-    {"ompk_moe_forward",
+    {"ompk_moe_fwd",
      4,
      {{"x", IN, "TH", F32},
       {"expert_ids", IN, "Tk", OMPK_I32, -1, 6},
@@ -355,7 +358,7 @@ static const tu_op_spec ops[] = {
      moe_same,
      moe_teardown,
      0},
-    {"ompk_moe_forward_train",
+    {"ompk_moe_fwd_train",
      4,
      {{"x", IN, "TH", F32},
       {"expert_ids", IN, "Tk", OMPK_I32, -1, 6},
@@ -368,7 +371,7 @@ static const tu_op_spec ops[] = {
      moe_same,
      moe_teardown,
      0},
-    {"ompk_moe_backward",
+    {"ompk_moe_bwd",
      12,
      {{"dy", IN, "TH", F32},
       {"dx", OUT, "TH", F32},

@@ -89,13 +89,15 @@ static ompk_status job_run(job *j, int bad) {
     case SK_FWD: {
         const int64_t s[4] = {2, 3, 4, 4};
         ompk_tensor lg = tu_view(&j->in[0], 4, s), cb = tu_view(&j->out[0], 4, s);
-        return ompk_sinkhorn_fwd(&lg, bad ? 0 : 20, 1e-6f, &cb);
+        const ompk_mhc_params p = tu_sk_params(bad ? 0 : 20, 1e-6f);
+        return ompk_mhc_sinkhorn_fwd(&lg, &cb, &p);
     }
     case SK_BWD: {
         const int64_t s[4] = {2, 3, 4, 4};
         ompk_tensor lg = tu_view(&j->in[0], 4, s), dc = tu_view(&j->in[1], 4, s);
         ompk_tensor dl = tu_view(&j->out[0], 4, s);
-        return ompk_sinkhorn_bwd(&lg, &dc, 20, bad ? -1.0f : 1e-6f, &dl);
+        const ompk_mhc_params p = tu_sk_params(20, bad ? -1.0f : 1e-6f);
+        return ompk_mhc_sinkhorn_bwd(&lg, &dc, &dl, &p);
     }
     case POST_FWD: {
         ompk_tensor x = tu_view(&j->in[0], 4, (int64_t[]){2, 3, 4, 64});

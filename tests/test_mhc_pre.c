@@ -362,9 +362,8 @@ Test(mhc_pre, pytorch_fixture_pre_sinkhorn_chain) {
         /* backward of loss = w_in.h_in + w_post.h_post + w_comb.comb */
         tt dcomb = tt_new(devs[di], OMPK_F32, 4, B, S, n, n);
         tt_set(&dcomb, fixture_get(&fx, "w_comb", T * n * n));
-        cr_assert_eq(ompk_sinkhorn_bwd(&q.logits.t, &dcomb.t, q.p.sinkhorn_repeat, q.p.sinkhorn_eps,
-                                       &q.dh_res.t),
-                     OMPK_OK, "%s", ompk_last_error());
+        cr_assert_eq(ompk_mhc_sinkhorn_bwd(&q.logits.t, &dcomb.t, &q.dh_res.t, &q.p), OMPK_OK, "%s",
+                     ompk_last_error());
         EXPECT_CLOSE("torch dres", &q.dh_res, fixture_get(&fx, "dres", T * n * n), 1);
         tt_set(&q.dh_in, fixture_get(&fx, "w_in", T * D));
         tt_set(&q.dh_post, fixture_get(&fx, "w_post", T * n));

@@ -33,8 +33,19 @@ static fargs fdef(pre_prob *q) {
 
 static void fbad(pre_prob *q, fargs a, ompk_status want, const char *part) {
     ompk_clear_error();
-    ompk_status st = ompk_mhc_pre_fwd(a.x, a.phi, a.gamma, a.alpha, a.bias, a.p, a.h_in, a.h_post,
-                                      a.logits, a.comb, a.h_mix, a.inv_rms, a.h_pre);
+    ompk_status st = ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = a.x,
+                                                               .phi = a.phi,
+                                                               .gamma = a.gamma,
+                                                               .alpha = a.alpha,
+                                                               .bias = a.bias,
+                                                               .h_in = a.h_in,
+                                                               .h_post = a.h_post,
+                                                               .res_logits = a.logits,
+                                                               .comb = a.comb,
+                                                               .h_mix = a.h_mix,
+                                                               .inv_rms = a.inv_rms,
+                                                               .h_pre = a.h_pre},
+                                      a.p);
     cr_expect_eq(st, want, "'%s': want %s got %s (%s)", part, ompk_status_str(want),
                  ompk_status_str(st), ompk_last_error());
     cr_expect(strstr(ompk_last_error(), part) != NULL, "message '%s' lacks '%s'", ompk_last_error(),
@@ -144,9 +155,24 @@ static bargs bdef(pre_prob *q) {
 
 static void bbad(pre_prob *q, bargs a, ompk_status want, const char *part) {
     ompk_clear_error();
-    ompk_status st = ompk_mhc_pre_bwd(a.x, a.phi, a.gamma, a.alpha, a.p, a.dh_in, a.dh_post,
-                                      a.dh_res, a.gxp, a.h_mix, a.inv_rms, a.h_pre, a.h_post, a.dx,
-                                      a.dphi, a.dalpha, a.dbias, a.dgamma);
+    ompk_status st = ompk_mhc_pre_bwd(&(ompk_mhc_pre_bwd_args){.x = a.x,
+                                                               .phi = a.phi,
+                                                               .gamma = a.gamma,
+                                                               .alpha = a.alpha,
+                                                               .dh_in = a.dh_in,
+                                                               .dh_post = a.dh_post,
+                                                               .dh_res = a.dh_res,
+                                                               .grad_x_post = a.gxp,
+                                                               .h_mix = a.h_mix,
+                                                               .inv_rms = a.inv_rms,
+                                                               .h_pre = a.h_pre,
+                                                               .h_post = a.h_post,
+                                                               .dx = a.dx,
+                                                               .dphi = a.dphi,
+                                                               .dalpha = a.dalpha,
+                                                               .dbias = a.dbias,
+                                                               .dgamma = a.dgamma},
+                                      a.p);
     cr_expect_eq(st, want, "'%s': want %s got %s (%s)", part, ompk_status_str(want),
                  ompk_status_str(st), ompk_last_error());
     cr_expect(strstr(ompk_last_error(), part) != NULL, "message '%s' lacks '%s'", ompk_last_error(),

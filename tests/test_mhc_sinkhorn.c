@@ -1,4 +1,4 @@
-/* ompk_sinkhorn_fwd / ompk_sinkhorn_bwd: reference agreement for every n, peaked and huge
+/* ompk_mhc_sinkhorn_fwd / ompk_mhc_sinkhorn_bwd: reference agreement for every n, peaked and huge
  * logits, PyTorch autograd fixture, finite differences of the reference, determinism and bad
  * inputs. Host and every GPU. */
 #include <criterion/criterion.h>
@@ -48,9 +48,10 @@ static int all_finite(tt *t) {
 
 static void sk_check(sk_case *c, int repeat, float eps, const char *what) {
     const int64_t T = c->B * c->S, n = c->n, N = T * n * n;
-    ompk_status st = ompk_sinkhorn_fwd(&c->lg.t, repeat, eps, &c->comb.t);
+    const ompk_mhc_params p = tu_sk_params(repeat, eps);
+    ompk_status st = ompk_mhc_sinkhorn_fwd(&c->lg.t, &c->comb.t, &p);
     cr_assert_eq(st, OMPK_OK, "fwd %s: %s", what, ompk_last_error());
-    st = ompk_sinkhorn_bwd(&c->lg.t, &c->dc.t, repeat, eps, &c->dl.t);
+    st = ompk_mhc_sinkhorn_bwd(&c->lg.t, &c->dc.t, &c->dl.t, &p);
     cr_assert_eq(st, OMPK_OK, "bwd %s: %s", what, ompk_last_error());
     double *lg = tt_get(&c->lg), *dc = tt_get(&c->dc);
     double *comb = calloc(N, 8), *dl = calloc(N, 8);
@@ -126,8 +127,8 @@ Test(mhc_sinkhorn, pytorch_fixture_peaked_huge) {
         const char *gr[2] = {"d_peaked", "d_huge"};
         for (int k = 0; k < 2; k++) {
             tt_set(&c.lg, fixture_get(&fx, in[k], T * n * n));
-            cr_assert_eq(ompk_sinkhorn_fwd(&c.lg.t, 20, 1e-6f, &c.comb.t), OMPK_OK);
-            cr_assert_eq(ompk_sinkhorn_bwd(&c.lg.t, &c.dc.t, 20, 1e-6f, &c.dl.t), OMPK_OK);
+            cr_assert_eq(ompk_mhc_sinkhorn_fwd(&c.lg.t, &c.comb.t, NULL), OMPK_OK);
+            cr_assert_eq(ompk_mhc_sinkhorn_bwd(&c.lg.t, &c.dc.t, &c.dl.t, NULL), OMPK_OK);
             EXPECT_CLOSE(co[k], &c.comb, fixture_get(&fx, co[k], T * n * n), 1);
             double *w = tt_get(&c.dc);
             double q =
@@ -174,13 +175,13 @@ Test(mhc_sinkhorn, backward_bit_identical_20x) {
         sk_case c;
         sk_new(&c, devs[di], 4, 1000, 4);
         sk_fill(&c, 3, 2.0, 1.0);
-        cr_assert_eq(ompk_sinkhorn_bwd(&c.lg.t, &c.dc.t, 20, 1e-6f, &c.dl.t), OMPK_OK);
+        cr_assert_eq(ompk_mhc_sinkhorn_bwd(&c.lg.t, &c.dc.t, &c.dl.t, NULL), OMPK_OK);
         tu_buf_download(&c.dl.b);
         void *first = malloc(c.dl.b.bytes);
         memcpy(first, c.dl.b.host, c.dl.b.bytes);
         for (int rep = 0; rep < 20; rep++) {
             tu_buf_fill_bytes(&c.dl.b, rep & 1 ? 0x11 : 0x77);
-            cr_assert_eq(ompk_sinkhorn_bwd(&c.lg.t, &c.dc.t, 20, 1e-6f, &c.dl.t), OMPK_OK);
+            cr_assert_eq(ompk_mhc_sinkhorn_bwd(&c.lg.t, &c.dc.t, &c.dl.t, NULL), OMPK_OK);
             tu_buf_download(&c.dl.b);
             cr_assert(memcmp(first, c.dl.b.host, c.dl.b.bytes) == 0, "repetition %d differs", rep);
         }
@@ -193,7 +194,8 @@ Test(mhc_sinkhorn, backward_bit_identical_20x) {
 static void expect_bad_fwd(sk_case *c, const ompk_tensor *lg, int repeat, float eps,
                            ompk_tensor *out, ompk_status want, const char *part) {
     ompk_clear_error();
-    ompk_status st = ompk_sinkhorn_fwd(lg, repeat, eps, out);
+    const ompk_mhc_params p = tu_sk_params(repeat, eps);
+    ompk_status st = ompk_mhc_sinkhorn_fwd(lg, out, &p);
     cr_expect_eq(st, want, "want %s got %s (%s)", ompk_status_str(want), ompk_status_str(st),
                  ompk_last_error());
     cr_expect(strstr(ompk_last_error(), part) != NULL, "message '%s' lacks '%s'", ompk_last_error(),
@@ -204,7 +206,8 @@ static void expect_bad_fwd(sk_case *c, const ompk_tensor *lg, int repeat, float 
 static void expect_bad_bwd(sk_case *c, const ompk_tensor *lg, const ompk_tensor *dc, int repeat,
                            float eps, ompk_tensor *out, ompk_status want, const char *part) {
     ompk_clear_error();
-    ompk_status st = ompk_sinkhorn_bwd(lg, dc, repeat, eps, out);
+    const ompk_mhc_params p = tu_sk_params(repeat, eps);
+    ompk_status st = ompk_mhc_sinkhorn_bwd(lg, dc, out, &p);
     cr_expect_eq(st, want, "want %s got %s (%s)", ompk_status_str(want), ompk_status_str(st),
                  ompk_last_error());
     cr_expect(strstr(ompk_last_error(), part) != NULL, "message '%s' lacks '%s'", ompk_last_error(),
@@ -266,8 +269,8 @@ Test(mhc_sinkhorn, verify_mode_reports, .init = cr_redirect_stderr) {
     sk_case c;
     sk_new(&c, ompk_device_host(), 1, 3, 4);
     sk_fill(&c, 9, 1.0, 0);
-    cr_assert_eq(ompk_sinkhorn_fwd(&c.lg.t, 20, 1e-6f, &c.comb.t), OMPK_OK);
-    cr_assert_eq(ompk_sinkhorn_bwd(&c.lg.t, &c.dc.t, 20, 1e-6f, &c.dl.t), OMPK_OK);
+    cr_assert_eq(ompk_mhc_sinkhorn_fwd(&c.lg.t, &c.comb.t, NULL), OMPK_OK);
+    cr_assert_eq(ompk_mhc_sinkhorn_bwd(&c.lg.t, &c.dc.t, &c.dl.t, NULL), OMPK_OK);
     ompk_verify_force(-1, -1);
     fflush(stderr);
     static char buf[1 << 14];

@@ -1,4 +1,4 @@
-/* ompk_moe_forward: every ISA path (portable, AVX-512 BF16, the AMX tile code on the C tile
+/* ompk_moe_fwd: every ISA path (portable, AVX-512 BF16, the AMX tile code on the C tile
  * emulation, real AMX where the CPU has it) against the double reference on the dequantized
  * weights, for every weight format; NUMA split 1/2/3 with I not divisible; -1 slots; bit-identical
  * repeats and thread counts; pre-quantized loading; quantization error per format.
@@ -15,6 +15,7 @@
 #include "ref/moe_ref.h"
 #include "test_util.h"
 #include "tolerance.h"
+#include "variant.h"
 #include "verify.h"
 
 /* Small but awkward: H and I not multiples of the 32/64-wide k-tiles, I = 200 splits unevenly,
@@ -80,9 +81,10 @@ static int layer_new(layer *L, ompk_moe_config cfg) {
     tg.data = L->gate;
     tu.data = L->up;
     td.data = L->down;
-    cr_assert_eq(ompk_moe_get_weights(L->moe, 0, &tg), OMPK_OK, "%s", ompk_last_error());
-    cr_assert_eq(ompk_moe_get_weights(L->moe, 1, &tu), OMPK_OK);
-    cr_assert_eq(ompk_moe_get_weights(L->moe, 2, &td), OMPK_OK);
+    cr_assert_eq(ompk_moe_get_weights(L->moe, OMPK_MOE_WEIGHT_GATE, &tg), OMPK_OK, "%s",
+                 ompk_last_error());
+    cr_assert_eq(ompk_moe_get_weights(L->moe, OMPK_MOE_WEIGHT_UP, &tu), OMPK_OK);
+    cr_assert_eq(ompk_moe_get_weights(L->moe, OMPK_MOE_WEIGHT_DOWN, &td), OMPK_OK);
     /* the packed layout must give back what was loaded, within the format's quantization */
     for (int w = 0; w < 3; w++) {
         const float *src = w == 0   ? g
@@ -182,7 +184,7 @@ static void run_fwd(layer *L, const route *rt, ompk_device dev, ompk_dtype xdt, 
     int64_t sx[2] = {T, H_}, si[2] = {T, K_};
     ompk_tensor tx = tu_view(&bx, 2, sx), ti = tu_view(&bi, 2, si), tw = tu_view(&bw, 2, si);
     ompk_tensor ty = tu_view(&by, 2, sx);
-    cr_assert_eq(ompk_moe_forward(L->moe, &tx, &ti, &tw, &ty), OMPK_OK, "%s", ompk_last_error());
+    cr_assert_eq(ompk_moe_fwd(L->moe, &tx, &ti, &tw, &ty), OMPK_OK, "%s", ompk_last_error());
     tu_buf_download(&by);
     for (int64_t i = 0; i < T * H_; i++) yout[i] = tu_buf_get(&by, i);
     tu_buf_free(&bx);
@@ -542,13 +544,13 @@ static void kblock_case(ompk_moe_isa isa) {
             c.isa = isa;
             c.threads = 2;
             c.amx_min_rows = 1;
-            c.kblock = var[v][0];
-            c.prefetch = var[v][1];
             ompk_moe *m;
             cr_assert_eq(ompk_moe_create(&c, &m), OMPK_OK, "%s", ompk_last_error());
+            cr_assert_eq(ompk_moe_tuning_set(m, var[v][0], var[v][1]), OMPK_OK, "%s",
+                         ompk_last_error());
             cr_assert_eq(ompk_moe_load_weights(m, &tg, &tu, &td), OMPK_OK);
             ompk_tensor ty = ompk_tensor_make(y[v > 0], OMPK_F32, 2, sx, ompk_device_host());
-            cr_assert_eq(ompk_moe_forward(m, &tx, &ti, &tw, &ty), OMPK_OK, "%s", ompk_last_error());
+            cr_assert_eq(ompk_moe_fwd(m, &tx, &ti, &tw, &ty), OMPK_OK, "%s", ompk_last_error());
             ompk_moe_destroy(m);
             if (v == 0) {
                 double sc = 0;

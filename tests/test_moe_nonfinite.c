@@ -1,4 +1,4 @@
-/* ompk_moe_forward with non-finite and extreme inputs, every format on the portable, AVX-512 and
+/* ompk_moe_fwd with non-finite and extreme inputs, every format on the portable, AVX-512 and
  * emulated-AMX paths (docs/KERNELS.md 3): a NaN or an infinity in a row of x, or in a weight,
  * makes exactly the outputs that depend on it non-finite (NaN for a NaN) and leaves every other
  * output bit-identical; tiny (subnormal) and huge finite rows of x and of the weights quantize
@@ -111,7 +111,7 @@ static void fwd(const net *n, const float *x, float *y) {
     ompk_tensor ti = ompk_tensor_make(IDS, OMPK_I64, 2, si, ompk_device_host());
     ompk_tensor tw = ompk_tensor_make(WTS, OMPK_F32, 2, si, ompk_device_host());
     ompk_tensor ty = ompk_tensor_make(y, OMPK_F32, 2, sx, ompk_device_host());
-    cr_assert_eq(ompk_moe_forward(n->moe, &tx, &ti, &tw, &ty), OMPK_OK, "%s", ompk_last_error());
+    cr_assert_eq(ompk_moe_fwd(n->moe, &tx, &ti, &tw, &ty), OMPK_OK, "%s", ompk_last_error());
 }
 
 #define NISA 4

@@ -428,13 +428,13 @@ Test(moe_sft, devices_staged) {
         ompk_tensor tx = tu_view(&bx, 2, sx), ti = tu_view(&bi, 2, si), tw = tu_view(&bw, 2, si);
         ompk_tensor ty = tu_view(&by, 2, sx), tdy = tu_view(&bdy, 2, sx);
         ompk_tensor tdx = tu_view(&bdx, 2, sx), tdw = tu_view(&bdw, 2, si);
-        cr_assert_eq(ompk_moe_forward_train(L.moe, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH),
-                     OMPK_OK, "%s", ompk_last_error());
+        cr_assert_eq(ompk_moe_fwd_train(L.moe, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH), OMPK_OK,
+                     "%s", ompk_last_error());
         ompk_moe_grads g;
         memset(&g, 0, sizeof g);
         g.dx = &tdx;
         g.dw = &tdw;
-        cr_assert_eq(ompk_moe_backward(L.moe, &tdy, &g), OMPK_OK, "%s", ompk_last_error());
+        cr_assert_eq(ompk_moe_bwd(L.moe, &tdy, &g), OMPK_OK, "%s", ompk_last_error());
         tu_buf_download(&by);
         tu_buf_download(&bdx);
         tu_buf_download(&bdw);

@@ -1,4 +1,4 @@
-/* ompk_moe_set_lora + ompk_moe_forward_train(PUSH) + ompk_moe_backward against PyTorch float64
+/* ompk_moe_set_lora + ompk_moe_fwd_train(PUSH) + ompk_moe_bwd against PyTorch float64
  * autograd fixtures (tests/fixtures/gen_moe_sft.py): y, dx, dw, dA/dB and dW of gate, up and
  * down, bf16 base, on every ISA this CPU runs (AMX: real tiles only where available) and every
  * device, with x/y/dy/dx and the LoRA tensors f32 (ids i64) and bf16 (ids i32): the fixture values
@@ -167,7 +167,7 @@ static void run_case(const fixture *f, ompk_moe_isa isa, ompk_device dev, ompk_d
     ompk_tensor tx = tu_view(&bx, 2, sx), tdy = tu_view(&bdy, 2, sx), ty = tu_view(&by, 2, sx);
     ompk_tensor tdx = tu_view(&bdx, 2, sx), ti = tu_view(&bi, 2, sk), tw = tu_view(&bw, 2, sk);
     ompk_tensor tdw = tu_view(&bdw, 2, sk);
-    cr_assert_eq(ompk_moe_forward_train(m, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH), OMPK_OK, "%s",
+    cr_assert_eq(ompk_moe_fwd_train(m, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH), OMPK_OK, "%s",
                  ompk_last_error());
     ompk_moe_grads gr;
     memset(&gr, 0, sizeof gr);
@@ -176,7 +176,7 @@ static void run_case(const fixture *f, ompk_moe_isa isa, ompk_device dev, ompk_d
     gr.gate_dw = &tg[0], gr.up_dw = &tg[1], gr.down_dw = &tg[2];
     gr.gate_da = &tg[3], gr.gate_db = &tg[4], gr.up_da = &tg[5], gr.up_db = &tg[6];
     gr.down_da = &tg[7], gr.down_db = &tg[8];
-    cr_assert_eq(ompk_moe_backward(m, &tdy, &gr), OMPK_OK, "%s", ompk_last_error());
+    cr_assert_eq(ompk_moe_bwd(m, &tdy, &gr), OMPK_OK, "%s", ompk_last_error());
     ompk_moe_info info;
     cr_assert_eq(ompk_moe_get_info(m, &info), OMPK_OK);
     cr_expect_eq(info.cache_entries, 0, "the backward pops its entry");

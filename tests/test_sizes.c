@@ -51,7 +51,7 @@ Test(sizes, post_fwd_count_overflow) {
 Test(sizes, sinkhorn_fwd_count_overflow) {
     const int64_t s4[4] = {P2(40), P2(23), 1, 1};
     ompk_tensor lg = raw_c(NULL, OMPK_F32, 4, s4), comb = raw_c(NULL, OMPK_F32, 4, s4);
-    expect_invalid(ompk_sinkhorn_fwd(&lg, 20, 1e-6f, &comb), "sinkhorn_fwd 2^63 elements");
+    expect_invalid(ompk_mhc_sinkhorn_fwd(&lg, &comb, NULL), "sinkhorn_fwd 2^63 elements");
 }
 
 Test(sizes, attention_fwd_count_overflow) {
@@ -85,7 +85,7 @@ Test(sizes, sinkhorn_span_past_limit) {
     memset(out_buf, 0xFF, sizeof out_buf);
     const int64_t s4[4] = {P2(8), 1, 1, 1}, z4[4] = {0, 0, 0, 0}, o4[4] = {P2(40), 1, 1, 1};
     ompk_tensor lg = raw(in, OMPK_F32, 4, s4, z4), comb = raw(out_buf, OMPK_F32, 4, s4, o4);
-    expect_invalid(ompk_sinkhorn_fwd(&lg, 20, 1e-6f, &comb), "span 2^48 elements");
+    expect_invalid(ompk_mhc_sinkhorn_fwd(&lg, &comb, NULL), "span 2^48 elements");
     const unsigned char *b = (const unsigned char *)out_buf;
     for (size_t i = 0; i < sizeof out_buf; i++) cr_assert_eq(b[i], 0xFF, "out byte %zu written", i);
 }
@@ -100,7 +100,7 @@ Test(sizes, self_overlap_product_overflow) {
     const int64_t o4[4] = {P2(40), P2(40), 1, 1};
     ompk_tensor lg = raw(in, OMPK_F32, 4, (int64_t[]){P2(24), 2, 1, 1}, z4);
     ompk_tensor comb = raw(out_buf, OMPK_F32, 4, s4, o4);
-    expect_invalid(ompk_sinkhorn_fwd(&lg, 20, 1e-6f, &comb), "stride * dim = 2^64");
+    expect_invalid(ompk_mhc_sinkhorn_fwd(&lg, &comb, NULL), "stride * dim = 2^64");
     const unsigned char *b = (const unsigned char *)out_buf;
     for (size_t i = 0; i < sizeof out_buf; i++) cr_assert_eq(b[i], 0xFF, "out byte %zu written", i);
 }
@@ -111,7 +111,7 @@ Test(sizes, span_wraps_address_space) {
     const int64_t s4[4] = {1, 64, 1, 1}, z4[4] = {0, 0, 0, 0}, c4[4] = {64, 1, 1, 1};
     ompk_tensor lg = raw(in, OMPK_F32, 4, s4, z4);
     ompk_tensor comb = raw((void *)(UINTPTR_MAX - 63), OMPK_F32, 4, s4, c4);
-    expect_invalid(ompk_sinkhorn_fwd(&lg, 20, 1e-6f, &comb), "comb near the top of memory");
+    expect_invalid(ompk_mhc_sinkhorn_fwd(&lg, &comb, NULL), "comb near the top of memory");
 }
 
 Test(sizes, tensor_init_contiguous_stride_overflow) {
@@ -157,8 +157,14 @@ Test(sizes, mhc_pre_unchecked_n) {
     ompk_tensor h_in = raw_c(NULL, OMPK_F32, 3, (int64_t[]){0, 1, P2(40)});
     ompk_tensor h_post = raw_c(NULL, OMPK_F32, 3, (int64_t[]){0, 1, P2(40)});
     ompk_tensor comb = raw_c(NULL, OMPK_F32, 4, (int64_t[]){0, 1, P2(40), P2(40)});
-    expect_invalid(ompk_mhc_pre_fwd(&x, &phi, NULL, &alpha, &bias, NULL, &h_in, &h_post, NULL,
-                                    &comb, NULL, NULL, NULL),
+    expect_invalid(ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &x,
+                                                             .phi = &phi,
+                                                             .alpha = &alpha,
+                                                             .bias = &bias,
+                                                             .h_in = &h_in,
+                                                             .h_post = &h_post,
+                                                             .comb = &comb},
+                                    NULL),
                    "pre fwd n = 2^40");
     cr_assert(strstr(ompk_last_error(), "n = ") != NULL, "%s", ompk_last_error());
 }
@@ -235,9 +241,23 @@ Test(sizes, mhc_pre_bwd_empty_tokens) {
     ompk_tensor dalpha = raw_c(dalpha_b, OMPK_F32, 1, (int64_t[]){3});
     ompk_tensor dbias = raw_c(dbias_b, OMPK_F32, 1, (int64_t[]){M});
     ompk_tensor dgamma = raw_c(dgamma_b, OMPK_F32, 1, (int64_t[]){K});
-    ompk_status st =
-        ompk_mhc_pre_bwd(&x, &phi, &gamma, &alpha, NULL, &dh_in, &dh_post, &dh_res, NULL, &h_mix,
-                         &inv_rms, &h_pre, &h_post, &dx, &dphi, &dalpha, &dbias, &dgamma);
+    ompk_status st = ompk_mhc_pre_bwd(&(ompk_mhc_pre_bwd_args){.x = &x,
+                                                               .phi = &phi,
+                                                               .gamma = &gamma,
+                                                               .alpha = &alpha,
+                                                               .dh_in = &dh_in,
+                                                               .dh_post = &dh_post,
+                                                               .dh_res = &dh_res,
+                                                               .h_mix = &h_mix,
+                                                               .inv_rms = &inv_rms,
+                                                               .h_pre = &h_pre,
+                                                               .h_post = &h_post,
+                                                               .dx = &dx,
+                                                               .dphi = &dphi,
+                                                               .dalpha = &dalpha,
+                                                               .dbias = &dbias,
+                                                               .dgamma = &dgamma},
+                                      NULL);
     cr_assert_eq(st, OMPK_OK, "%s", ompk_last_error());
     for (int i = 0; i < M * K; i++) cr_assert_eq(dphi_b[i], 0.0f, "dphi[%d]", i);
     for (int i = 0; i < 3; i++) cr_assert_eq(dalpha_b[i], 0.0f, "dalpha[%d]", i);
@@ -254,7 +274,7 @@ Test(sizes, empty_forwards_null_data) {
     ompk_tensor out = raw_c(NULL, OMPK_F32, 4, x4);
     cr_assert_eq(ompk_mhc_post_fwd(&x, &comb, &post, &f, &out), OMPK_OK, "%s", ompk_last_error());
     ompk_tensor lg = raw_c(NULL, OMPK_F32, 4, c4), cb = raw_c(NULL, OMPK_F32, 4, c4);
-    cr_assert_eq(ompk_sinkhorn_fwd(&lg, 20, 1e-6f, &cb), OMPK_OK, "%s", ompk_last_error());
+    cr_assert_eq(ompk_mhc_sinkhorn_fwd(&lg, &cb, NULL), OMPK_OK, "%s", ompk_last_error());
     ompk_tensor sx = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 8});
     ompk_tensor sy = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 8});
     ompk_tensor sc = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 4});
@@ -275,7 +295,7 @@ Test(sizes, empty_backwards_null_data) {
                  "%s", ompk_last_error());
     ompk_tensor lg = raw_c(NULL, OMPK_F32, 4, c4), dc = raw_c(NULL, OMPK_F32, 4, c4);
     ompk_tensor dl = raw_c(NULL, OMPK_F32, 4, c4);
-    cr_assert_eq(ompk_sinkhorn_bwd(&lg, &dc, 20, 1e-6f, &dl), OMPK_OK, "%s", ompk_last_error());
+    cr_assert_eq(ompk_mhc_sinkhorn_bwd(&lg, &dc, &dl, NULL), OMPK_OK, "%s", ompk_last_error());
     ompk_tensor ds = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 4});
     ompk_tensor ix = raw_c(NULL, OMPK_I32, 2, (int64_t[]){0, 4});
     ompk_tensor dsx = raw_c(NULL, OMPK_F32, 2, (int64_t[]){0, 8});

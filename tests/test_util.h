@@ -55,4 +55,12 @@ ompk_tensor tu_view(const tu_buf *b, int ndim, const int64_t *shape);
 double tu_compare(const char *what, const tu_buf *out, const double *ref, int64_t n, double atol,
                   double rtol);
 
+/* The default mHC parameters with Sinkhorn's repeat count and eps replaced. */
+static inline ompk_mhc_params tu_sk_params(int repeat, float eps) {
+    ompk_mhc_params p = ompk_mhc_params_default();
+    p.sinkhorn_repeat = repeat;
+    p.sinkhorn_eps = eps;
+    return p;
+}
+
 #endif

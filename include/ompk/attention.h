@@ -1,15 +1,13 @@
 /* Attention: scaled dot-product attention, flash-style (docs/KERNELS.md section 2).
  *
- * Kernels: one OpenMP source (src/target/attention/attention_portable.c) runs on the host's threads
- * for host tensors and on the GPU for target tensors; bf16 on a GPU can use tensor-core kernels
- * (src/target/attention/attention_fast.c), the f32 forward on a GPU a 3xTF32 tensor-core kernel of
- * fp32 accuracy (src/target/attention/attention_f32tc.c), and host tensors on AVX-512 CPUs host
- * kernels (src/host/attention/attention_host.c; bf16 needs AVX-512 BF16). OMPK_ATTN_VARIANT
- * selects: unset or "fast" = these kernels where they apply; "portable" = portable only.
- * A variant that cannot serve a call (GPU: f32 backward, dh 256, unaligned rows; host: no
- * AVX-512, or an f32 backward whose B*Hkv heads do not spread evenly over the threads) falls back
- * to the portable kernel. OMPK_VERIFY=1 / OMPK_TRACE=1 check or trace every call against the
- * reference.
+ * Kernels: one portable OpenMP kernel runs on the host's threads for host tensors and on the GPU
+ * for target tensors; bf16 on a GPU can use tensor-core kernels, the f32 forward on a GPU a
+ * 3xTF32 tensor-core kernel of fp32 accuracy, and host tensors on AVX-512 CPUs host kernels (bf16
+ * needs AVX-512 BF16). A call takes the first of these that serves it unless the process-wide
+ * selection (README) names one. One that cannot serve a call (GPU: f32 backward, dh 256,
+ * unaligned rows; host: no AVX-512, or an f32 backward whose B*Hkv heads do not spread evenly over
+ * the threads) leaves it to the portable kernel. The README also lists the switches that check or
+ * trace every call against the reference.
  *
  * Thread safety: both entry points may run on any number of host threads at once, on one
  * device or several; they keep no state between calls, and results do not depend on what other

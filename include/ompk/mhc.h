@@ -35,49 +35,55 @@ typedef struct ompk_mhc_params {
 ompk_mhc_params ompk_mhc_params_default(void);
 
 /* pre, forward (docs/KERNELS.md 1.1, Sinkhorn 1.3 when params->fuse_sinkhorn). T = B*S, K = n*D,
- * M = 2n + n^2, n in 1..8.
- *   x [B,S,n,D] f32|bf16 (unit stride on D), phi [M,K] f32 (unit stride on K),
- *   gamma [K] f32 (unit stride) or NULL (= ones), alpha [3] f32, bias [M] f32.
- * Outputs: h_in [B,S,D] x's dtype (unit stride on D), h_post [B,S,n] f32,
- *   res_logits [B,S,n,n] f32: required when Sinkhorn is not fused, optional when it is (the
- *   Sinkhorn backward recomputes from it);
- *   comb [B,S,n,n] f32: required when fused, must be NULL otherwise;
- *   saved for the backward, each optional (NULL = not saved): h_mix [T,M] f32 (the raw GEMM),
- *   inv_rms [T] f32, h_pre [T,n] f32.
- * params NULL = ompk_mhc_params_default(). One pass over x gives the GEMM and the sum of squares.
- */
-ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
-                             const ompk_tensor *alpha, const ompk_tensor *bias,
-                             const ompk_mhc_params *params, ompk_tensor *h_in, ompk_tensor *h_post,
-                             ompk_tensor *res_logits, ompk_tensor *comb, ompk_tensor *h_mix,
-                             ompk_tensor *inv_rms, ompk_tensor *h_pre);
+ * M = 2n + n^2, n in 1..8. One pass over x gives the GEMM and the sum of squares. */
+typedef struct ompk_mhc_pre_fwd_args {
+    /* Inputs: x [B,S,n,D] f32|bf16 (unit stride on D), phi [M,K] f32 (unit stride on K),
+     * gamma [K] f32 (unit stride) or NULL (= ones), alpha [3] f32, bias [M] f32. */
+    const ompk_tensor *x, *phi, *gamma, *alpha, *bias;
+    /* Outputs: h_in [B,S,D] x's dtype (unit stride on D), h_post [B,S,n] f32,
+     * res_logits [B,S,n,n] f32: required when Sinkhorn is not fused, optional when it is (the
+     * Sinkhorn backward recomputes from it);
+     * comb [B,S,n,n] f32: required when fused, must be NULL otherwise. */
+    ompk_tensor *h_in, *h_post, *res_logits, *comb;
+    /* Saved for the backward, each optional (NULL = not saved): h_mix [T,M] f32 (the raw GEMM),
+     * inv_rms [T] f32, h_pre [T,n] f32. */
+    ompk_tensor *h_mix, *inv_rms, *h_pre;
+} ompk_mhc_pre_fwd_args;
+
+/* args must not be NULL; params NULL = ompk_mhc_params_default(). */
+ompk_status ompk_mhc_pre_fwd(const ompk_mhc_pre_fwd_args *args, const ompk_mhc_params *params);
 
 /* Sinkhorn-Knopp, forward (docs/KERNELS.md 1.3): logits [B,S,n,n] f32 -> comb [B,S,n,n] f32.
- * repeat in 1..1000, eps >= 0 and finite. */
-ompk_status ompk_sinkhorn_fwd(const ompk_tensor *logits, int repeat, float eps, ompk_tensor *comb);
+ * params: sinkhorn_repeat (1..1000) and sinkhorn_eps (finite, >= 0) are read (NULL = defaults). */
+ompk_status ompk_mhc_sinkhorn_fwd(const ompk_tensor *logits, ompk_tensor *comb,
+                                  const ompk_mhc_params *params);
 
 /* Sinkhorn-Knopp, backward (docs/KERNELS.md 1.5): the exact gradient of the unrolled forward,
- * recomputed from logits (no implicit-gradient shortcut). dcomb, dlogits [B,S,n,n] f32. */
-ompk_status ompk_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *dcomb, int repeat,
-                              float eps, ompk_tensor *dlogits);
+ * recomputed from logits (no implicit-gradient shortcut). dcomb, dlogits [B,S,n,n] f32. params
+ * as in the forward. */
+ompk_status ompk_mhc_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *dcomb,
+                                  ompk_tensor *dlogits, const ompk_mhc_params *params);
 
-/* pre, backward (docs/KERNELS.md 1.4), dW route.
- * Inputs: x, phi, gamma (NULL = ones), alpha as in the forward; dh_in [B,S,D] f32|bf16 (unit
- *   stride on D), dh_post [B,S,n] f32, dh_res [B,S,n,n] f32 (gradient of res_logits),
- *   grad_x_post [B,S,n,D] f32|bf16 (unit stride on D) or NULL, added into dx before rounding;
- *   saved: h_mix [T,M], inv_rms [T], h_pre [T,n], h_post [B,S,n] (all f32, all required).
- * Outputs: dx [B,S,n,D] x's dtype (unit stride on D, rounded once), dphi [M,K] f32 (unit
- *   stride on K), dalpha [3] f32, dbias [M] f32, dgamma [K] f32 (required when gamma is given,
- *   must be NULL when it is not). Token sums are deterministic (fixed-order partials).
- * params: hc_eps and post_mult are read (NULL = defaults). */
-ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
-                             const ompk_tensor *alpha, const ompk_mhc_params *params,
-                             const ompk_tensor *dh_in, const ompk_tensor *dh_post,
-                             const ompk_tensor *dh_res, const ompk_tensor *grad_x_post,
-                             const ompk_tensor *h_mix, const ompk_tensor *inv_rms,
-                             const ompk_tensor *h_pre, const ompk_tensor *h_post, ompk_tensor *dx,
-                             ompk_tensor *dphi, ompk_tensor *dalpha, ompk_tensor *dbias,
-                             ompk_tensor *dgamma);
+/* pre, backward (docs/KERNELS.md 1.4), dW route. Token sums are deterministic (fixed-order
+ * partials). */
+typedef struct ompk_mhc_pre_bwd_args {
+    /* The forward's inputs: x, phi, gamma (NULL = ones), alpha as in ompk_mhc_pre_fwd_args. */
+    const ompk_tensor *x, *phi, *gamma, *alpha;
+    /* Gradients in: dh_in [B,S,D] f32|bf16 (unit stride on D), dh_post [B,S,n] f32, dh_res
+     * [B,S,n,n] f32 (gradient of res_logits), grad_x_post [B,S,n,D] f32|bf16 (unit stride on D)
+     * or NULL, added into dx before rounding. */
+    const ompk_tensor *dh_in, *dh_post, *dh_res, *grad_x_post;
+    /* Saved by the forward: h_mix [T,M], inv_rms [T], h_pre [T,n], h_post [B,S,n] (all f32, all
+     * required). */
+    const ompk_tensor *h_mix, *inv_rms, *h_pre, *h_post;
+    /* Outputs: dx [B,S,n,D] x's dtype (unit stride on D, rounded once), dphi [M,K] f32 (unit
+     * stride on K), dalpha [3] f32, dbias [M] f32, dgamma [K] f32 (required when gamma is given,
+     * must be NULL when it is not). */
+    ompk_tensor *dx, *dphi, *dalpha, *dbias, *dgamma;
+} ompk_mhc_pre_bwd_args;
+
+/* args must not be NULL; params: hc_eps and post_mult are read (NULL = defaults). */
+ompk_status ompk_mhc_pre_bwd(const ompk_mhc_pre_bwd_args *args, const ompk_mhc_params *params);
 
 /* post, backward (docs/KERNELS.md 1.6), with dout [B,S,n,D] the gradient of post_fwd's out:
  *     dx[t,i,d] = sum_o comb[t,i,o]*dout[t,o,d]     df[t,d] = sum_o post[t,o]*dout[t,o,d]
@@ -88,6 +94,70 @@ ompk_status ompk_mhc_post_bwd(const ompk_tensor *x, const ompk_tensor *comb,
                               const ompk_tensor *post, const ompk_tensor *f,
                               const ompk_tensor *dout, ompk_tensor *dx, ompk_tensor *df,
                               ompk_tensor *dpost, ompk_tensor *dcomb);
+
+/* ---- Deprecated (CHANGELOG.md): kept for one release, then removed --------------------------- */
+
+OMPK_DEPRECATED("use ompk_mhc_sinkhorn_fwd")
+static inline ompk_status ompk_sinkhorn_fwd(const ompk_tensor *logits, int repeat, float eps,
+                                            ompk_tensor *comb) {
+    ompk_mhc_params p = ompk_mhc_params_default();
+    p.sinkhorn_repeat = repeat;
+    p.sinkhorn_eps = eps;
+    return ompk_mhc_sinkhorn_fwd(logits, comb, &p);
+}
+
+OMPK_DEPRECATED("use ompk_mhc_sinkhorn_bwd")
+static inline ompk_status ompk_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *dcomb,
+                                            int repeat, float eps, ompk_tensor *dlogits) {
+    ompk_mhc_params p = ompk_mhc_params_default();
+    p.sinkhorn_repeat = repeat;
+    p.sinkhorn_eps = eps;
+    return ompk_mhc_sinkhorn_bwd(logits, dcomb, dlogits, &p);
+}
+
+/* The positional forms of ompk_mhc_pre_fwd and ompk_mhc_pre_bwd (their old signatures). */
+OMPK_DEPRECATED("use ompk_mhc_pre_fwd with ompk_mhc_pre_fwd_args")
+static inline ompk_status
+ompk_mhc_pre_fwd_positional(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
+                            const ompk_tensor *alpha, const ompk_tensor *bias,
+                            const ompk_mhc_params *params, ompk_tensor *h_in, ompk_tensor *h_post,
+                            ompk_tensor *res_logits, ompk_tensor *comb, ompk_tensor *h_mix,
+                            ompk_tensor *inv_rms, ompk_tensor *h_pre) {
+    ompk_mhc_pre_fwd_args a;
+    a.x = x, a.phi = phi, a.gamma = gamma, a.alpha = alpha, a.bias = bias;
+    a.h_in = h_in, a.h_post = h_post, a.res_logits = res_logits, a.comb = comb;
+    a.h_mix = h_mix, a.inv_rms = inv_rms, a.h_pre = h_pre;
+    return ompk_mhc_pre_fwd(&a, params);
+}
+
+OMPK_DEPRECATED("use ompk_mhc_pre_bwd with ompk_mhc_pre_bwd_args")
+static inline ompk_status ompk_mhc_pre_bwd_positional(
+    const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
+    const ompk_tensor *alpha, const ompk_mhc_params *params, const ompk_tensor *dh_in,
+    const ompk_tensor *dh_post, const ompk_tensor *dh_res, const ompk_tensor *grad_x_post,
+    const ompk_tensor *h_mix, const ompk_tensor *inv_rms, const ompk_tensor *h_pre,
+    const ompk_tensor *h_post, ompk_tensor *dx, ompk_tensor *dphi, ompk_tensor *dalpha,
+    ompk_tensor *dbias, ompk_tensor *dgamma) {
+    ompk_mhc_pre_bwd_args a;
+    a.x = x, a.phi = phi, a.gamma = gamma, a.alpha = alpha;
+    a.dh_in = dh_in, a.dh_post = dh_post, a.dh_res = dh_res, a.grad_x_post = grad_x_post;
+    a.h_mix = h_mix, a.inv_rms = inv_rms, a.h_pre = h_pre, a.h_post = h_post;
+    a.dx = dx, a.dphi = dphi, a.dalpha = dalpha, a.dbias = dbias, a.dgamma = dgamma;
+    return ompk_mhc_pre_bwd(&a, params);
+}
+
+/* The old name with the old arguments still compiles for one release: a call of
+ * ompk_mhc_pre_fwd with 13 arguments (ompk_mhc_pre_bwd with 18) goes to the positional form and
+ * warns as deprecated; a call with 2 is the function itself. */
+#define OMPK_ARG19_(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17,    \
+                    a18, n, ...)                                                                   \
+    n
+#define ompk_mhc_pre_fwd(...)                                                                      \
+    OMPK_ARG19_(__VA_ARGS__, , , , , , ompk_mhc_pre_fwd_positional, , , , , , , , , , ,            \
+                ompk_mhc_pre_fwd, , )(__VA_ARGS__)
+#define ompk_mhc_pre_bwd(...)                                                                      \
+    OMPK_ARG19_(__VA_ARGS__, ompk_mhc_pre_bwd_positional, , , , , , , , , , , , , , , ,            \
+                ompk_mhc_pre_bwd, , )(__VA_ARGS__)
 
 #ifdef __cplusplus
 }

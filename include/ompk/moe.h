@@ -37,7 +37,7 @@
  * are summed in partition order. (The order does depend on the routing: a row's last bits can
  * change with the number of rows its expert gets, which selects the kernel and the row blocking.)
  *
- * Thread safety: one layer object serves one call at a time. ompk_moe_forward, the loads and
+ * Thread safety: one layer object serves one call at a time. ompk_moe_fwd, the loads and
  * the getters of one object must not overlap (a forward uses the object's scratch arena and
  * writes its stats); distinct objects may be used from different threads at once.
  * ompk_moe_create, ompk_moe_destroy (of an object no call is using) and the ISA queries are
@@ -65,7 +65,7 @@ typedef enum ompk_moe_numa {
 } ompk_moe_numa;
 
 typedef enum ompk_moe_isa {
-    OMPK_MOE_ISA_AUTO = 0, /* OMPK_ISA env var if set, else the best available */
+    OMPK_MOE_ISA_AUTO = 0, /* OMPK_ISA (README) if set, else the best available */
     OMPK_MOE_ISA_AMX = 1,  /* AMX tiles for experts with >= amx_min_rows rows, AVX-512 below */
     OMPK_MOE_ISA_AVX512BF16 = 2,  /* AVX-512 BF16 + VNNI */
     OMPK_MOE_ISA_PORTABLE = 3,    /* plain C */
@@ -93,16 +93,6 @@ typedef struct ompk_moe_config {
     int no_pin;     /* 1: leave thread affinity alone */
     ompk_moe_isa isa;
     int amx_min_rows; /* experts with fewer routed rows use AVX-512; 0 = 4 */
-    /* AMX K-blocking (bit-identical results either way): 0 = the default per format (off for
-     * bf16, on for int8, where it measured faster), 1 = on, -1 = off */
-    int kblock;
-    /* weight prefetch (bit-identical results): 0 = pipelined (each kernel call spreads the
-     * prefetch of the next work item's weights, and of its expert's activations when the expert
-     * changes, over its k-steps, so every core streams memory the whole time; one line in four is
-     * requested, the L2 streamer these requests train fetches the rest), 1 = each call
-     * prefetches its own tiles a few k-steps ahead, 2 = none (hardware prefetchers only),
-     * 3 = pipelined on every line. Mode 0 measured fastest (bench/results/INDEX.md). */
-    int prefetch;
     /* Training (all 0 = inference only). The forward cache is one arena of its own, sized here
      * for cache_depth entries (plus one working slot) of max_tokens x top_k routes at LoRA rank
      * <= lora_max_rank. Bytes per saved token: 8k (ids, routing weights) + x as the kernels
@@ -157,7 +147,7 @@ const char *ompk_moe_isa_name(ompk_moe_isa isa);
 int ompk_moe_isa_available(ompk_moe_isa isa);
 
 /* OMPK_ERR_INVALID_ARGUMENT for a bad config; OMPK_ERR_UNSUPPORTED when the ISA asked for (in
- * the config or by OMPK_ISA=amx|avx512bf16|portable|amx-emulated) cannot run here. */
+ * the config or by OMPK_ISA, README) cannot run here. */
 ompk_status ompk_moe_create(const ompk_moe_config *config, ompk_moe **out);
 void ompk_moe_destroy(ompk_moe *moe);
 ompk_status ompk_moe_get_info(const ompk_moe *moe, ompk_moe_info *info);
@@ -184,10 +174,15 @@ typedef struct ompk_moe_quantized {
 ompk_status ompk_moe_load_quantized(ompk_moe *moe, const ompk_moe_quantized *gate,
                                     const ompk_moe_quantized *up, const ompk_moe_quantized *down);
 
+typedef enum ompk_moe_weight {
+    OMPK_MOE_WEIGHT_GATE = 0, /* [E,I,H] */
+    OMPK_MOE_WEIGHT_UP = 1,   /* [E,I,H] */
+    OMPK_MOE_WEIGHT_DOWN = 2  /* [E,H,I] */
+} ompk_moe_weight;
+
 /* The dequantized weights the kernels use (what a reference must compute with), read back
- * from the packed layout: which = 0 gate [E,I,H], 1 up [E,I,H], 2 down [E,H,I]; out is a
- * contiguous host f32 tensor of that shape. */
-ompk_status ompk_moe_get_weights(const ompk_moe *moe, int which, ompk_tensor *out);
+ * from the packed layout; out is a contiguous host f32 tensor of which's shape. */
+ompk_status ompk_moe_get_weights(const ompk_moe *moe, ompk_moe_weight which, ompk_tensor *out);
 
 /* x [T,H] f32|bf16 (unit inner stride), expert_ids [T,k] i32|i64, weights [T,k] f32,
  * y [T,H] f32|bf16 (unit inner stride, no overlap with any input). T <= max_tokens, k = top_k.
@@ -195,8 +190,8 @@ ompk_status ompk_moe_get_weights(const ompk_moe *moe, int which, ompk_tensor *ou
  * Errors (y untouched): OMPK_ERR_INVALID_ARGUMENT (shapes, dtypes, strides, T > max_tokens,
  * weights not loaded), OMPK_ERR_DEVICE_MISMATCH, OMPK_ERR_INDEX_OUT_OF_RANGE (an id outside
  * [-1, E)). Tokens whose slots are all -1 get y = 0. Not thread-safe per object. */
-ompk_status ompk_moe_forward(ompk_moe *moe, const ompk_tensor *x, const ompk_tensor *expert_ids,
-                             const ompk_tensor *weights, ompk_tensor *y);
+ompk_status ompk_moe_fwd(ompk_moe *moe, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                         const ompk_tensor *weights, ompk_tensor *y);
 
 /* ---- Fine-tuning (docs/KERNELS.md section 3, training) ----------------------------------------
  * LoRA adapters, rank r, scale s = alpha / r: for each projection W x becomes W x + s*B(A x).
@@ -206,7 +201,7 @@ ompk_status ompk_moe_forward(ompk_moe *moe, const ompk_tensor *x, const ompk_ten
  * applied to the LoRA input (x for gate/up, a for down) with a mask that is a pure function of
  * (seed, projection, token, feature), regenerated by the backward, never stored (token = the
  * row index within the call). NULL detaches (frozen base: the backward then gives dx and dw
- * only). r <= config.lora_max_rank. With LoRA attached, ompk_moe_forward computes the adapted
+ * only). r <= config.lora_max_rank. With LoRA attached, ompk_moe_fwd computes the adapted
  * layer too. The LoRA terms use x and a as the base kernels consumed them (bf16 or int8 rounded)
  * and fp32 sums. Attaching or detaching while saved forwards wait for their backward is
  * OMPK_ERR_INVALID_ARGUMENT (so is ompk_moe_load_weights / _load_quantized): a saved entry's
@@ -230,11 +225,11 @@ typedef enum ompk_moe_cache_mode {
     OMPK_MOE_CACHE_RECOMPUTE = 2 /* overwrite the top entry (activation checkpointing) */
 } ompk_moe_cache_mode;
 
-/* The training forward: ompk_moe_forward's inputs, outputs and errors, plus the cache mode. A
+/* The training forward: ompk_moe_fwd's inputs, outputs and errors, plus the cache mode. A
  * failed call (any status) leaves y and the cache stack unchanged. */
-ompk_status ompk_moe_forward_train(ompk_moe *moe, const ompk_tensor *x,
-                                   const ompk_tensor *expert_ids, const ompk_tensor *weights,
-                                   ompk_tensor *y, ompk_moe_cache_mode mode);
+ompk_status ompk_moe_fwd_train(ompk_moe *moe, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                               const ompk_tensor *weights, ompk_tensor *y,
+                               ompk_moe_cache_mode mode);
 
 /* Outputs of a backward. dx [T,H] (x's dtype of the saved forward, on dy's device) is required;
  * every other tensor may be NULL (not computed). dw [T,k] f32 on dy's device: the router-weight
@@ -267,7 +262,30 @@ typedef struct ompk_moe_grads {
  * copies hold the codes (exact in bf16) and each weight row's scale multiplies the activation it
  * meets (code * scale itself is not exact in bf16). The int4 formats keep fp32 products on their
  * dequantized weights (their group scales vary along both dimensions of the products). */
-ompk_status ompk_moe_backward(ompk_moe *moe, const ompk_tensor *dy, const ompk_moe_grads *grads);
+ompk_status ompk_moe_bwd(ompk_moe *moe, const ompk_tensor *dy, const ompk_moe_grads *grads);
+
+/* ---- Deprecated (CHANGELOG.md): kept for one release, then removed --------------------------- */
+
+OMPK_DEPRECATED("use ompk_moe_fwd")
+static inline ompk_status ompk_moe_forward(ompk_moe *moe, const ompk_tensor *x,
+                                           const ompk_tensor *expert_ids,
+                                           const ompk_tensor *weights, ompk_tensor *y) {
+    return ompk_moe_fwd(moe, x, expert_ids, weights, y);
+}
+
+OMPK_DEPRECATED("use ompk_moe_fwd_train")
+static inline ompk_status ompk_moe_forward_train(ompk_moe *moe, const ompk_tensor *x,
+                                                 const ompk_tensor *expert_ids,
+                                                 const ompk_tensor *weights, ompk_tensor *y,
+                                                 ompk_moe_cache_mode mode) {
+    return ompk_moe_fwd_train(moe, x, expert_ids, weights, y, mode);
+}
+
+OMPK_DEPRECATED("use ompk_moe_bwd")
+static inline ompk_status ompk_moe_backward(ompk_moe *moe, const ompk_tensor *dy,
+                                            const ompk_moe_grads *grads) {
+    return ompk_moe_bwd(moe, dy, grads);
+}
 
 #ifdef __cplusplus
 }

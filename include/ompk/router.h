@@ -29,8 +29,8 @@ extern "C" {
  * (O(N^2) for that token). Outputs must not overlap each other or the inputs; all tensors on one
  * device. When k > 64 the call allocates a workspace on the tensors' device (2*min(k+1,N)*8 bytes
  * per token, at most 64 MiB at a time). On a GPU, k <= 32 with N <= 256 runs a warp-per-token
- * variant with results identical to the portable kernel; OMPK_ROUTER_VARIANT=portable forces the
- * portable kernel. */
+ * variant with results identical to the portable kernel (the process-wide selection, README, can
+ * force the portable kernel). */
 ompk_status ompk_router_topk_fwd(const ompk_tensor *sx, const ompk_tensor *sy, int64_t k,
                                  ompk_tensor *scores, ompk_tensor *indices);
 

@@ -7,6 +7,16 @@
 extern "C" {
 #endif
 
+/* Marks a name kept for one release after it was renamed or reshaped (CHANGELOG.md), so that
+ * callers see the replacement at compile time. */
+#if defined(__GNUC__) || defined(__clang__)
+#define OMPK_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#elif defined(_MSC_VER)
+#define OMPK_DEPRECATED(msg) __declspec(deprecated(msg))
+#else
+#define OMPK_DEPRECATED(msg)
+#endif
+
 typedef enum ompk_status {
     OMPK_OK = 0,
     OMPK_ERR_INVALID_ARGUMENT = 1,   /* null, rank, shape, dtype, stride, aliasing, parameter */

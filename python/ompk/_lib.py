@@ -102,8 +102,6 @@ class MoeConfig(ctypes.Structure):
         ("no_pin", ctypes.c_int),
         ("isa", ctypes.c_int),
         ("amx_min_rows", ctypes.c_int),
-        ("kblock", ctypes.c_int),
-        ("prefetch", ctypes.c_int),
         ("cache_depth", ctypes.c_int),
         ("lora_max_rank", ctypes.c_int),
         ("grad_operands", ctypes.c_int),
@@ -139,6 +137,23 @@ class MoeLora(ctypes.Structure):
         ("down_b", T_p),
         ("dropout", ctypes.c_float),
         ("seed", ctypes.c_uint64),
+    ]
+
+
+class MhcPreFwdArgs(ctypes.Structure):
+    _fields_ = [
+        (name, T_p)
+        for name in ("x", "phi", "gamma", "alpha", "bias", "h_in", "h_post", "res_logits", "comb",
+                     "h_mix", "inv_rms", "h_pre")
+    ]
+
+
+class MhcPreBwdArgs(ctypes.Structure):
+    _fields_ = [
+        (name, T_p)
+        for name in ("x", "phi", "gamma", "alpha", "dh_in", "dh_post", "dh_res", "grad_x_post",
+                     "h_mix", "inv_rms", "h_pre", "h_post", "dx", "dphi", "dalpha", "dbias",
+                     "dgamma")
     ]
 
 
@@ -204,10 +219,10 @@ _sigs = {
     "ompk_memcpy": (_S, [_P, Device, _P, Device, ctypes.c_size_t]),
     "ompk_mhc_post_fwd": (_S, [_TP] * 5),
     "ompk_mhc_post_bwd": (_S, [_TP] * 9),
-    "ompk_mhc_pre_fwd": (_S, [_TP] * 5 + [ctypes.POINTER(MhcParams)] + [_TP] * 7),
-    "ompk_mhc_pre_bwd": (_S, [_TP] * 4 + [ctypes.POINTER(MhcParams)] + [_TP] * 13),
-    "ompk_sinkhorn_fwd": (_S, [_TP, ctypes.c_int, ctypes.c_float, _TP]),
-    "ompk_sinkhorn_bwd": (_S, [_TP, _TP, ctypes.c_int, ctypes.c_float, _TP]),
+    "ompk_mhc_pre_fwd": (_S, [ctypes.POINTER(MhcPreFwdArgs), ctypes.POINTER(MhcParams)]),
+    "ompk_mhc_pre_bwd": (_S, [ctypes.POINTER(MhcPreBwdArgs), ctypes.POINTER(MhcParams)]),
+    "ompk_mhc_sinkhorn_fwd": (_S, [_TP, _TP, ctypes.POINTER(MhcParams)]),
+    "ompk_mhc_sinkhorn_bwd": (_S, [_TP, _TP, _TP, ctypes.POINTER(MhcParams)]),
     "ompk_attention_fwd": (_S, [_TP] * 5 + [ctypes.POINTER(AttentionParams)]),
     "ompk_attention_bwd": (_S, [_TP] * 9 + [ctypes.POINTER(AttentionParams)]),
     "ompk_router_topk_fwd": (_S, [_TP, _TP, ctypes.c_int64, _TP, _TP]),
@@ -218,10 +233,10 @@ _sigs = {
     "ompk_moe_isa_name": (ctypes.c_char_p, [ctypes.c_int]),
     "ompk_moe_load_weights": (_S, [_P, _TP, _TP, _TP]),
     "ompk_moe_get_weights": (_S, [_P, ctypes.c_int, _TP]),
-    "ompk_moe_forward": (_S, [_P, _TP, _TP, _TP, _TP]),
+    "ompk_moe_fwd": (_S, [_P, _TP, _TP, _TP, _TP]),
     "ompk_moe_set_lora": (_S, [_P, ctypes.POINTER(MoeLora)]),
-    "ompk_moe_forward_train": (_S, [_P, _TP, _TP, _TP, _TP, ctypes.c_int]),
-    "ompk_moe_backward": (_S, [_P, _TP, ctypes.POINTER(MoeGrads)]),
+    "ompk_moe_fwd_train": (_S, [_P, _TP, _TP, _TP, _TP, ctypes.c_int]),
+    "ompk_moe_bwd": (_S, [_P, _TP, ctypes.POINTER(MoeGrads)]),
 }
 for _name, (_res, _args) in _sigs.items():
     _fn = getattr(lib, _name)

@@ -37,6 +37,13 @@ def _run(name, *args):
     call(name, *refs)
 
 
+def _run_args(name, struct, params, *tensors):
+    """Calls `name` with an argument struct of the tensors (or None), in its field order."""
+    views = [None if t is None else view(t) for t in tensors]
+    args = struct(*[None if v is None else ctypes.pointer(v.t) for v in views])
+    call(name, ctypes.byref(args), params)
+
+
 def _mhc_params(norm_eps, hc_eps, post_mult, repeat, sk_eps, fuse):
     return ctypes.byref(_lib.MhcParams(norm_eps, hc_eps, post_mult, repeat, sk_eps, fuse))
 
@@ -62,8 +69,8 @@ def mhc_pre_op(x: Tensor, phi: Tensor, gamma: Optional[Tensor], alpha: Tensor, b
     h_mix, inv_rms, h_pre = _f32(x, T, M), _f32(x, T), _f32(x, T, n)
     _sync(x)
     p = _mhc_params(norm_eps, hc_eps, post_mult, repeat, sinkhorn_eps, 1)
-    _run("ompk_mhc_pre_fwd", x, phi.contiguous(), gamma, alpha, bias, p, h_in, h_post, res, comb,
-         h_mix, inv_rms, h_pre)
+    _run_args("ompk_mhc_pre_fwd", _lib.MhcPreFwdArgs, p, x, phi.contiguous(), gamma, alpha, bias,
+              h_in, h_post, res, comb, h_mix, inv_rms, h_pre)
     return h_in, h_post, comb, res, h_mix, inv_rms, h_pre
 
 
@@ -80,7 +87,8 @@ def _(x, phi, gamma, alpha, bias, norm_eps, hc_eps, post_mult, repeat, sinkhorn_
 def sinkhorn_bwd_op(logits: Tensor, dcomb: Tensor, repeat: int, eps: float) -> Tensor:
     dlogits = torch.empty_like(logits, memory_format=torch.contiguous_format)
     _sync(logits)
-    _run("ompk_sinkhorn_bwd", logits, dcomb.contiguous(), repeat, eps, dlogits)
+    p = _mhc_params(1e-6, 1e-6, 2.0, repeat, eps, 1)
+    _run("ompk_mhc_sinkhorn_bwd", logits, dcomb.contiguous(), dlogits, p)
     return dlogits
 
 
@@ -102,9 +110,9 @@ def mhc_pre_bwd_op(x: Tensor, phi: Tensor, gamma: Optional[Tensor], alpha: Tenso
     dgamma = torch.empty_like(gamma) if gamma is not None else _f32(x, 0)
     _sync(x)
     p = _mhc_params(1e-6, hc_eps, post_mult, 20, 1e-6, 1)
-    _run("ompk_mhc_pre_bwd", x, phi.contiguous(), gamma, alpha, p, dh_in.contiguous(),
-         dh_post.contiguous(), dh_res.contiguous(), None, h_mix, inv_rms, h_pre, h_post, dx, dphi,
-         dalpha, dbias, dgamma if gamma is not None else None)
+    _run_args("ompk_mhc_pre_bwd", _lib.MhcPreBwdArgs, p, x, phi.contiguous(), gamma, alpha,
+              dh_in.contiguous(), dh_post.contiguous(), dh_res.contiguous(), None, h_mix, inv_rms,
+              h_pre, h_post, dx, dphi, dalpha, dbias, dgamma if gamma is not None else None)
     return dx, dphi, dalpha, dbias, dgamma
 
 
@@ -364,7 +372,7 @@ def _moe_run_forward(fn, handle, x, ids, w, lora, *mode):
 def moe_forward_op(handle: int, x: Tensor, ids: Tensor, w: Tensor,
                    lora: List[Optional[Tensor]]) -> Tensor:
     """y [T,H], the inference forward (nothing saved, not differentiable)."""
-    return _moe_run_forward("ompk_moe_forward", handle, x, ids, w, lora)
+    return _moe_run_forward("ompk_moe_fwd", handle, x, ids, w, lora)
 
 
 @moe_forward_op.register_fake
@@ -376,7 +384,7 @@ def _(handle, x, ids, w, lora):
 def moe_forward_train_op(handle: int, x: Tensor, ids: Tensor, w: Tensor,
                          lora: List[Optional[Tensor]]) -> Tensor:
     """y [T,H]; pushes the forward on the layer's stack for ompk::moe_backward."""
-    return _moe_run_forward("ompk_moe_forward_train", handle, x, ids, w, lora, 1)
+    return _moe_run_forward("ompk_moe_fwd_train", handle, x, ids, w, lora, 1)
 
 
 @moe_forward_train_op.register_fake
@@ -401,7 +409,7 @@ def moe_backward_op(handle: int, dy: Tensor, x: Tensor, w: Tensor,
     g = _lib.MoeGrads(*ptrs, None, None, None, 0)
     _sync(dy)
     dyv = view(dy.to(x.dtype).contiguous())
-    call("ompk_moe_backward", layer._h, dyv.ref, ctypes.byref(g))
+    call("ompk_moe_bwd", layer._h, dyv.ref, ctypes.byref(g))
     return [dx, dw] + dl
 
 

@@ -566,7 +566,7 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
     }
     int bad = moe_arena_check(m);
     if (bad)
-        return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_forward",
+        return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_fwd",
                          "scratch arena canary after buffer %d overwritten", bad - 1);
     return OMPK_OK;
 }

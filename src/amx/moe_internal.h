@@ -200,7 +200,7 @@ struct ompk_moe {
     int loaded;
     int amx_min_rows;
     int kblock;    /* use the K-blocked AMX kernels where the format allows */
-    int prefetch;  /* ompk_moe_config.prefetch */
+    int prefetch;  /* weight prefetch mode (ompk_moe_tuning_set) */
     int grad_bf16; /* OMPK_MOE_GRAD_BF16: the data-gradient GEMMs take bf16 operands (hi only) */
     /* scratch arena: one allocation, explicit offsets, a canary after every buffer */
     uint8_t *arena;

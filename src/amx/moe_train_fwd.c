@@ -482,7 +482,7 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
     m->stats.fork_ms = 0.0;
     int bad = moe_arena_check(m);
     if (bad)
-        return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_forward_train",
+        return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_fwd_train",
                          "scratch arena canary after buffer %d overwritten", bad - 1);
     return OMPK_OK;
 }

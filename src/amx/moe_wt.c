@@ -70,7 +70,7 @@ ompk_status moe_wt_build(ompk_moe *m) {
         const size_t bytes = (per * (size_t)E + sb + 63) & ~(size_t)63;
         m->wt = aligned_alloc(64, bytes);
         if (!m->wt)
-            return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_moe_backward",
+            return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, "ompk_moe_bwd",
                              "transposed weights of %zu bytes", bytes);
         m->wt_bytes = bytes;
         m->wt_scale = isint ? (float *)(m->wt + per * (size_t)E) : NULL;

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ompk/moe.h"
 #include "ompk/status.h"
 #include "ompk/tensor.h"
 
@@ -94,5 +95,15 @@ ompk_status ompk_variant_parse(const char *spec, const char *isa, int chosen[OMP
                                char *err, size_t errlen);
 /* The process-wide selection's error message, or NULL when it is valid. */
 const char *ompk_variant_env_error(void);
+
+/* MoE tile-kernel tuning of benchmark sweeps, for the object's later forwards (results are
+ * bit-identical in every mode). kblock, AMX K-blocking: 0 = the format's default (off for bf16,
+ * on for the int formats), 1 = on, -1 = off. prefetch of the weights: 0 = pipelined (the default:
+ * each kernel call spreads the prefetch of the next work item's weights, and of its expert's
+ * activations when the expert changes, over its k-steps, one line in four, the L2 streamer
+ * fetching the rest), 1 = each call prefetches its own tiles a few k-steps ahead, 2 = none
+ * (hardware prefetchers only), 3 = pipelined on every line. Out of range:
+ * OMPK_ERR_INVALID_ARGUMENT, nothing changed. */
+ompk_status ompk_moe_tuning_set(ompk_moe *moe, int kblock, int prefetch);
 
 #endif

@@ -33,8 +33,24 @@ FZ_INIT {
     /* dgamma must come exactly when gamma does; bit 3 flips that */
     ompk_tensor *pdgamma = (with_gamma != !!(opt & 8)) ? fz_out(&dgamma, OMPK_F32, 1, K) : NULL;
     fz_arm();
-    fz_check(ompk_mhc_pre_bwd(px, pphi, pg, pa, pp, pdhin, pdhpost, pdhres, pgxp, pmix, pinv, phpre,
-                              phpost, pdx, pdphi, pdalpha, pdbias, pdgamma),
+    fz_check(ompk_mhc_pre_bwd(&(ompk_mhc_pre_bwd_args){.x = px,
+                                                       .phi = pphi,
+                                                       .gamma = pg,
+                                                       .alpha = pa,
+                                                       .dh_in = pdhin,
+                                                       .dh_post = pdhpost,
+                                                       .dh_res = pdhres,
+                                                       .grad_x_post = pgxp,
+                                                       .h_mix = pmix,
+                                                       .inv_rms = pinv,
+                                                       .h_pre = phpre,
+                                                       .h_post = phpost,
+                                                       .dx = pdx,
+                                                       .dphi = pdphi,
+                                                       .dalpha = pdalpha,
+                                                       .dbias = pdbias,
+                                                       .dgamma = pdgamma},
+                              pp),
              OMPK_OK);
     fz_end();
     return 0;

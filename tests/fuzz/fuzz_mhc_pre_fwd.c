@@ -31,9 +31,20 @@ FZ_INIT {
     ompk_tensor *pinv = (opt & 64) ? NULL : fz_out(&inv_rms, OMPK_F32, 1, T);
     ompk_tensor *phpre = (opt & 128) ? NULL : fz_out(&h_pre, OMPK_F32, 2, T, n);
     fz_arm();
-    fz_check(
-        ompk_mhc_pre_fwd(px, pphi, pg, pa, pb, pp, phin, phpost, pres, pcomb, pmix, pinv, phpre),
-        OMPK_OK);
+    fz_check(ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = px,
+                                                       .phi = pphi,
+                                                       .gamma = pg,
+                                                       .alpha = pa,
+                                                       .bias = pb,
+                                                       .h_in = phin,
+                                                       .h_post = phpost,
+                                                       .res_logits = pres,
+                                                       .comb = pcomb,
+                                                       .h_mix = pmix,
+                                                       .inv_rms = pinv,
+                                                       .h_pre = phpre},
+                              pp),
+             OMPK_OK);
     fz_end();
     return 0;
 }

@@ -1,4 +1,4 @@
-/* ompk_sinkhorn_bwd: logits, dcomb [B,S,n,n] -> dlogits [B,S,n,n]. */
+/* ompk_mhc_sinkhorn_bwd: logits, dcomb [B,S,n,n] -> dlogits [B,S,n,n]. */
 #include "fuzz_common.h"
 
 FZ_INIT {
@@ -11,7 +11,9 @@ FZ_INIT {
     ompk_tensor *pd = fz_in(&dcomb, OMPK_F32, 4, B, S, n, n);
     ompk_tensor *po = fz_out(&dlogits, OMPK_F32, 4, B, S, n, n);
     fz_arm();
-    fz_check(ompk_sinkhorn_bwd(pl, pd, repeat, eps, po), OMPK_OK);
+    ompk_mhc_params p = ompk_mhc_params_default();
+    p.sinkhorn_repeat = repeat, p.sinkhorn_eps = eps;
+    fz_check(ompk_mhc_sinkhorn_bwd(pl, pd, po, &p), OMPK_OK);
     fz_end();
     return 0;
 }

@@ -1,4 +1,4 @@
-/* ompk_sinkhorn_fwd: logits [B,S,n,n] -> comb [B,S,n,n]; repeat and eps from the input. */
+/* ompk_mhc_sinkhorn_fwd: logits [B,S,n,n] -> comb [B,S,n,n]; repeat and eps from the input. */
 #include "fuzz_common.h"
 
 FZ_INIT {
@@ -10,7 +10,9 @@ FZ_INIT {
     ompk_tensor *pl = fz_in(&logits, OMPK_F32, 4, B, S, n, n);
     ompk_tensor *pc = fz_out(&comb, OMPK_F32, 4, B, S, n, n);
     fz_arm();
-    fz_check(ompk_sinkhorn_fwd(pl, repeat, eps, pc), OMPK_OK);
+    ompk_mhc_params p = ompk_mhc_params_default();
+    p.sinkhorn_repeat = repeat, p.sinkhorn_eps = eps;
+    fz_check(ompk_mhc_sinkhorn_fwd(pl, pc, &p), OMPK_OK);
     fz_end();
     return 0;
 }

@@ -1,7 +1,8 @@
-/* The MoE layer's life: ompk_moe_create (config from the input), get_info, load_weights or
- * load_quantized, get_weights, set_lora, forward or forward_train + backward, get_stats,
+/* The MoE layer's life: ompk_moe_create (config from the input), the tuning modes, get_info,
+ * load_weights or load_quantized, get_weights, set_lora, fwd or fwd_train + bwd, get_stats,
  * destroy; each call checked on its own. */
 #include "fuzz_common.h"
+#include "variant.h" /* ompk_moe_tuning_set */
 
 static const int fz_isas[] = {OMPK_MOE_ISA_PORTABLE,
                               OMPK_MOE_ISA_PORTABLE,
@@ -61,8 +62,8 @@ FZ_INIT {
     cfg.no_pin = (int)fz_int(1, 0, 1);
     cfg.isa = (ompk_moe_isa)fz_isas[fz_u8() % 8];
     cfg.amx_min_rows = (int)fz_int(0, 1, 1000);
-    cfg.kblock = (int)fz_int(0, -1, 1);
-    cfg.prefetch = (int)fz_int(fz_range(0, 3), 4, -1);
+    const int kblock = (int)fz_int(0, -1, 1);
+    const int prefetch = (int)fz_int(fz_range(0, 3), 4, -1);
     cfg.cache_depth = (int)fz_int(fz_range(0, 2), 65, -1);
     cfg.lora_max_rank = (int)fz_int(fz_range(0, 2), -1, 1 << 20);
 
@@ -83,6 +84,12 @@ FZ_INIT {
         return 0;
     }
     if (!m) fz_fail("create returned OK and NULL");
+    if (ompk_moe_tuning_set(m, kblock, prefetch) != OMPK_OK) {
+        if (!ompk_last_error()[0]) fz_fail("failed call left no message");
+        ompk_moe_destroy(m);
+        fz_end();
+        return 0;
+    }
 
     ompk_moe_info info, info0;
     memset(&info, 0xa5, sizeof info);
@@ -148,10 +155,10 @@ FZ_INIT {
     uint8_t mode = fz_u8();
     fz_arm();
     if (mode < 128) {
-        fz_check(ompk_moe_forward(m, px, pi, pw, py), OMPK_OK);
+        fz_check(ompk_moe_fwd(m, px, pi, pw, py), OMPK_OK);
     } else {
         ompk_moe_cache_mode cm = (ompk_moe_cache_mode)fz_int(1 + (mode & 1), 0, 3);
-        st = ompk_moe_forward_train(m, px, pi, pw, py, cm);
+        st = ompk_moe_fwd_train(m, px, pi, pw, py, cm);
         fz_check(st, OMPK_OK);
         /* the backward of what was saved (or of nothing: CACHE_EMPTY) */
         ompk_tensor dy, dx, dw, lg[6];
@@ -170,7 +177,7 @@ FZ_INIT {
         }
         g.accumulate = (int)fz_int(0, 1, -1);
         fz_arm();
-        fz_check(ompk_moe_backward(m, pdy, (fz_u8() == 255) ? NULL : &g), OMPK_OK);
+        fz_check(ompk_moe_bwd(m, pdy, (fz_u8() == 255) ? NULL : &g), OMPK_OK);
     }
 
     ompk_moe_stats stats, stats0;

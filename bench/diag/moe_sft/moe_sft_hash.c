@@ -148,13 +148,13 @@ static int run(const cs *c, res *o, int timing) {
     double *tf = calloc((size_t)reps, sizeof(double)), *tb = calloc((size_t)reps, sizeof(double));
     for (int i = -(timing ? 1 : 0); i < reps && !rc; i++) {
         double t0 = omp_get_wtime();
-        rc |= ompk_moe_forward_train(m, &tx, &tid, &twt, &ty, OMPK_MOE_CACHE_PUSH) != OMPK_OK;
+        rc |= ompk_moe_fwd_train(m, &tx, &tid, &twt, &ty, OMPK_MOE_CACHE_PUSH) != OMPK_OK;
         double t1 = omp_get_wtime();
         ompk_moe_stats st;
         ompk_moe_get_stats(m, &st);
         for (int q = 0; q < 5; q++) /* phase times: the minimum over the timed pairs */
             o->ph[0][q] = i > 0 && o->ph[0][q] < st.phase_ms[q] ? o->ph[0][q] : st.phase_ms[q];
-        rc |= rc || ompk_moe_backward(m, &tdy, &g) != OMPK_OK;
+        rc |= rc || ompk_moe_bwd(m, &tdy, &g) != OMPK_OK;
         double t2 = omp_get_wtime();
         ompk_moe_get_stats(m, &st);
         for (int q = 0; q < 5; q++)

@@ -185,11 +185,11 @@ static void pre_fwd_verify(const ompk_tensor *ts[12], const ompk_mhc_params *p) 
     vset_free(&v);
 }
 
-ompk_status ompk_mhc_pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
-                             const ompk_tensor *alpha, const ompk_tensor *bias,
-                             const ompk_mhc_params *params, ompk_tensor *h_in, ompk_tensor *h_post,
-                             ompk_tensor *res_logits, ompk_tensor *comb, ompk_tensor *h_mix,
-                             ompk_tensor *inv_rms, ompk_tensor *h_pre) {
+static ompk_status pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
+                           const ompk_tensor *alpha, const ompk_tensor *bias,
+                           const ompk_mhc_params *params, ompk_tensor *h_in, ompk_tensor *h_post,
+                           ompk_tensor *res_logits, ompk_tensor *comb, ompk_tensor *h_mix,
+                           ompk_tensor *inv_rms, ompk_tensor *h_pre) {
     ompk_call c;
     ompk_call_begin(&c, "ompk_mhc_pre_fwd");
     const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
@@ -324,14 +324,14 @@ static ompk_status zero_weight_grads(ompk_device dev, const mhc_pre_bwd_args *a,
     return st;
 }
 
-ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
-                             const ompk_tensor *alpha, const ompk_mhc_params *params,
-                             const ompk_tensor *dh_in, const ompk_tensor *dh_post,
-                             const ompk_tensor *dh_res, const ompk_tensor *grad_x_post,
-                             const ompk_tensor *h_mix, const ompk_tensor *inv_rms,
-                             const ompk_tensor *h_pre, const ompk_tensor *h_post, ompk_tensor *dx,
-                             ompk_tensor *dphi, ompk_tensor *dalpha, ompk_tensor *dbias,
-                             ompk_tensor *dgamma) {
+static ompk_status pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
+                           const ompk_tensor *alpha, const ompk_mhc_params *params,
+                           const ompk_tensor *dh_in, const ompk_tensor *dh_post,
+                           const ompk_tensor *dh_res, const ompk_tensor *grad_x_post,
+                           const ompk_tensor *h_mix, const ompk_tensor *inv_rms,
+                           const ompk_tensor *h_pre, const ompk_tensor *h_post, ompk_tensor *dx,
+                           ompk_tensor *dphi, ompk_tensor *dalpha, ompk_tensor *dbias,
+                           ompk_tensor *dgamma) {
     ompk_call c;
     ompk_call_begin(&c, "ompk_mhc_pre_bwd");
     const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
@@ -424,4 +424,17 @@ ompk_status ompk_mhc_pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const
         pre_bwd_verify(ts, &p);
     }
     return OMPK_OK;
+}
+
+ompk_status ompk_mhc_pre_fwd(const ompk_mhc_pre_fwd_args *a, const ompk_mhc_params *params) {
+    if (!a) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, "ompk_mhc_pre_fwd", "args is NULL");
+    return pre_fwd(a->x, a->phi, a->gamma, a->alpha, a->bias, params, a->h_in, a->h_post,
+                   a->res_logits, a->comb, a->h_mix, a->inv_rms, a->h_pre);
+}
+
+ompk_status ompk_mhc_pre_bwd(const ompk_mhc_pre_bwd_args *a, const ompk_mhc_params *params) {
+    if (!a) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, "ompk_mhc_pre_bwd", "args is NULL");
+    return pre_bwd(a->x, a->phi, a->gamma, a->alpha, params, a->dh_in, a->dh_post, a->dh_res,
+                   a->grad_x_post, a->h_mix, a->inv_rms, a->h_pre, a->h_post, a->dx, a->dphi,
+                   a->dalpha, a->dbias, a->dgamma);
 }

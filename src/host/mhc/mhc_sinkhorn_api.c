@@ -1,4 +1,4 @@
-/* ompk_sinkhorn_fwd / ompk_sinkhorn_bwd: validation, routing, verify and trace. */
+/* ompk_mhc_sinkhorn_fwd / ompk_mhc_sinkhorn_bwd: validation, routing, verify and trace. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +15,9 @@
 
 static void sk_common(ompk_call *c, const ompk_tensor *logits, int repeat, float eps) {
     ompk_call_require(c, repeat >= 1 && repeat <= 1000, OMPK_ERR_INVALID_ARGUMENT,
-                      "repeat = %d, must be 1..1000", repeat);
+                      "sinkhorn_repeat = %d, must be 1..1000", repeat);
     ompk_call_require(c, isfinite(eps) && eps >= 0, OMPK_ERR_INVALID_ARGUMENT,
-                      "eps must be finite and >= 0");
+                      "sinkhorn_eps must be finite and >= 0");
     if (ompk_call_input(c, "logits", logits, 4, OMPK_DT(OMPK_F32))) {
         const int64_t n = logits->shape[2];
         ompk_call_require(c, n >= 1 && n <= 8, OMPK_ERR_INVALID_ARGUMENT,
@@ -76,9 +76,13 @@ static void sk_verify(const char *fn, const char *oname, const ompk_tensor *lg,
     for (int i = 0; i < 3; i++) ompk_host_view_free(own[i]);
 }
 
-ompk_status ompk_sinkhorn_fwd(const ompk_tensor *logits, int repeat, float eps, ompk_tensor *comb) {
+ompk_status ompk_mhc_sinkhorn_fwd(const ompk_tensor *logits, ompk_tensor *comb,
+                                  const ompk_mhc_params *params) {
+    const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
+    const int repeat = p.sinkhorn_repeat;
+    const float eps = p.sinkhorn_eps;
     ompk_call c;
-    ompk_call_begin(&c, "ompk_sinkhorn_fwd");
+    ompk_call_begin(&c, "ompk_mhc_sinkhorn_fwd");
     sk_common(&c, logits, repeat, eps);
     ompk_call_output(&c, "comb", comb, 4, OMPK_DT(OMPK_F32));
     same_shape(&c, "comb", comb, logits);
@@ -97,10 +101,13 @@ ompk_status ompk_sinkhorn_fwd(const ompk_tensor *logits, int repeat, float eps, 
     return OMPK_OK;
 }
 
-ompk_status ompk_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *dcomb, int repeat,
-                              float eps, ompk_tensor *dlogits) {
+ompk_status ompk_mhc_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *dcomb,
+                                  ompk_tensor *dlogits, const ompk_mhc_params *params) {
+    const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
+    const int repeat = p.sinkhorn_repeat;
+    const float eps = p.sinkhorn_eps;
     ompk_call c;
-    ompk_call_begin(&c, "ompk_sinkhorn_bwd");
+    ompk_call_begin(&c, "ompk_mhc_sinkhorn_bwd");
     sk_common(&c, logits, repeat, eps);
     ompk_call_input(&c, "dcomb", dcomb, 4, OMPK_DT(OMPK_F32));
     same_shape(&c, "dcomb", dcomb, logits);

@@ -104,8 +104,6 @@ static ompk_status check_config(const ompk_moe_config *c) {
     if (c->threads < 0 || c->threads > 4096 || c->amx_min_rows < 0)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f,
                          "threads must be in 0..4096, amx_min_rows >= 0");
-    if (c->kblock < -1 || c->kblock > 1 || c->prefetch < 0 || c->prefetch > 3)
-        return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f, "kblock must be -1..1, prefetch 0..3");
     if (c->cache_depth < 0 || c->cache_depth > MOE_MAX_DEPTH || c->lora_max_rank < 0 ||
         c->lora_max_rank > 4096)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, f,
@@ -161,6 +159,22 @@ static ompk_status setup_topology(ompk_moe *m) {
     return OMPK_OK;
 }
 
+/* kblock 0 = the format's default: bf16 measured slower K-blocked on the Xeon (parking the fp32
+ * C tiles costs more than the L1 reuse of A saves); int8 about even, slightly ahead. */
+static void moe_tuning_apply(ompk_moe *m, int kblock, int prefetch) {
+    m->kblock = kblock ? kblock > 0 : m->fmt != OMPK_MOE_BF16;
+    m->prefetch = prefetch;
+}
+
+ompk_status ompk_moe_tuning_set(ompk_moe *m, int kblock, int prefetch) {
+    const char *fn = "ompk_moe_tuning_set";
+    if (!m) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "moe is NULL");
+    if (kblock < -1 || kblock > 1 || prefetch < 0 || prefetch > 3)
+        return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "kblock must be -1..1, prefetch 0..3");
+    moe_tuning_apply(m, kblock, prefetch);
+    return OMPK_OK;
+}
+
 ompk_status ompk_moe_create(const ompk_moe_config *config, ompk_moe **out) {
     if (!config || !out) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, FN_CREATE, "NULL argument");
     ompk_status st = check_config(config);
@@ -179,10 +193,7 @@ ompk_status ompk_moe_create(const ompk_moe_config *config, ompk_moe **out) {
     m->threads = config->threads > 0 ? config->threads : omp_get_max_threads();
     m->amx_min_rows = config->amx_min_rows > 0 ? config->amx_min_rows : 4;
     int isint = m->fmt != OMPK_MOE_BF16;
-    /* bf16 measured slower K-blocked on the Xeon (parking the fp32 C tiles costs more than the
-     * L1 reuse of A saves); int8 about even, slightly ahead */
-    m->kblock = config->kblock ? config->kblock > 0 : isint;
-    m->prefetch = config->prefetch;
+    moe_tuning_apply(m, 0, 0);
     m->grad_bf16 = config->grad_operands == OMPK_MOE_GRAD_BF16;
     m->kte = isint ? 64 : 32;
     m->tb = m->fmt >= OMPK_MOE_INT4 ? 512 : 1024;
@@ -537,8 +548,9 @@ ompk_status ompk_moe_load_quantized(ompk_moe *m, const ompk_moe_quantized *gate,
     return OMPK_OK;
 }
 
-ompk_status ompk_moe_get_weights(const ompk_moe *m, int which, ompk_tensor *out) {
+ompk_status ompk_moe_get_weights(const ompk_moe *m, ompk_moe_weight which_w, ompk_tensor *out) {
     const char *fn = "ompk_moe_get_weights";
+    const int which = (int)which_w; /* an out-of-range value may come through the enum type */
     if (!m) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "moe is NULL");
     if (which < 0 || which > 2)
         return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "which must be 0, 1 or 2");
@@ -756,13 +768,13 @@ static ompk_status forward_common(ompk_moe *m, const char *fn, const ompk_tensor
     return OMPK_OK;
 }
 
-ompk_status ompk_moe_forward(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
-                             const ompk_tensor *weights, ompk_tensor *y) {
-    return forward_common(m, "ompk_moe_forward", x, expert_ids, weights, y, OMPK_MOE_CACHE_NONE);
+ompk_status ompk_moe_fwd(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                         const ompk_tensor *weights, ompk_tensor *y) {
+    return forward_common(m, "ompk_moe_fwd", x, expert_ids, weights, y, OMPK_MOE_CACHE_NONE);
 }
 
-ompk_status ompk_moe_forward_train(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
-                                   const ompk_tensor *weights, ompk_tensor *y,
-                                   ompk_moe_cache_mode mode) {
-    return forward_common(m, "ompk_moe_forward_train", x, expert_ids, weights, y, mode);
+ompk_status ompk_moe_fwd_train(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                               const ompk_tensor *weights, ompk_tensor *y,
+                               ompk_moe_cache_mode mode) {
+    return forward_common(m, "ompk_moe_fwd_train", x, expert_ids, weights, y, mode);
 }

@@ -1,4 +1,4 @@
-/* ompk_moe_backward: validation of dy and every gradient against the top cache entry, staging
+/* ompk_moe_bwd: validation of dy and every gradient against the top cache entry, staging
  * of device tensors through host buffers, the engine, the pop. */
 #include <omp.h>
 #include <string.h>
@@ -66,8 +66,8 @@ static void check_io(ompk_call *c, const ompk_moe *m, const moe_entry *en, const
     }
 }
 
-ompk_status ompk_moe_backward(ompk_moe *m, const ompk_tensor *dy, const ompk_moe_grads *grads) {
-    const char *fn = "ompk_moe_backward";
+ompk_status ompk_moe_bwd(ompk_moe *m, const ompk_tensor *dy, const ompk_moe_grads *grads) {
+    const char *fn = "ompk_moe_bwd";
     if (!m || !grads) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "NULL argument");
     if (m->ncache == 0)
         return ompk_fail(OMPK_ERR_CACHE_EMPTY, fn, "no saved forward on the cache stack");
