@@ -37,9 +37,9 @@ Test(api_compat, mhc) {
         void *first[7];
         cr_assert_eq(pre_run_fwd(&q), OMPK_OK, "%s", ompk_last_error());
         for (int i = 0; i < 7; i++) first[i] = take(fo[i]);
-        cr_assert_eq(ompk_mhc_pre_fwd(&q.x.t, &q.phi.t, &q.gamma.t, &q.alpha.t, &q.bias.t, &q.p,
-                                      &q.h_in.t, &q.h_post.t, &q.logits.t, &q.comb.t, &q.h_mix.t,
-                                      &q.inv_rms.t, &q.h_pre.t),
+        cr_assert_eq(ompk_mhc_pre_fwd_positional(
+                         &q.x.t, &q.phi.t, &q.gamma.t, &q.alpha.t, &q.bias.t, &q.p, &q.h_in.t,
+                         &q.h_post.t, &q.logits.t, &q.comb.t, &q.h_mix.t, &q.inv_rms.t, &q.h_pre.t),
                      OMPK_OK, "%s", ompk_last_error());
         for (int i = 0; i < 7; i++) expect_same(fo[i], first[i], fn[i]);
 
@@ -48,10 +48,10 @@ Test(api_compat, mhc) {
         cr_assert_eq(pre_run_fwd(&q), OMPK_OK, "%s", ompk_last_error());
         cr_assert_eq(pre_run_bwd(&q, 1), OMPK_OK, "%s", ompk_last_error());
         for (int i = 0; i < 5; i++) first[i] = take(bo[i]);
-        cr_assert_eq(ompk_mhc_pre_bwd(&q.x.t, &q.phi.t, &q.gamma.t, &q.alpha.t, &q.p, &q.dh_in.t,
-                                      &q.dh_post.t, &q.dh_res.t, &q.gxp.t, &q.h_mix.t, &q.inv_rms.t,
-                                      &q.h_pre.t, &q.h_post.t, &q.dx.t, &q.dphi.t, &q.dalpha.t,
-                                      &q.dbias.t, &q.dgamma.t),
+        cr_assert_eq(ompk_mhc_pre_bwd_positional(
+                         &q.x.t, &q.phi.t, &q.gamma.t, &q.alpha.t, &q.p, &q.dh_in.t, &q.dh_post.t,
+                         &q.dh_res.t, &q.gxp.t, &q.h_mix.t, &q.inv_rms.t, &q.h_pre.t, &q.h_post.t,
+                         &q.dx.t, &q.dphi.t, &q.dalpha.t, &q.dbias.t, &q.dgamma.t),
                      OMPK_OK, "%s", ompk_last_error());
         for (int i = 0; i < 5; i++) expect_same(bo[i], first[i], bn[i]);
 

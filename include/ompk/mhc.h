@@ -146,19 +146,6 @@ static inline ompk_status ompk_mhc_pre_bwd_positional(
     return ompk_mhc_pre_bwd(&a, params);
 }
 
-/* The old name with the old arguments still compiles for one release: a call of
- * ompk_mhc_pre_fwd with 13 arguments (ompk_mhc_pre_bwd with 18) goes to the positional form and
- * warns as deprecated; a call with 2 is the function itself. */
-#define OMPK_ARG19_(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17,    \
-                    a18, n, ...)                                                                   \
-    n
-#define ompk_mhc_pre_fwd(...)                                                                      \
-    OMPK_ARG19_(__VA_ARGS__, , , , , , ompk_mhc_pre_fwd_positional, , , , , , , , , , ,            \
-                ompk_mhc_pre_fwd, , )(__VA_ARGS__)
-#define ompk_mhc_pre_bwd(...)                                                                      \
-    OMPK_ARG19_(__VA_ARGS__, ompk_mhc_pre_bwd_positional, , , , , , , , , , , , , , , ,            \
-                ompk_mhc_pre_bwd, , )(__VA_ARGS__)
-
 #ifdef __cplusplus
 }
 #endif
