@@ -1,4 +1,5 @@
-/* OMPK_VERIFY / OMPK_TRACE: host snapshots of tensors, element access, error reports. */
+/* OMPK_VERIFY / OMPK_TRACE: host snapshots of tensors, element access, error reports, and the one
+ * verify / trace path the API entry points describe their calls to. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +8,7 @@
 #include "bf16.h"
 #include "check.h"
 #include "error.h"
+#include "tolerance.h"
 #include "verify.h"
 
 /* Read at each call, so that a program may switch them while it runs. */
@@ -94,6 +96,11 @@ double ompk_host_get(const ompk_tensor *t, int64_t linear) {
     }
 }
 
+void ompk_host_gather(const ompk_tensor *t, double *out) {
+    int64_t n = ompk_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++) out[i] = ompk_host_get(t, i);
+}
+
 /* Per thread: a call's verify lines come from the thread that made the call. */
 static _Thread_local int64_t verify_mismatches;
 
@@ -149,4 +156,92 @@ void ompk_trace_tensor(const char *fn, const char *stage, const ompk_tensor *hos
     }
     fprintf(stderr, "ompk trace %s %s n=%lld l2=%.6e max_abs=%.6e nonfinite=%lld\n", fn, stage,
             (long long)n, sqrt(ss), mx, (long long)nonfinite);
+}
+
+/* Largest |ref| over the elements whose innermost index lies in [lo, hi). */
+static double ref_max(const double *ref, int64_t n, int64_t inner, int64_t lo, int64_t hi) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t col = i % inner;
+        if (col >= lo && col < hi && fabs(ref[i]) > m) m = fabs(ref[i]);
+    }
+    return m;
+}
+
+int64_t ompk_verify_report_scaled(const char *fn, const char *output, const char *section,
+                                  const ompk_tensor *out, const double *ref, int64_t col_lo,
+                                  int64_t col_hi) {
+    int64_t n = ompk_tensor_numel(out), inner = out->ndim ? out->shape[out->ndim - 1] : 1;
+    if (inner < 1) inner = 1;
+    double s = ref_max(ref, n, inner, col_lo, col_hi < 0 ? inner : col_hi);
+    return ompk_verify_report(fn, output, section, out, ref, col_lo, col_hi,
+                              ompk_tol_for(out->dtype, s > 0 ? s : 1));
+}
+
+ompk_tol ompk_verify_tol_ref_max(const ompk_verify_io *io, int i) {
+    double s = ref_max(io->ref[i], io->ref_n[i], 1, 0, 1);
+    return ompk_tol_for(io->h[i].dtype, s > 0 ? s : 1);
+}
+
+/* Verify mode after the snapshots: optional gather, reference arrays, reference, reports. */
+static void verify_outputs(const ompk_verify_op *op, ompk_verify_io *io, double **d, double **ref,
+                           int64_t *ref_n) {
+    const ompk_verify_arg *a = op->args;
+    int ok = 1;
+    for (int i = 0; i < op->nargs; i++) {
+        const int64_t n = a[i].t ? ompk_tensor_numel(a[i].t) : 0;
+        if (op->gather && a[i].t) {
+            d[i] = malloc(sizeof(double) * (size_t)(n ? n : 1));
+            if (d[i]) ompk_host_gather(&io->h[i], d[i]);
+            ok = ok && d[i];
+        }
+        if (a[i].output && (a[i].t || a[i].ref_numel > 0)) {
+            ref_n[i] = a[i].ref_numel > 0 ? a[i].ref_numel : n;
+            ref[i] = calloc((size_t)(ref_n[i] ? ref_n[i] : 1), sizeof(double));
+            ok = ok && ref[i];
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "ompk verify %s: out of memory, skipped\n", op->fn);
+        return;
+    }
+    if (!op->ref(io)) return;
+    for (int i = 0; i < op->nargs; i++) {
+        if (!a[i].output || !a[i].t) continue;
+        if (op->report)
+            op->report(io, i);
+        else
+            ompk_verify_report(op->fn, a[i].name, a[i].section, &io->h[i], ref[i], 0, -1,
+                               op->tol(io, i));
+    }
+}
+
+void ompk_verify_run(const ompk_verify_op *op) {
+    const int n = op->nargs;
+    if (n < 0 || n > OMPK_VERIFY_MAX_ARGS) return;
+    ompk_tensor h[OMPK_VERIFY_MAX_ARGS];
+    void *own[OMPK_VERIFY_MAX_ARGS];
+    double *d[OMPK_VERIFY_MAX_ARGS], *ref[OMPK_VERIFY_MAX_ARGS];
+    int64_t ref_n[OMPK_VERIFY_MAX_ARGS];
+    memset(h, 0, sizeof h);
+    memset(own, 0, sizeof own);
+    memset(d, 0, sizeof d);
+    memset(ref, 0, sizeof ref);
+    memset(ref_n, 0, sizeof ref_n);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++)
+        if (op->args[i].t) ok = ompk_host_view(op->args[i].t, &h[i], &own[i]) == OMPK_OK;
+    if (ok && ompk_trace_enabled())
+        for (int i = 0; i < n; i++)
+            if (op->args[i].t && op->args[i].traced)
+                ompk_trace_tensor(op->fn, op->args[i].name, &h[i]);
+    if (ok && ompk_verify_enabled()) {
+        ompk_verify_io io = {op->fn, op->args, h, d, ref, ref_n, op->ctx};
+        verify_outputs(op, &io, d, ref, ref_n);
+    }
+    for (int i = 0; i < n; i++) {
+        free(d[i]);
+        free(ref[i]);
+        ompk_host_view_free(own[i]);
+    }
 }

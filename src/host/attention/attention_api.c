@@ -1,7 +1,6 @@
 /* ompk_attention_fwd / ompk_attention_bwd: validation, routing, verify and trace around the
  * implementation lists of attention_impl.c. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attention_impl.h"
@@ -89,48 +88,39 @@ static void fill_geom(ompk_attn_geom *g, const ompk_tensor *q, const ompk_tensor
     g->bf16 = q->dtype == OMPK_BF16;
 }
 
-/* Host snapshots of n tensors (NULL entries stay NULL). Returns 0 if one failed. */
-static int host_views(int n, const ompk_tensor *const *ts, ompk_tensor *h, void **own) {
-    int ok = 1;
-    for (int i = 0; i < n; i++) {
-        own[i] = NULL;
-        if (ts[i] && ok) ok = ompk_host_view(ts[i], &h[i], &own[i]) == OMPK_OK;
-    }
-    return ok;
+/* The verify callbacks' view of a call. bf16_p: the kernel that ran rounds P (and dS) to bf16
+ * before its second product. */
+typedef struct att_verify_ctx {
+    const ompk_attn_geom *g;
+    int bf16_p;
+} att_verify_ctx;
+
+static int fwd_ref(const ompk_verify_io *io) {
+    const att_verify_ctx *x = io->ctx;
+    ompk_attention_ref_fwd(&io->h[0], &io->h[1], &io->h[2], x->g->scale,
+                           (ompk_attention_mask)x->g->mask, io->ref[3], io->ref[4]);
+    return 1;
 }
 
-/* Verify bands come from ompk_tol_attention, as the suites' do; bf16_p: the kernel that ran
- * rounds P (and dS) to bf16 before its second product. */
+/* Verify bands come from ompk_tol_attention, as the suites' do. */
+static ompk_tol fwd_tol(const ompk_verify_io *io, int i) {
+    const att_verify_ctx *x = io->ctx;
+    return i == 3 ? ompk_tol_attention(io->h[3].dtype, OMPK_TOL_ATT_OUT, 1, x->bf16_p)
+                  : ompk_tol_attention(OMPK_F32, OMPK_TOL_ATT_LSE, 1, 0);
+}
+
 static void fwd_verify(const ompk_tensor *q, const ompk_tensor *k, const ompk_tensor *v,
                        const ompk_tensor *out, const ompk_tensor *lse, const ompk_attn_geom *g,
                        int bf16_p) {
-    static const char fn[] = "attention_fwd";
-    const ompk_tensor *ts[5] = {q, k, v, out, lse};
-    const char *names[5] = {"q", "k", "v", "out", "lse"};
-    ompk_tensor h[5];
-    void *own[5];
-    if (host_views(5, ts, h, own)) {
-        if (ompk_trace_enabled())
-            for (int i = 0; i < 5; i++)
-                if (ts[i]) ompk_trace_tensor(fn, names[i], &h[i]);
-        if (ompk_verify_enabled()) {
-            int64_t no = ompk_tensor_numel(out), nl = g->B * g->Hq * g->N;
-            double *ro = malloc(sizeof(double) * (size_t)(no + 1));
-            double *rl = malloc(sizeof(double) * (size_t)(nl + 1));
-            if (ro && rl) {
-                ompk_attention_ref_fwd(&h[0], &h[1], &h[2], g->scale, (ompk_attention_mask)g->mask,
-                                       ro, rl);
-                ompk_verify_report(fn, "out", NULL, &h[3], ro, 0, -1,
-                                   ompk_tol_attention(out->dtype, OMPK_TOL_ATT_OUT, 1, bf16_p));
-                if (lse)
-                    ompk_verify_report(fn, "lse", NULL, &h[4], rl, 0, -1,
-                                       ompk_tol_attention(OMPK_F32, OMPK_TOL_ATT_LSE, 1, 0));
-            }
-            free(ro);
-            free(rl);
-        }
-    }
-    for (int i = 0; i < 5; i++) ompk_host_view_free(own[i]);
+    att_verify_ctx x = {g, bf16_p};
+    const ompk_verify_arg args[5] = {{"q", q, 1, 0, 0, NULL},
+                                     {"k", k, 1, 0, 0, NULL},
+                                     {"v", v, 1, 0, 0, NULL},
+                                     {"out", out, 1, 1, 0, NULL},
+                                     {"lse", lse, 1, 1, 0, NULL}};
+    const ompk_verify_op op = {
+        .fn = "attention_fwd", .args = args, .nargs = 5, .ctx = &x, .ref = fwd_ref, .tol = fwd_tol};
+    ompk_verify_run(&op);
 }
 
 ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const ompk_tensor *v,
@@ -161,40 +151,31 @@ ompk_status ompk_attention_fwd(const ompk_tensor *q, const ompk_tensor *k, const
     return OMPK_OK;
 }
 
+static int bwd_ref(const ompk_verify_io *io) {
+    const att_verify_ctx *x = io->ctx;
+    ompk_attention_ref_bwd(&io->h[0], &io->h[1], &io->h[2], &io->h[3], &io->h[7], x->g->scale,
+                           (ompk_attention_mask)x->g->mask, io->ref[4], io->ref[5], io->ref[6]);
+    return 1;
+}
+
+static ompk_tol bwd_tol(const ompk_verify_io *io, int i) {
+    const att_verify_ctx *x = io->ctx;
+    return ompk_tol_attention(io->h[i].dtype, i == 4 ? OMPK_TOL_ATT_DQ : OMPK_TOL_ATT_DKV,
+                              x->g->Hq / x->g->Hkv, x->bf16_p);
+}
+
 static void bwd_verify(const ompk_tensor *dout, const ompk_tensor *q, const ompk_tensor *k,
                        const ompk_tensor *v, const ompk_tensor *dq, const ompk_tensor *dk,
                        const ompk_tensor *dv, const ompk_tensor *out, const ompk_attn_geom *g,
                        int bf16_p) {
-    static const char fn[] = "attention_bwd";
-    const ompk_tensor *ts[8] = {dout, q, k, v, dq, dk, dv, out};
-    const char *names[8] = {"dout", "q", "k", "v", "dq", "dk", "dv", "out"};
-    ompk_tensor h[8];
-    void *own[8];
-    if (host_views(8, ts, h, own)) {
-        if (ompk_trace_enabled())
-            for (int i = 0; i < 8; i++) ompk_trace_tensor(fn, names[i], &h[i]);
-        if (ompk_verify_enabled()) {
-            int64_t nq = ompk_tensor_numel(q), nk = ompk_tensor_numel(k);
-            double *rq = malloc(sizeof(double) * (size_t)(nq + 1));
-            double *rk = malloc(sizeof(double) * (size_t)(nk + 1));
-            double *rv = malloc(sizeof(double) * (size_t)(nk + 1));
-            if (rq && rk && rv) {
-                ompk_attention_ref_bwd(&h[0], &h[1], &h[2], &h[3], &h[7], g->scale,
-                                       (ompk_attention_mask)g->mask, rq, rk, rv);
-                const int64_t G = g->Hq / g->Hkv;
-                ompk_verify_report(fn, "dq", NULL, &h[4], rq, 0, -1,
-                                   ompk_tol_attention(dq->dtype, OMPK_TOL_ATT_DQ, G, bf16_p));
-                ompk_verify_report(fn, "dk", NULL, &h[5], rk, 0, -1,
-                                   ompk_tol_attention(dk->dtype, OMPK_TOL_ATT_DKV, G, bf16_p));
-                ompk_verify_report(fn, "dv", NULL, &h[6], rv, 0, -1,
-                                   ompk_tol_attention(dv->dtype, OMPK_TOL_ATT_DKV, G, bf16_p));
-            }
-            free(rq);
-            free(rk);
-            free(rv);
-        }
-    }
-    for (int i = 0; i < 8; i++) ompk_host_view_free(own[i]);
+    att_verify_ctx x = {g, bf16_p};
+    const ompk_verify_arg args[8] = {{"dout", dout, 1, 0, 0, NULL}, {"q", q, 1, 0, 0, NULL},
+                                     {"k", k, 1, 0, 0, NULL},       {"v", v, 1, 0, 0, NULL},
+                                     {"dq", dq, 1, 1, 0, NULL},     {"dk", dk, 1, 1, 0, NULL},
+                                     {"dv", dv, 1, 1, 0, NULL},     {"out", out, 1, 0, 0, NULL}};
+    const ompk_verify_op op = {
+        .fn = "attention_bwd", .args = args, .nargs = 8, .ctx = &x, .ref = bwd_ref, .tol = bwd_tol};
+    ompk_verify_run(&op);
 }
 
 ompk_status ompk_attention_bwd(const ompk_tensor *dout, const ompk_tensor *q, const ompk_tensor *k,

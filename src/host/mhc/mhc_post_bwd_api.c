@@ -1,6 +1,4 @@
 /* ompk_mhc_post_bwd: validation, workspace, routing, verify and trace around the kernel. */
-#include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -18,49 +16,12 @@ static void dims(ompk_call *c, const char *name, const ompk_tensor *t, int nd,
     for (int d = 0; d < nd; d++) ompk_call_dim(c, name, t, d, shape[d]);
 }
 
-static double vmax(const double *r, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(r[i]));
-    return m > 0 ? m : 1;
-}
-
-static void post_bwd_verify(const ompk_tensor *ts[9]) {
-    static const char fn[] = "mhc_post_bwd";
-    static const char *names[9] = {"x", "comb", "post", "f", "dout", "dx", "df", "dpost", "dcomb"};
-    ompk_tensor h[9];
-    void *own[9] = {0};
-    double *dv[9] = {0};
-    int ok = 1;
-    for (int i = 0; i < 9 && ok; i++) {
-        ok = ompk_host_view(ts[i], &h[i], &own[i]) == OMPK_OK;
-        if (!ok) break;
-        int64_t n = ompk_tensor_numel(ts[i]);
-        dv[i] = malloc(sizeof(double) * (size_t)(n ? n : 1));
-        ok = dv[i] != NULL;
-        if (ok) ompk_mhc_ref_gather(&h[i], dv[i]);
-    }
-    if (ok && ompk_trace_enabled())
-        for (int i = 0; i < 9; i++) ompk_trace_tensor(fn, names[i], &h[i]);
-    if (ok && ompk_verify_enabled()) {
-        const int64_t T = ts[0]->shape[0] * ts[0]->shape[1], n = ts[0]->shape[2];
-        const int64_t D = ts[0]->shape[3];
-        double *r[4];
-        int64_t cnt[4] = {T * n * D, T * D, T * n, T * n * n};
-        for (int i = 0; i < 4; i++) r[i] = malloc(sizeof(double) * (size_t)(cnt[i] ? cnt[i] : 1));
-        if (r[0] && r[1] && r[2] && r[3]) {
-            ompk_mhc_ref_post_bwd(T, (int)n, D, dv[0], dv[1], dv[2], dv[3], dv[4], r[0], r[1], r[2],
-                                  r[3]);
-            const char *sec[4] = {NULL, NULL, "post", "res"};
-            for (int i = 0; i < 4; i++)
-                ompk_verify_report(fn, names[5 + i], sec[i], &h[5 + i], r[i], 0, -1,
-                                   ompk_tol_for(h[5 + i].dtype, vmax(r[i], cnt[i])));
-        }
-        for (int i = 0; i < 4; i++) free(r[i]);
-    }
-    for (int i = 0; i < 9; i++) {
-        free(dv[i]);
-        ompk_host_view_free(own[i]);
-    }
+static int post_bwd_ref(const ompk_verify_io *io) {
+    const ompk_tensor *x = &io->h[0];
+    double *const *d = io->d;
+    ompk_mhc_ref_post_bwd(x->shape[0] * x->shape[1], (int)x->shape[2], x->shape[3], d[0], d[1],
+                          d[2], d[3], d[4], io->ref[5], io->ref[6], io->ref[7], io->ref[8]);
+    return 1;
 }
 
 ompk_status ompk_mhc_post_bwd(const ompk_tensor *x, const ompk_tensor *comb,
@@ -127,8 +88,19 @@ ompk_status ompk_mhc_post_bwd(const ompk_tensor *x, const ompk_tensor *comb,
     if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) {
-        const ompk_tensor *ts[9] = {x, comb, post, f, dout, dx, df, dpost, dcomb};
-        post_bwd_verify(ts);
+        const ompk_verify_arg args[9] = {
+            {"x", x, 1, 0, 0, NULL},         {"comb", comb, 1, 0, 0, NULL},
+            {"post", post, 1, 0, 0, NULL},   {"f", f, 1, 0, 0, NULL},
+            {"dout", dout, 1, 0, 0, NULL},   {"dx", dx, 1, 1, 0, NULL},
+            {"df", df, 1, 1, 0, NULL},       {"dpost", dpost, 1, 1, 0, "post"},
+            {"dcomb", dcomb, 1, 1, 0, "res"}};
+        const ompk_verify_op op = {.fn = "mhc_post_bwd",
+                                   .args = args,
+                                   .nargs = 9,
+                                   .gather = 1,
+                                   .ref = post_bwd_ref,
+                                   .tol = ompk_verify_tol_ref_max};
+        ompk_verify_run(&op);
     }
     return OMPK_OK;
 }

@@ -1,6 +1,4 @@
 /* ompk_mhc_post_fwd: validation, routing, verify and trace around the kernel. */
-#include <stdlib.h>
-
 #include "check.h"
 #include "error.h"
 #include "mhc_ref.h"
@@ -11,29 +9,26 @@
 #include "tolerance.h"
 #include "verify.h"
 
+static int post_fwd_ref(const ompk_verify_io *io) {
+    ompk_ref_mhc_post_fwd(&io->h[0], &io->h[1], &io->h[2], &io->h[3], io->ref[4]);
+    return 1;
+}
+
+/* each output sums n+1 products of O(1) values */
+static ompk_tol post_fwd_tol(const ompk_verify_io *io, int i) {
+    return ompk_tol_for(io->h[i].dtype, 1.0);
+}
+
 static void post_fwd_verify(const ompk_tensor *x, const ompk_tensor *comb, const ompk_tensor *post,
-                            const ompk_tensor *f, const ompk_tensor *out, int trace_only) {
-    static const char fn[] = "mhc_post_fwd";
-    const ompk_tensor *ts[5] = {x, comb, post, f, out};
-    const char *names[5] = {"x", "comb", "post", "f", "out"};
-    ompk_tensor h[5];
-    void *own[5] = {0};
-    int ok = 1;
-    for (int i = 0; i < 5 && ok; i++) ok = ompk_host_view(ts[i], &h[i], &own[i]) == OMPK_OK;
-    if (ok) {
-        if (ompk_trace_enabled())
-            for (int i = 0; i < 5; i++) ompk_trace_tensor(fn, names[i], &h[i]);
-        int64_t numel = ompk_tensor_numel(out);
-        double *ref = trace_only ? NULL : malloc(sizeof(double) * (size_t)(numel ? numel : 1));
-        if (ref) {
-            ompk_ref_mhc_post_fwd(&h[0], &h[1], &h[2], &h[3], ref);
-            /* each output sums n+1 products of O(1) values */
-            ompk_tol tol = ompk_tol_for(out->dtype, 1.0);
-            ompk_verify_report(fn, "out", NULL, &h[4], ref, 0, -1, tol);
-            free(ref);
-        }
-    }
-    for (int i = 0; i < 5; i++) ompk_host_view_free(own[i]);
+                            const ompk_tensor *f, const ompk_tensor *out) {
+    const ompk_verify_arg args[5] = {{"x", x, 1, 0, 0, NULL},
+                                     {"comb", comb, 1, 0, 0, NULL},
+                                     {"post", post, 1, 0, 0, NULL},
+                                     {"f", f, 1, 0, 0, NULL},
+                                     {"out", out, 1, 1, 0, NULL}};
+    const ompk_verify_op op = {
+        .fn = "mhc_post_fwd", .args = args, .nargs = 5, .ref = post_fwd_ref, .tol = post_fwd_tol};
+    ompk_verify_run(&op);
 }
 
 ompk_status ompk_mhc_post_fwd(const ompk_tensor *x, const ompk_tensor *comb,
@@ -84,7 +79,6 @@ ompk_status ompk_mhc_post_fwd(const ompk_tensor *x, const ompk_tensor *comb,
     st = ompk_impl_run(OMPK_OP_MHC_POST_FWD, &call, c.device, c.fn, NULL);
     if (st != OMPK_OK) return st;
 
-    if (ompk_verify_enabled() || ompk_trace_enabled())
-        post_fwd_verify(x, comb, post, f, out, !ompk_verify_enabled());
+    if (ompk_verify_enabled() || ompk_trace_enabled()) post_fwd_verify(x, comb, post, f, out);
     return OMPK_OK;
 }

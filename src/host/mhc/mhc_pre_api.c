@@ -1,7 +1,6 @@
 /* ompk_mhc_pre_fwd / ompk_mhc_pre_bwd / ompk_mhc_params_default: validation, workspace,
  * routing, verify and trace around the kernels. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -80,109 +79,46 @@ static void check_pre_inputs(ompk_call *c, const ompk_tensor *x, const ompk_tens
     ompk_call_dim(c, "alpha", alpha, 0, 3);
 }
 
-/* ---- verify / trace helpers ---------------------------------------------------------------- */
-
-typedef struct vset {
-    int count;
-    ompk_tensor h[24];
-    void *own[24];
-    double *dv[24];
-    int ok;
-} vset;
-
-/* Host snapshot of t (NULL allowed) as slot i: h[i] and a contiguous double copy dv[i]. */
-static void vset_add(vset *v, int i, const ompk_tensor *t) {
-    v->dv[i] = NULL;
-    v->own[i] = NULL;
-    if (!t || !v->ok) return;
-    if (ompk_host_view(t, &v->h[i], &v->own[i]) != OMPK_OK) {
-        v->ok = 0;
-        return;
-    }
-    int64_t n = ompk_tensor_numel(t);
-    v->dv[i] = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    if (!v->dv[i]) {
-        v->ok = 0;
-        return;
-    }
-    ompk_mhc_ref_gather(&v->h[i], v->dv[i]);
-}
-
-static void vset_free(vset *v) {
-    for (int i = 0; i < v->count; i++) {
-        free(v->dv[i]);
-        ompk_host_view_free(v->own[i]);
-    }
-}
-
-static double *dalloc(int64_t n) {
-    return calloc((size_t)(n ? n : 1), sizeof(double));
-}
-
-static double max_abs(const double *r, int64_t n, int64_t stride, int64_t lo, int64_t hi) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t col = i % stride;
-        if (col >= lo && col < hi && fabs(r[i]) > m) m = fabs(r[i]);
-    }
-    return m;
-}
-
-/* One verify line for columns [lo, hi) of the innermost dim (hi < 0: all), with the absolute
- * tolerance scaled by the section's largest reference magnitude. */
-static void vrep(const char *fn, const char *out, const char *sec, const ompk_tensor *h,
-                 const double *ref, int64_t lo, int64_t hi) {
-    int64_t n = ompk_tensor_numel(h), inner = h->ndim ? h->shape[h->ndim - 1] : 1;
-    if (inner < 1) inner = 1;
-    double s = max_abs(ref, n, inner, lo, hi < 0 ? inner : hi);
-    ompk_verify_report(fn, out, sec, h, ref, lo, hi, ompk_tol_for(h->dtype, s > 0 ? s : 1));
-}
+/* ---- verify / trace ------------------------------------------------------------------------ */
 
 /* Rows [r0, r1) of a 2-D host view and its reference, reported as one section. */
-static void vrep_rows(const char *fn, const char *out, const char *sec, const ompk_tensor *h,
-                      const double *ref, int64_t r0, int64_t r1) {
+static void report_rows(const char *fn, const char *out, const char *sec, const ompk_tensor *h,
+                        const double *ref, int64_t r0, int64_t r1) {
     ompk_tensor sub = *h;
     sub.shape[0] = r1 - r0;
     sub.data = (char *)h->data + r0 * h->strides[0] * (h->dtype == OMPK_BF16 ? 2 : 4);
-    vrep(fn, out, sec, &sub, ref + r0 * h->shape[1], 0, -1);
+    ompk_verify_report_scaled(fn, out, sec, &sub, ref + r0 * h->shape[1], 0, -1);
 }
 
-static void pre_fwd_verify(const ompk_tensor *ts[12], const ompk_mhc_params *p) {
-    static const char fn[] = "mhc_pre_fwd";
-    static const char *names[12] = {"x",      "phi",        "gamma", "alpha", "bias",    "h_in",
-                                    "h_post", "res_logits", "comb",  "h_mix", "inv_rms", "h_pre"};
-    vset v;
-    v.count = 12;
-    v.ok = 1;
-    for (int i = 0; i < 12; i++) vset_add(&v, i, ts[i]);
-    if (v.ok && ompk_trace_enabled())
-        for (int i = 0; i < 12; i++)
-            if (ts[i]) ompk_trace_tensor(fn, names[i], &v.h[i]);
-    if (v.ok && ompk_verify_enabled()) {
-        const ompk_tensor *x = ts[0];
-        const int64_t T = x->shape[0] * x->shape[1], n = x->shape[2], D = x->shape[3];
-        const int64_t M = 2 * n + n * n;
-        double *h_in = dalloc(T * D), *h_post = dalloc(T * n), *lg = dalloc(T * n * n);
-        double *comb = dalloc(T * n * n), *h_mix = dalloc(T * M), *inv = dalloc(T);
-        double *h_pre = dalloc(T * n);
-        if (h_in && h_post && lg && comb && h_mix && inv && h_pre) {
-            ompk_mhc_ref_pre_fwd(T, (int)n, D, v.dv[0], v.dv[1], v.dv[2], v.dv[3], v.dv[4], p, h_in,
-                                 h_post, lg, ts[8] ? comb : NULL, h_mix, inv, h_pre);
-            vrep(fn, "h_in", NULL, &v.h[5], h_in, 0, -1);
-            vrep(fn, "h_post", "post", &v.h[6], h_post, 0, -1);
-            if (ts[7]) vrep(fn, "res_logits", "res", &v.h[7], lg, 0, -1);
-            if (ts[8]) vrep(fn, "comb", "res", &v.h[8], comb, 0, -1);
-            if (ts[9]) {
-                vrep(fn, "h_mix", "pre", &v.h[9], h_mix, 0, n);
-                vrep(fn, "h_mix", "post", &v.h[9], h_mix, n, 2 * n);
-                vrep(fn, "h_mix", "res", &v.h[9], h_mix, 2 * n, M);
-            }
-            if (ts[10]) vrep(fn, "inv_rms", NULL, &v.h[10], inv, 0, -1);
-            if (ts[11]) vrep(fn, "h_pre", "pre", &v.h[11], h_pre, 0, -1);
-        }
-        free(h_in), free(h_post), free(lg), free(comb), free(h_mix), free(inv), free(h_pre);
+/* T = B*S tokens, n streams and D of the x view (args[0] of both pre calls). */
+static void pre_sizes(const ompk_verify_io *io, int64_t *T, int64_t *n, int64_t *D) {
+    const ompk_tensor *x = &io->h[0];
+    *T = x->shape[0] * x->shape[1], *n = x->shape[2], *D = x->shape[3];
+}
+
+static int pre_fwd_ref(const ompk_verify_io *io) {
+    int64_t T, n, D;
+    pre_sizes(io, &T, &n, &D);
+    double *const *d = io->d, *const *r = io->ref;
+    ompk_mhc_ref_pre_fwd(T, (int)n, D, d[0], d[1], d[2], d[3], d[4], io->ctx, r[5], r[6], r[7],
+                         r[8], r[9], r[10], r[11]);
+    return 1;
+}
+
+/* Each output in its sections (pre / post / res: the three groups of h_mix's M = 2n + n^2
+ * columns), the band scaled by the section's largest reference value. */
+static void pre_fwd_report(const ompk_verify_io *io, int i) {
+    static const char *sec[12] = {[6] = "post", [7] = "res", [8] = "res", [11] = "pre"};
+    int64_t T, n, D;
+    pre_sizes(io, &T, &n, &D);
+    const char *fn = io->fn, *name = io->args[i].name;
+    if (i == 9) {
+        ompk_verify_report_scaled(fn, name, "pre", &io->h[i], io->ref[i], 0, n);
+        ompk_verify_report_scaled(fn, name, "post", &io->h[i], io->ref[i], n, 2 * n);
+        ompk_verify_report_scaled(fn, name, "res", &io->h[i], io->ref[i], 2 * n, 2 * n + n * n);
+    } else {
+        ompk_verify_report_scaled(fn, name, sec[i], &io->h[i], io->ref[i], 0, -1);
     }
-    vset_free(&v);
 }
 
 static ompk_status pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
@@ -260,53 +196,55 @@ static ompk_status pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const o
     if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) {
-        const ompk_tensor *ts[12] = {x,      phi,        gamma, alpha, bias,    h_in,
-                                     h_post, res_logits, comb,  h_mix, inv_rms, h_pre};
-        pre_fwd_verify(ts, &p);
+        /* the reference always forms res_logits, h_mix, inv_rms and h_pre; comb only if asked */
+        const ompk_verify_arg args[12] = {{"x", x, 1, 0, 0, NULL},
+                                          {"phi", phi, 1, 0, 0, NULL},
+                                          {"gamma", gamma, 1, 0, 0, NULL},
+                                          {"alpha", alpha, 1, 0, 0, NULL},
+                                          {"bias", bias, 1, 0, 0, NULL},
+                                          {"h_in", h_in, 1, 1, 0, NULL},
+                                          {"h_post", h_post, 1, 1, 0, NULL},
+                                          {"res_logits", res_logits, 1, 1, T * n * n, NULL},
+                                          {"comb", comb, 1, 1, 0, NULL},
+                                          {"h_mix", h_mix, 1, 1, T * M, NULL},
+                                          {"inv_rms", inv_rms, 1, 1, T, NULL},
+                                          {"h_pre", h_pre, 1, 1, T * n, NULL}};
+        const ompk_verify_op op = {.fn = "mhc_pre_fwd",
+                                   .args = args,
+                                   .nargs = 12,
+                                   .gather = 1,
+                                   .ctx = &p,
+                                   .ref = pre_fwd_ref,
+                                   .report = pre_fwd_report};
+        ompk_verify_run(&op);
     }
     return OMPK_OK;
 }
 
-static void pre_bwd_verify(const ompk_tensor *ts[18], const ompk_mhc_params *p) {
-    static const char fn[] = "mhc_pre_bwd";
-    static const char *names[18] = {
-        "x",       "phi",   "gamma",  "alpha", "dh_in", "dh_post", "dh_res", "grad_x_post", "h_mix",
-        "inv_rms", "h_pre", "h_post", "dx",    "dphi",  "dalpha",  "dbias",  "dgamma",      ""};
-    vset v;
-    v.count = 17;
-    v.ok = 1;
-    for (int i = 0; i < 17; i++) vset_add(&v, i, ts[i]);
-    if (v.ok && ompk_trace_enabled())
-        for (int i = 0; i < 17; i++)
-            if (ts[i]) ompk_trace_tensor(fn, names[i], &v.h[i]);
-    if (v.ok && ompk_verify_enabled()) {
-        const ompk_tensor *x = ts[0];
-        const int64_t T = x->shape[0] * x->shape[1], n = x->shape[2], D = x->shape[3];
-        const int64_t M = 2 * n + n * n, K = n * D;
-        double *dx = dalloc(T * K), *dphi = dalloc(M * K), *dal = dalloc(3), *db = dalloc(M);
-        double *dg = dalloc(K);
-        if (dx && dphi && dal && db && dg) {
-            ompk_mhc_ref_pre_bwd(T, (int)n, D, v.dv[0], v.dv[1], v.dv[2], v.dv[3], p, v.dv[4],
-                                 v.dv[5], v.dv[6], v.dv[7], v.dv[8], v.dv[9], v.dv[10], v.dv[11],
-                                 dx, dphi, dal, db, ts[16] ? dg : NULL);
-            vrep(fn, "dx", NULL, &v.h[12], dx, 0, -1);
-            vrep_rows(fn, "dphi", "pre", &v.h[13], dphi, 0, n);
-            vrep_rows(fn, "dphi", "post", &v.h[13], dphi, n, 2 * n);
-            vrep_rows(fn, "dphi", "res", &v.h[13], dphi, 2 * n, M);
-            for (int g = 0; g < 3; g++)
-                vrep(fn, "dalpha",
-                     g == 0   ? "pre"
-                     : g == 1 ? "post"
-                              : "res",
-                     &v.h[14], dal, g, g + 1);
-            vrep(fn, "dbias", "pre", &v.h[15], db, 0, n);
-            vrep(fn, "dbias", "post", &v.h[15], db, n, 2 * n);
-            vrep(fn, "dbias", "res", &v.h[15], db, 2 * n, M);
-            if (ts[16]) vrep(fn, "dgamma", NULL, &v.h[16], dg, 0, -1);
-        }
-        free(dx), free(dphi), free(dal), free(db), free(dg);
+static int pre_bwd_ref(const ompk_verify_io *io) {
+    int64_t T, n, D;
+    pre_sizes(io, &T, &n, &D);
+    double *const *d = io->d, *const *r = io->ref;
+    ompk_mhc_ref_pre_bwd(T, (int)n, D, d[0], d[1], d[2], d[3], io->ctx, d[4], d[5], d[6], d[7],
+                         d[8], d[9], d[10], d[11], r[12], r[13], r[14], r[15], r[16]);
+    return 1;
+}
+
+/* dphi by its row groups, dalpha by element and dbias by its column groups: pre, post, res. */
+static void pre_bwd_report(const ompk_verify_io *io, int i) {
+    static const char *grp[3] = {"pre", "post", "res"};
+    int64_t T, n, D;
+    pre_sizes(io, &T, &n, &D);
+    const int64_t lo[3] = {0, n, 2 * n}, hi[3] = {n, 2 * n, 2 * n + n * n};
+    const char *fn = io->fn, *name = io->args[i].name;
+    const ompk_tensor *h = &io->h[i];
+    const double *ref = io->ref[i];
+    for (int g = 0; g < 3; g++) {
+        if (i == 13) report_rows(fn, name, grp[g], h, ref, lo[g], hi[g]);
+        if (i == 14) ompk_verify_report_scaled(fn, name, grp[g], h, ref, g, g + 1);
+        if (i == 15) ompk_verify_report_scaled(fn, name, grp[g], h, ref, lo[g], hi[g]);
     }
-    vset_free(&v);
+    if (i == 12 || i == 16) ompk_verify_report_scaled(fn, name, NULL, h, ref, 0, -1);
 }
 
 /* With no tokens the weight gradients are empty sums: zero them row by row (each row is
@@ -418,10 +356,24 @@ static ompk_status pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const o
     if (st != OMPK_OK) return st;
 
     if (ompk_verify_enabled() || ompk_trace_enabled()) {
-        const ompk_tensor *ts[18] = {x,      phi,         gamma,  alpha,   dh_in,  dh_post,
-                                     dh_res, grad_x_post, h_mix,  inv_rms, h_pre,  h_post,
-                                     dx,     dphi,        dalpha, dbias,   dgamma, NULL};
-        pre_bwd_verify(ts, &p);
+        const ompk_verify_arg args[17] = {
+            {"x", x, 1, 0, 0, NULL},           {"phi", phi, 1, 0, 0, NULL},
+            {"gamma", gamma, 1, 0, 0, NULL},   {"alpha", alpha, 1, 0, 0, NULL},
+            {"dh_in", dh_in, 1, 0, 0, NULL},   {"dh_post", dh_post, 1, 0, 0, NULL},
+            {"dh_res", dh_res, 1, 0, 0, NULL}, {"grad_x_post", grad_x_post, 1, 0, 0, NULL},
+            {"h_mix", h_mix, 1, 0, 0, NULL},   {"inv_rms", inv_rms, 1, 0, 0, NULL},
+            {"h_pre", h_pre, 1, 0, 0, NULL},   {"h_post", h_post, 1, 0, 0, NULL},
+            {"dx", dx, 1, 1, 0, NULL},         {"dphi", dphi, 1, 1, 0, NULL},
+            {"dalpha", dalpha, 1, 1, 0, NULL}, {"dbias", dbias, 1, 1, 0, NULL},
+            {"dgamma", dgamma, 1, 1, 0, NULL}};
+        const ompk_verify_op op = {.fn = "mhc_pre_bwd",
+                                   .args = args,
+                                   .nargs = 17,
+                                   .gather = 1,
+                                   .ctx = &p,
+                                   .ref = pre_bwd_ref,
+                                   .report = pre_bwd_report};
+        ompk_verify_run(&op);
     }
     return OMPK_OK;
 }

@@ -1,6 +1,5 @@
 /* ompk_mhc_sinkhorn_fwd / ompk_mhc_sinkhorn_bwd: validation, routing, verify and trace. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -40,40 +39,34 @@ static void fill_args(mhc_sk_args *a, const ompk_tensor *lg, int repeat, float e
     for (int d = 0; d < 4; d++) a->sl[d] = lg->strides[d];
 }
 
-/* trace/verify: ts = {logits, (dcomb), out} */
+/* args: logits, dcomb (backward only), the output */
+static int sk_ref(const ompk_verify_io *io) {
+    const mhc_sk_args *a = io->ctx;
+    if (io->args[1].t)
+        ompk_mhc_ref_sinkhorn_bwd(a->B * a->S, a->n, a->repeat, a->eps, io->d[0], io->d[1],
+                                  io->ref[2]);
+    else
+        ompk_mhc_ref_sinkhorn_fwd(a->B * a->S, a->n, a->repeat, a->eps, io->d[0], io->ref[2]);
+    return 1;
+}
+
+/* comb is doubly stochastic (unit scale); dlogits scales with dcomb */
+static ompk_tol sk_tol(const ompk_verify_io *io, int i) {
+    (void)i;
+    double scale = 1;
+    if (io->args[1].t)
+        for (int64_t e = 0; e < ompk_tensor_numel(&io->h[1]); e++)
+            scale = fmax(scale, fabs(io->d[1][e]));
+    return ompk_tol_for(OMPK_F32, scale);
+}
+
 static void sk_verify(const char *fn, const char *oname, const ompk_tensor *lg,
-                      const ompk_tensor *dc, const ompk_tensor *out, int repeat, float eps) {
-    ompk_tensor h[3];
-    void *own[3] = {0, 0, 0};
-    const ompk_tensor *ts[3] = {lg, dc, out};
-    const char *names[3] = {"logits", "dcomb", oname};
-    int ok = 1;
-    for (int i = 0; i < 3 && ok; i++)
-        if (ts[i]) ok = ompk_host_view(ts[i], &h[i], &own[i]) == OMPK_OK;
-    if (ok && ompk_trace_enabled())
-        for (int i = 0; i < 3; i++)
-            if (ts[i]) ompk_trace_tensor(fn, names[i], &h[i]);
-    if (ok && ompk_verify_enabled()) {
-        const int64_t N = ompk_tensor_numel(lg), T = lg->shape[0] * lg->shape[1];
-        const int n = (int)lg->shape[2];
-        double *l = malloc(sizeof(double) * (size_t)(N ? N : 1));
-        double *g = malloc(sizeof(double) * (size_t)(N ? N : 1));
-        double *r = malloc(sizeof(double) * (size_t)(N ? N : 1));
-        if (l && g && r) {
-            ompk_mhc_ref_gather(&h[0], l);
-            double scale = 1;
-            if (dc) {
-                ompk_mhc_ref_gather(&h[1], g);
-                ompk_mhc_ref_sinkhorn_bwd(T, n, repeat, eps, l, g, r);
-                for (int64_t i = 0; i < N; i++) scale = fmax(scale, fabs(g[i]));
-            } else {
-                ompk_mhc_ref_sinkhorn_fwd(T, n, repeat, eps, l, r);
-            }
-            ompk_verify_report(fn, oname, "res", &h[2], r, 0, -1, ompk_tol_for(OMPK_F32, scale));
-        }
-        free(l), free(g), free(r);
-    }
-    for (int i = 0; i < 3; i++) ompk_host_view_free(own[i]);
+                      const ompk_tensor *dc, const ompk_tensor *out, const mhc_sk_args *a) {
+    const ompk_verify_arg args[3] = {
+        {"logits", lg, 1, 0, 0, NULL}, {"dcomb", dc, 1, 0, 0, NULL}, {oname, out, 1, 1, 0, "res"}};
+    const ompk_verify_op op = {
+        .fn = fn, .args = args, .nargs = 3, .gather = 1, .ctx = a, .ref = sk_ref, .tol = sk_tol};
+    ompk_verify_run(&op);
 }
 
 ompk_status ompk_mhc_sinkhorn_fwd(const ompk_tensor *logits, ompk_tensor *comb,
@@ -97,7 +90,7 @@ ompk_status ompk_mhc_sinkhorn_fwd(const ompk_tensor *logits, ompk_tensor *comb,
     st = ompk_impl_run(OMPK_OP_MHC_SINKHORN_FWD, &call, c.device, c.fn, NULL);
     if (st != OMPK_OK) return st;
     if (ompk_verify_enabled() || ompk_trace_enabled())
-        sk_verify("sinkhorn_fwd", "comb", logits, NULL, comb, repeat, eps);
+        sk_verify("sinkhorn_fwd", "comb", logits, NULL, comb, &a);
     return OMPK_OK;
 }
 
@@ -125,6 +118,6 @@ ompk_status ompk_mhc_sinkhorn_bwd(const ompk_tensor *logits, const ompk_tensor *
     st = ompk_impl_run(OMPK_OP_MHC_SINKHORN_BWD, &call, c.device, c.fn, NULL);
     if (st != OMPK_OK) return st;
     if (ompk_verify_enabled() || ompk_trace_enabled())
-        sk_verify("sinkhorn_bwd", "dlogits", logits, dcomb, dlogits, repeat, eps);
+        sk_verify("sinkhorn_bwd", "dlogits", logits, dcomb, dlogits, &a);
     return OMPK_OK;
 }

@@ -593,37 +593,21 @@ static void moe_commit_entry(ompk_moe *m, ompk_moe_cache_mode mode) {
 /* OMPK_TRACE: norms of x and y. OMPK_VERIFY: the double reference on the weights the kernels
  * use (read back from the packed layout) with the path's operand rounding (bf16 or int8 rows),
  * so the report measures the kernels, not the quantization; y is compared at bf16 tolerance
- * because the operands are bf16/int8 rounded. */
-static void moe_verify(const ompk_moe *m, const ompk_tensor *x, const ompk_tensor *ids,
-                       const ompk_tensor *w, const ompk_tensor *y) {
-    static const char fn[] = "moe_forward";
-    const ompk_tensor *ts[4] = {x, ids, w, y};
-    ompk_tensor h[4];
-    void *own[4] = {NULL, NULL, NULL, NULL};
-    int ok = 1;
-    for (int i = 0; i < 4 && ok; i++) ok = ompk_host_view(ts[i], &h[i], &own[i]) == OMPK_OK;
-    if (ok && ompk_trace_enabled()) {
-        ompk_trace_tensor(fn, "x", &h[0]);
-        ompk_trace_tensor(fn, "y", &h[3]);
-    }
-    const int64_t T = x->shape[0], H = m->H, I = m->I, E = m->E, k = m->k;
-    float *xf = NULL, *wf = NULL, *wt[3] = {NULL, NULL, NULL};
-    int64_t *idv = NULL;
-    double *ref = NULL;
-    if (ok && ompk_verify_enabled()) {
-        xf = malloc((size_t)(T * H) * 4);
-        wf = malloc((size_t)(T * k) * 4);
-        idv = malloc((size_t)(T * k) * 8);
-        ref = malloc((size_t)(T * H) * 8 + 8);
-        for (int i = 0; i < 3; i++) wt[i] = malloc((size_t)(E * I * H) * 4);
-        ok = xf && wf && idv && ref && wt[0] && wt[1] && wt[2];
-        if (!ok) fprintf(stderr, "ompk verify %s: out of memory, skipped\n", fn);
-    }
-    if (ok && ompk_verify_enabled()) {
-        for (int64_t i = 0; i < T * H; i++) xf[i] = (float)ompk_host_get(&h[0], i);
+ * because the operands are bf16/int8 rounded. args: x, expert_ids, weights, y. */
+static int moe_verify_ref(const ompk_verify_io *io) {
+    const ompk_moe *m = io->ctx;
+    const int64_t T = io->h[0].shape[0], H = m->H, I = m->I, E = m->E, k = m->k;
+    float *xf = malloc((size_t)(T * H) * 4), *wf = malloc((size_t)(T * k) * 4);
+    int64_t *idv = malloc((size_t)(T * k) * 8);
+    float *wt[3];
+    for (int i = 0; i < 3; i++) wt[i] = malloc((size_t)(E * I * H) * 4);
+    int ok = xf && wf && idv && wt[0] && wt[1] && wt[2];
+    if (!ok) fprintf(stderr, "ompk verify %s: out of memory, skipped\n", io->fn);
+    if (ok) {
+        for (int64_t i = 0; i < T * H; i++) xf[i] = (float)ompk_host_get(&io->h[0], i);
         for (int64_t i = 0; i < T * k; i++) {
-            idv[i] = (int64_t)ompk_host_get(&h[1], i);
-            wf[i] = (float)ompk_host_get(&h[2], i);
+            idv[i] = (int64_t)ompk_host_get(&io->h[1], i);
+            wf[i] = (float)ompk_host_get(&io->h[2], i);
         }
         for (int i = 0; i < 3; i++) {
             const int64_t N = mat_n(m, i), K = mat_k(m, i);
@@ -634,19 +618,37 @@ static void moe_verify(const ompk_moe *m, const ompk_tensor *x, const ompk_tenso
                     for (int64_t kk = 0; kk < K; kk++)
                         o[(e * N + n) * K + kk] = moe_get_deq(m, i, e, n, kk);
         }
-        moe_verify_ref_y(m, T, xf, idv, wf, wt, ref);
-        double s2 = 0;
-        for (int64_t i = 0; i < T * H; i++) s2 += ref[i] * ref[i];
-        double scale = T * H > 0 ? sqrt(s2 / (double)(T * H)) : 1.0;
-        ompk_verify_report(fn, "y", ompk_moe_isa_name(m->isa), &h[3], ref, 0, -1,
-                           ompk_tol_for(OMPK_BF16, scale > 0 ? scale : 1.0));
+        moe_verify_ref_y(m, T, xf, idv, wf, wt, io->ref[3]);
     }
     free(xf);
     free(wf);
     free(idv);
-    free(ref);
     for (int i = 0; i < 3; i++) free(wt[i]);
-    for (int i = 0; i < 4; i++) ompk_host_view_free(own[i]);
+    return ok;
+}
+
+static ompk_tol moe_verify_tol(const ompk_verify_io *io, int i) {
+    const double *ref = io->ref[i];
+    const int64_t n = io->ref_n[i];
+    double s2 = 0;
+    for (int64_t e = 0; e < n; e++) s2 += ref[e] * ref[e];
+    double scale = n > 0 ? sqrt(s2 / (double)n) : 1.0;
+    return ompk_tol_for(OMPK_BF16, scale > 0 ? scale : 1.0);
+}
+
+static void moe_verify(const ompk_moe *m, const ompk_tensor *x, const ompk_tensor *ids,
+                       const ompk_tensor *w, const ompk_tensor *y) {
+    const ompk_verify_arg args[4] = {{"x", x, 1, 0, 0, NULL},
+                                     {"expert_ids", ids, 0, 0, 0, NULL},
+                                     {"weights", w, 0, 0, 0, NULL},
+                                     {"y", y, 1, 1, 0, ompk_moe_isa_name(m->isa)}};
+    const ompk_verify_op op = {.fn = "moe_forward",
+                               .args = args,
+                               .nargs = 4,
+                               .ctx = m,
+                               .ref = moe_verify_ref,
+                               .tol = moe_verify_tol};
+    ompk_verify_run(&op);
 }
 
 static ompk_status forward_common(ompk_moe *m, const char *fn, const ompk_tensor *x,

@@ -13,17 +13,20 @@
 #include "tolerance.h"
 #include "verify.h"
 
-static double rms(const double *v, int64_t n) {
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++) s += v[i] * v[i];
-    return n > 0 && s > 0 ? sqrt(s / (double)n) : 1.0;
-}
+/* The backward's verify: the entry it consumed and the upstream gradient. */
+typedef struct train_verify_ctx {
+    const ompk_moe *m;
+    const moe_entry *en;
+    const float *dy;
+} train_verify_ctx;
 
-static void report(const ompk_moe *m, const char *name, const ompk_tensor *t, const double *ref,
-                   int64_t n) {
-    if (!t || !ref) return;
-    ompk_verify_report("moe_backward", name, ompk_moe_isa_name(m->isa), t, ref, 0, -1,
-                       ompk_tol_moe_grad(m->grad_bf16, rms(ref, n)));
+static ompk_tol grad_tol(const ompk_verify_io *io, int i) {
+    const ompk_moe *m = ((const train_verify_ctx *)io->ctx)->m;
+    const double *v = io->ref[i];
+    const int64_t n = io->ref_n[i];
+    double s = 0.0;
+    for (int64_t e = 0; e < n; e++) s += v[e] * v[e];
+    return ompk_tol_moe_grad(m->grad_bf16, n > 0 && s > 0 ? sqrt(s / (double)n) : 1.0);
 }
 
 static int lora_f32(const ompk_moe *m, int64_t r, float *la[3], float *lb[3]) {
@@ -69,30 +72,29 @@ void moe_verify_ref_y(const ompk_moe *m, int64_t T, const float *x, const int64_
     }
 }
 
-void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy,
-                         const ompk_moe_grads *gr, const void *dx, const float *dw) {
+/* args: dx, dw, then per projection (gate, up, down) dA, dB, dW. */
+static int train_ref(const ompk_verify_io *io) {
+    const train_verify_ctx *c = io->ctx;
+    const ompk_moe *m = c->m;
+    const moe_entry *en = c->en;
     const int64_t T = en->T, E = m->E, H = m->H, I = m->I, k = m->k, r = en->r;
     const int64_t in[3] = {H, H, I}, out[3] = {I, I, H};
     float *x = malloc((size_t)(T * H + 1) * 4), *w = malloc((size_t)(T * k + 1) * 4);
     int64_t *ids = malloc((size_t)(T * k + 1) * 8);
     float *W[3], *la[3] = {NULL, NULL, NULL}, *lb[3] = {NULL, NULL, NULL};
-    double *rdx = malloc((size_t)(T * H + 1) * 8), *rdw = malloc((size_t)(T * k + 1) * 8);
-    ompk_moe_ref_grads rg = {rdx, rdw, {NULL, NULL, NULL}, {NULL, NULL, NULL}, {NULL, NULL, NULL}};
-    const ompk_tensor *gda[3] = {gr->gate_da, gr->up_da, gr->down_da},
-                      *gdb[3] = {gr->gate_db, gr->up_db, gr->down_db},
-                      *gdw[3] = {gr->gate_dw, gr->up_dw, gr->down_dw};
-    int ok = x && w && ids && rdx && rdw;
+    ompk_moe_ref_grads rg = {
+        io->ref[0], io->ref[1], {NULL, NULL, NULL}, {NULL, NULL, NULL}, {NULL, NULL, NULL}};
+    int ok = x && w && ids;
     for (int p = 0; p < 3; p++) {
         W[p] = malloc((size_t)(E * in[p] * out[p]) * 4);
         ok = ok && W[p];
-        if (gda[p]) rg.da[p] = malloc((size_t)(E * r * in[p]) * 8);
-        if (gdb[p]) rg.db[p] = malloc((size_t)(E * r * out[p]) * 8);
-        if (gdw[p]) rg.dW[p] = malloc((size_t)(E * in[p] * out[p]) * 8);
-        ok = ok && (!gda[p] || rg.da[p]) && (!gdb[p] || rg.db[p]) && (!gdw[p] || rg.dW[p]);
+        rg.da[p] = io->ref[2 + 3 * p];
+        rg.db[p] = io->ref[3 + 3 * p];
+        rg.dW[p] = io->ref[4 + 3 * p];
     }
     ok = lora_f32(m, r, la, lb) && ok;
     if (!ok) {
-        fprintf(stderr, "ompk verify moe_backward: out of memory, skipped\n");
+        fprintf(stderr, "ompk verify %s: out of memory, skipped\n", io->fn);
     } else {
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++)
@@ -114,34 +116,47 @@ void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy
             m->lora.dropout, m->lora.seed};
         ompk_moe_ref_train(T, E, H, I, (int)k, x, ids, w, W[0], W[1], W[2],
                            m->fmt == OMPK_MOE_BF16 ? OMPK_MOE_REF_ACT_BF16 : OMPK_MOE_REF_ACT_INT8,
-                           r ? &lr : NULL, NULL, dy, &rg);
-        int64_t sx[2] = {T, H}, sw[2] = {T, k};
-        ompk_tensor tdx = ompk_tensor_make((void *)dx, en->xdt, 2, sx, ompk_device_host());
-        report(m, "dx", &tdx, rdx, T * H);
-        if (dw) {
-            ompk_tensor tdw = ompk_tensor_make((void *)dw, OMPK_F32, 2, sw, ompk_device_host());
-            report(m, "dw", &tdw, rdw, T * k);
-        }
-        static const char *nda[3] = {"gate_da", "up_da", "down_da"},
-                          *ndb[3] = {"gate_db", "up_db", "down_db"},
-                          *ndw[3] = {"gate_dw", "up_dw", "down_dw"};
-        for (int p = 0; p < 3 && !gr->accumulate; p++) {
-            report(m, nda[p], gda[p], rg.da[p], E * r * in[p]);
-            report(m, ndb[p], gdb[p], rg.db[p], E * r * out[p]);
-            report(m, ndw[p], gdw[p], rg.dW[p], E * in[p] * out[p]);
-        }
+                           r ? &lr : NULL, NULL, c->dy, &rg);
     }
     free(x);
     free(w);
     free(ids);
-    free(rdx);
-    free(rdw);
     for (int p = 0; p < 3; p++) {
         free(W[p]);
         free(la[p]);
         free(lb[p]);
-        free(rg.da[p]);
-        free(rg.db[p]);
-        free(rg.dW[p]);
     }
+    return ok;
+}
+
+void moe_verify_backward(const ompk_moe *m, const moe_entry *en, const float *dy,
+                         const ompk_moe_grads *gr, const void *dx, const float *dw) {
+    const int64_t T = en->T, E = m->E, H = m->H, I = m->I, k = m->k, r = en->r;
+    const int64_t in[3] = {H, H, I}, out[3] = {I, I, H};
+    const int64_t sx[2] = {T, H}, sw[2] = {T, k};
+    const ompk_tensor tdx = ompk_tensor_make((void *)dx, en->xdt, 2, sx, ompk_device_host());
+    const ompk_tensor tdw = ompk_tensor_make((void *)dw, OMPK_F32, 2, sw, ompk_device_host());
+    const char *isa = ompk_moe_isa_name(m->isa);
+    ompk_verify_arg args[11] = {{"dx", &tdx, 0, 1, 0, isa}, {"dw", dw ? &tdw : NULL, 0, 1, 0, isa}};
+    /* accumulated parameter gradients hold more than this call's: not reported */
+    const ompk_tensor *g[9] = {gr->gate_da, gr->gate_db, gr->gate_dw, gr->up_da,  gr->up_db,
+                               gr->up_dw,   gr->down_da, gr->down_db, gr->down_dw};
+    static const char *names[9] = {"gate_da", "gate_db", "gate_dw", "up_da",  "up_db",
+                                   "up_dw",   "down_da", "down_db", "down_dw"};
+    for (int p = 0; p < 3; p++) {
+        const int64_t n[3] = {E * r * in[p], E * r * out[p], E * in[p] * out[p]};
+        for (int j = 0; j < 3; j++) {
+            const ompk_tensor *t = gr->accumulate ? NULL : g[3 * p + j];
+            const ompk_verify_arg a = {names[3 * p + j], t, 0, 1, t ? n[j] : 0, isa};
+            args[2 + 3 * p + j] = a;
+        }
+    }
+    const train_verify_ctx c = {m, en, dy};
+    const ompk_verify_op op = {.fn = "moe_backward",
+                               .args = args,
+                               .nargs = 11,
+                               .ctx = &c,
+                               .ref = train_ref,
+                               .tol = grad_tol};
+    ompk_verify_run(&op);
 }

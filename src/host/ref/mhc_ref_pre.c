@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "mhc_ref_pre.h"
-#include "verify.h"
 
 static double sigm(double z) {
     return 1.0 / (1.0 + exp(-z));
@@ -212,9 +211,4 @@ void ompk_mhc_ref_post_bwd(int64_t T, int n, int64_t D, const double *x, const d
             }
         }
     }
-}
-
-void ompk_mhc_ref_gather(const ompk_tensor *h, double *out) {
-    int64_t n = ompk_tensor_numel(h);
-    for (int64_t i = 0; i < n; i++) out[i] = ompk_host_get(h, i);
 }

@@ -36,7 +36,4 @@ void ompk_mhc_ref_post_bwd(int64_t T, int n, int64_t D, const double *x, const d
                            const double *post, const double *f, const double *dout, double *dx,
                            double *df, double *dpost, double *dcomb);
 
-/* Copy any host tensor into a contiguous double array (numel entries). */
-void ompk_mhc_ref_gather(const ompk_tensor *host_view, double *out);
-
 #endif

@@ -14,35 +14,45 @@
 /* indices are int32 flattened pair numbers */
 #define RT_MAX_N 46340
 
-static void fwd_verify(const ompk_tensor *sx, const ompk_tensor *sy, int64_t k,
-                       const ompk_tensor *scores, const ompk_tensor *indices, int trace_only) {
-    static const char fn[] = "router_topk_fwd";
-    const ompk_tensor *ts[4] = {sx, sy, scores, indices};
-    const char *names[4] = {"sx", "sy", "scores", "indices"};
-    ompk_tensor h[4];
-    void *own[4] = {0};
-    int ok = 1;
-    for (int i = 0; i < 4 && ok; i++) ok = ompk_host_view(ts[i], &h[i], &own[i]) == OMPK_OK;
-    if (ok && ompk_trace_enabled())
-        for (int i = 0; i < 3; i++) ompk_trace_tensor(fn, names[i], &h[i]);
-    if (ok && !trace_only) {
-        const int64_t n = sx->shape[0] * k;
-        float *rs = malloc(sizeof(float) * (size_t)(n ? n : 1));
-        int32_t *ri = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-        double *ref = malloc(sizeof(double) * (size_t)(n ? n : 1));
-        if (rs && ri && ref && ompk_ref_router_topk_fwd(&h[0], &h[1], k, rs, ri) == OMPK_OK) {
-            /* the kernel forms the same fp32 sums, so both outputs must match exactly */
-            const ompk_tol exact = {0.0, 0.0};
-            for (int64_t e = 0; e < n; e++) ref[e] = rs[e];
-            ompk_verify_report(fn, "scores", NULL, &h[2], ref, 0, -1, exact);
-            for (int64_t e = 0; e < n; e++) ref[e] = ri[e];
-            ompk_verify_report(fn, "indices", NULL, &h[3], ref, 0, -1, exact);
-        }
-        free(rs);
-        free(ri);
-        free(ref);
+/* The fp32 reference results as doubles. */
+static void widen(const float *v, int64_t n, double *out) {
+    for (int64_t e = 0; e < n; e++) out[e] = v[e];
+}
+
+static int fwd_ref(const ompk_verify_io *io) {
+    const int64_t k = *(const int64_t *)io->ctx, n = io->ref_n[2];
+    float *rs = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    int32_t *ri = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int ok = rs && ri && ompk_ref_router_topk_fwd(&io->h[0], &io->h[1], k, rs, ri) == OMPK_OK;
+    if (ok) {
+        widen(rs, n, io->ref[2]);
+        for (int64_t e = 0; e < n; e++) io->ref[3][e] = ri[e];
     }
-    for (int i = 0; i < 4; i++) ompk_host_view_free(own[i]);
+    free(rs);
+    free(ri);
+    return ok;
+}
+
+/* the kernel forms the same fp32 sums, so both outputs must match exactly */
+static ompk_tol fwd_tol(const ompk_verify_io *io, int i) {
+    (void)io, (void)i;
+    const ompk_tol exact = {0.0, 0.0};
+    return exact;
+}
+
+static void fwd_verify(const ompk_tensor *sx, const ompk_tensor *sy, int64_t k,
+                       const ompk_tensor *scores, const ompk_tensor *indices) {
+    const ompk_verify_arg args[4] = {{"sx", sx, 1, 0, 0, NULL},
+                                     {"sy", sy, 1, 0, 0, NULL},
+                                     {"scores", scores, 1, 1, 0, NULL},
+                                     {"indices", indices, 0, 1, 0, NULL}};
+    const ompk_verify_op op = {.fn = "router_topk_fwd",
+                               .args = args,
+                               .nargs = 4,
+                               .ctx = &k,
+                               .ref = fwd_ref,
+                               .tol = fwd_tol};
+    ompk_verify_run(&op);
 }
 
 ompk_status ompk_router_topk_fwd(const ompk_tensor *sx, const ompk_tensor *sy, int64_t k,
@@ -97,41 +107,44 @@ ompk_status ompk_router_topk_fwd(const ompk_tensor *sx, const ompk_tensor *sy, i
     st = ompk_impl_run(OMPK_OP_ROUTER_FWD, &call, c.device, c.fn, NULL);
     if (st != OMPK_OK) return st;
 
-    if (ompk_verify_enabled() || ompk_trace_enabled())
-        fwd_verify(sx, sy, k, scores, indices, !ompk_verify_enabled());
+    if (ompk_verify_enabled() || ompk_trace_enabled()) fwd_verify(sx, sy, k, scores, indices);
     return OMPK_OK;
 }
 
-static void bwd_verify(const ompk_tensor *dscores, const ompk_tensor *indices, int64_t n,
-                       const ompk_tensor *dsx, const ompk_tensor *dsy, int trace_only) {
-    static const char fn[] = "router_topk_bwd";
-    const ompk_tensor *ts[4] = {dscores, indices, dsx, dsy};
-    const char *names[4] = {"dscores", "indices", "dsx", "dsy"};
-    ompk_tensor h[4];
-    void *own[4] = {0};
-    int ok = 1;
-    for (int i = 0; i < 4 && ok; i++) ok = ompk_host_view(ts[i], &h[i], &own[i]) == OMPK_OK;
-    if (ok && ompk_trace_enabled())
-        for (int i = 0; i < 4; i++)
-            if (i != 1) ompk_trace_tensor(fn, names[i], &h[i]);
-    if (ok && !trace_only) {
-        const int64_t m = dsx->shape[0] * n;
-        float *rx = malloc(sizeof(float) * (size_t)(m ? m : 1));
-        float *ry = malloc(sizeof(float) * (size_t)(m ? m : 1));
-        double *ref = malloc(sizeof(double) * (size_t)(m ? m : 1));
-        if (rx && ry && ref && ompk_ref_router_topk_bwd(&h[0], &h[1], n, rx, ry) == OMPK_OK) {
-            /* same fp32 sums in the same order: exact for f32, one rounding for bf16 */
-            const ompk_tol tol = {0.0, dsx->dtype == OMPK_BF16 ? 4e-3 : 0.0};
-            for (int64_t e = 0; e < m; e++) ref[e] = rx[e];
-            ompk_verify_report(fn, "dsx", NULL, &h[2], ref, 0, -1, tol);
-            for (int64_t e = 0; e < m; e++) ref[e] = ry[e];
-            ompk_verify_report(fn, "dsy", NULL, &h[3], ref, 0, -1, tol);
-        }
-        free(rx);
-        free(ry);
-        free(ref);
+static int bwd_ref(const ompk_verify_io *io) {
+    const int64_t n = *(const int64_t *)io->ctx, m = io->ref_n[2];
+    float *rx = malloc(sizeof(float) * (size_t)(m ? m : 1));
+    float *ry = malloc(sizeof(float) * (size_t)(m ? m : 1));
+    int ok = rx && ry && ompk_ref_router_topk_bwd(&io->h[0], &io->h[1], n, rx, ry) == OMPK_OK;
+    if (ok) {
+        widen(rx, m, io->ref[2]);
+        widen(ry, m, io->ref[3]);
     }
-    for (int i = 0; i < 4; i++) ompk_host_view_free(own[i]);
+    free(rx);
+    free(ry);
+    return ok;
+}
+
+/* same fp32 sums in the same order: exact for f32, one rounding for bf16 */
+static ompk_tol bwd_tol(const ompk_verify_io *io, int i) {
+    (void)i;
+    const ompk_tol tol = {0.0, io->h[2].dtype == OMPK_BF16 ? 4e-3 : 0.0};
+    return tol;
+}
+
+static void bwd_verify(const ompk_tensor *dscores, const ompk_tensor *indices, int64_t n,
+                       const ompk_tensor *dsx, const ompk_tensor *dsy) {
+    const ompk_verify_arg args[4] = {{"dscores", dscores, 1, 0, 0, NULL},
+                                     {"indices", indices, 0, 0, 0, NULL},
+                                     {"dsx", dsx, 1, 1, 0, NULL},
+                                     {"dsy", dsy, 1, 1, 0, NULL}};
+    const ompk_verify_op op = {.fn = "router_topk_bwd",
+                               .args = args,
+                               .nargs = 4,
+                               .ctx = &n,
+                               .ref = bwd_ref,
+                               .tol = bwd_tol};
+    ompk_verify_run(&op);
 }
 
 ompk_status ompk_router_topk_bwd(const ompk_tensor *dscores, const ompk_tensor *indices, int64_t n,
@@ -199,7 +212,6 @@ ompk_status ompk_router_topk_bwd(const ompk_tensor *dscores, const ompk_tensor *
     st = ompk_impl_run(OMPK_OP_ROUTER_BWD, &call, c.device, c.fn, NULL);
     if (st != OMPK_OK) return st;
 
-    if (ompk_verify_enabled() || ompk_trace_enabled())
-        bwd_verify(dscores, indices, n, dsx, dsy, !ompk_verify_enabled());
+    if (ompk_verify_enabled() || ompk_trace_enabled()) bwd_verify(dscores, indices, n, dsx, dsy);
     return OMPK_OK;
 }
