@@ -31,6 +31,8 @@ static void *alloc_t(ompk_bench_ctx *ctx, ompk_tensor *t, ompk_dtype dt, int nd,
     return p;
 }
 
+static ompk_status call_pre_fwd(void *p);
+
 static int bufs_new(ompk_bench_ctx *ctx, mhc_bufs *m) {
     const int64_t B = m->B, S = m->S, n = m->n, D = m->D, T = B * S, K = n * D;
     const int64_t M = 2 * n + n * n;
@@ -70,19 +72,7 @@ static int bufs_new(ompk_bench_ctx *ctx, mhc_bufs *m) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!all[i]) return 1;
     /* a forward once, so the backward sees consistent saved tensors */
-    ompk_status st = ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &m->tx,
-                                                               .phi = &m->tphi,
-                                                               .gamma = &m->tgamma,
-                                                               .alpha = &m->talpha,
-                                                               .bias = &m->tbias,
-                                                               .h_in = &m->th_in,
-                                                               .h_post = &m->th_post,
-                                                               .res_logits = &m->tlogits,
-                                                               .comb = &m->tcomb,
-                                                               .h_mix = &m->th_mix,
-                                                               .inv_rms = &m->tinv,
-                                                               .h_pre = &m->th_pre},
-                                      &m->p);
+    ompk_status st = call_pre_fwd(m);
     return st != OMPK_OK;
 }
 
