@@ -180,6 +180,17 @@ static ompk_status moe_bwd(tu_op_case *c, ompk_tensor *const *t) {
 }
 #endif
 
+#if OMPK_HAVE_MOE
+/* the forward calls' arguments, symbols and bound symbols */
+#define MOE_FWD_ARGS                                                                               \
+    4,                                                                                             \
+        {{"x", IN, "TH", F32},                                                                     \
+         {"expert_ids", IN, "Tk", OMPK_I32, -1, 6},                                                \
+         {"weights", IN, "Tk", F32},                                                               \
+         {"y", OUT, "TH", F32}},                                                                   \
+        "E6 H40 I24 T5 k2 R4", "EHIk"
+#endif
+
 static const tu_op_spec ops[] = {
 #if OMPK_HAVE_ROUTER
     {"ompk_router_topk_fwd",
@@ -345,32 +356,8 @@ static const tu_op_spec ops[] = {
      0},
 #endif
 #if OMPK_HAVE_MOE
-    {"ompk_moe_fwd",
-     4,
-     {{"x", IN, "TH", F32},
-      {"expert_ids", IN, "Tk", OMPK_I32, -1, 6},
-      {"weights", IN, "Tk", F32},
-      {"y", OUT, "TH", F32}},
-     "E6 H40 I24 T5 k2 R4",
-     "EHIk",
-     moe_setup,
-     moe_fwd,
-     moe_same,
-     moe_teardown,
-     0},
-    {"ompk_moe_fwd_train",
-     4,
-     {{"x", IN, "TH", F32},
-      {"expert_ids", IN, "Tk", OMPK_I32, -1, 6},
-      {"weights", IN, "Tk", F32},
-      {"y", OUT, "TH", F32}},
-     "E6 H40 I24 T5 k2 R4",
-     "EHIk",
-     moe_setup,
-     moe_fwd_train,
-     moe_same,
-     moe_teardown,
-     0},
+    {"ompk_moe_fwd", MOE_FWD_ARGS, moe_setup, moe_fwd, moe_same, moe_teardown, 0},
+    {"ompk_moe_fwd_train", MOE_FWD_ARGS, moe_setup, moe_fwd_train, moe_same, moe_teardown, 0},
     {"ompk_moe_bwd",
      12,
      {{"dy", IN, "TH", F32},

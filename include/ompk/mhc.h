@@ -95,7 +95,7 @@ ompk_status ompk_mhc_post_bwd(const ompk_tensor *x, const ompk_tensor *comb,
                               const ompk_tensor *dout, ompk_tensor *dx, ompk_tensor *df,
                               ompk_tensor *dpost, ompk_tensor *dcomb);
 
-/* ---- Deprecated (CHANGELOG.md): kept for one release, then removed --------------------------- */
+/* ---- Deprecated names (CHANGELOG.md lists them and their replacements) ---------------------- */
 
 OMPK_DEPRECATED("use ompk_mhc_sinkhorn_fwd")
 static inline ompk_status ompk_sinkhorn_fwd(const ompk_tensor *logits, int repeat, float eps,

@@ -264,7 +264,7 @@ typedef struct ompk_moe_grads {
  * dequantized weights (their group scales vary along both dimensions of the products). */
 ompk_status ompk_moe_bwd(ompk_moe *moe, const ompk_tensor *dy, const ompk_moe_grads *grads);
 
-/* ---- Deprecated (CHANGELOG.md): kept for one release, then removed --------------------------- */
+/* ---- Deprecated names (CHANGELOG.md lists them and their replacements) ---------------------- */
 
 OMPK_DEPRECATED("use ompk_moe_fwd")
 static inline ompk_status ompk_moe_forward(ompk_moe *moe, const ompk_tensor *x,

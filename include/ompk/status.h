@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-/* Marks a name kept for one release after it was renamed or reshaped (CHANGELOG.md), so that
+/* Marks the old form of a renamed or reshaped call (CHANGELOG.md), so that
  * callers see the replacement at compile time. */
 #if defined(__GNUC__) || defined(__clang__)
 #define OMPK_DEPRECATED(msg) __attribute__((deprecated(msg)))
