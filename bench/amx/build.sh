@@ -7,3 +7,5 @@ repo=$(cd "$here/../.." && pwd)
 mkdir -p "$1"
 clang-19 -O2 -std=c17 -Wall -Wextra -Werror -fopenmp -I"$repo/include" -I"$repo/src/amx" \
     -I"$repo/src/host" "$here/amx_peak.c" "$repo/src/amx/moe_kern_amx.c" -o "$1/amx_peak"
+clang-19 -O2 -std=c17 -march=x86-64-v4 -Wall -Wextra -Werror -fopenmp "$here/rowslice_probe.c" \
+    -o "$1/rowslice_probe"

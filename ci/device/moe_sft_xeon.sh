@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ci/device/moe_sft_xeon.sh BUNDLE_DIR [--filter S] [--reps N] [--warmup N] [tests] [peak]
-#   [bench[=LIB]] [peer]
+#   [bench[=LIB]] [peer] [gemm]
 # The MoE fine-tuning measurement on the Xeon of the device machine, from a bundle_host.sh bundle
 # (repo root as working directory; logs and JSON into $OUT):
 #   tests      the MoE suites (each runs every ISA the CPU has: amx, avx512bf16, amx-emulated,
@@ -11,6 +11,7 @@
 #              (default 2); bench=LIB runs it on extra/LIB instead of the bundle's libompk (a
 #              baseline library)
 #   peer       bench/peers/moe_sft_peer.py --filter S --reps N with the machine's PyTorch
+#   gemm       bench/peers/amx_gemm_peer.py: PyTorch's own bf16 GEMM per core (the practical ceiling)
 # Options apply to the steps after them.
 set -uo pipefail
 B=$(cd "$1" && pwd)
@@ -20,7 +21,7 @@ d=/tmp/ompk-host
 . "$d/env.sh"
 filter=moe_sft_step reps=3 warmup=2
 sum=$OUT/summary.txt
-lscpu | grep -E 'Model name|^CPU\(s\)|NUMA node\(s\)|L2 cache|L3 cache|MHz' >>"$sum"
+lscpu | grep -E 'Model name|^CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|L2 cache|L3 cache|MHz|Hypervisor' >>"$sum"
 while [ $# -gt 0 ]; do
     s=$1
     shift
@@ -66,6 +67,12 @@ while [ $# -gt 0 ]; do
             --filter "$filter" --reps "$reps" --json "$OUT/peer.json") >"$OUT/peer.log" 2>&1
         echo "peer exit $?" >>"$sum"
         tail -12 "$OUT/peer.log" >>"$sum"
+        ;;
+    gemm)
+        (cd /tmp && env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 "$d/peers/amx_gemm_peer.py" \
+            --json "$OUT/gemm-peer.json") >"$OUT/gemm-peer.log" 2>&1
+        echo "gemm peer exit $?" >>"$sum"
+        cat "$OUT/gemm-peer.log" >>"$sum"
         ;;
     esac
 done
