@@ -193,6 +193,19 @@ ompk_status ompk_moe_get_weights(const ompk_moe *moe, ompk_moe_weight which, omp
 ompk_status ompk_moe_fwd(ompk_moe *moe, const ompk_tensor *x, const ompk_tensor *expert_ids,
                          const ompk_tensor *weights, ompk_tensor *y);
 
+/* The combine step of ompk_moe_fwd alone, for expert-parallel schemes that run the experts
+ * elsewhere (ompk/moe_ep.h is one): y[t] = sum over the slots j of token t with
+ * expert_ids[t,j] >= 0 of weights[t,j] * z[t,j,:], in ompk_moe_fwd's order (experts ascending,
+ * then slots) and fp32 arithmetic for a layer of ISA isa (its ompk_moe_info.isa), rounded once to
+ * y's dtype. With z[t,j] the expert's output for the route (what ompk_moe_fwd of that expert on
+ * x_t with weight 1 gives in f32), y equals ompk_moe_fwd's bit for bit for a layer with one NUMA
+ * partition and no LoRA (several partitions are summed apart: equal within fp32 reassociation).
+ * z [T,k,H] f32 (unit inner stride), expert_ids [T,k] i32|i64 (values >= -1; only their order
+ * matters), weights [T,k] f32, y [T,H] f32|bf16 (unit inner stride, no overlap with an input),
+ * k <= 64, all host tensors. Rows of z for padded slots are not read. */
+ompk_status ompk_moe_combine(const ompk_tensor *z, const ompk_tensor *expert_ids,
+                             const ompk_tensor *weights, ompk_tensor *y, ompk_moe_isa isa);
+
 /* ---- Fine-tuning (docs/KERNELS.md section 3, training) ----------------------------------------
  * LoRA adapters, rank r, scale s = alpha / r: for each projection W x becomes W x + s*B(A x).
  * A [E,r,in] and B [E,out,r], f32 or bf16 host tensors, (in,out) = (H,I) for gate and up, (I,H)

@@ -570,3 +570,46 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
                          "scratch arena canary after buffer %d overwritten", bad - 1);
     return OMPK_OK;
 }
+
+/* The combine of moe_run_forward on its own (ompk_moe_combine): in this file so that each sum
+ * compiles to the same operations as the down epilogue's (fused on the AVX-512 path, the
+ * expression axpy_row uses elsewhere), then the partition sum's 0 + s of one partition. */
+void moe_combine(int vec, int64_t T, int k, int64_t H, const float *z, int64_t zst, int64_t zsj,
+                 const int64_t *ids, const float *w, int64_t wst, void *yd, int64_t ys, int ybf16,
+                 float *acc_all) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        float *acc = acc_all + (size_t)omp_get_thread_num() * (size_t)H;
+        int ord[64], n = 0;
+        /* the slots in the forward's order: experts ascending, then slots (insertion sort) */
+        for (int j = 0; j < k; j++) {
+            const int64_t e = ids[t * k + j];
+            if (e < 0) continue;
+            int q = n++;
+            while (q > 0 && ids[t * k + ord[q - 1]] > e) {
+                ord[q] = ord[q - 1];
+                q--;
+            }
+            ord[q] = j;
+        }
+        for (int64_t h = 0; h < H; h++) acc[h] = 0.0f;
+        for (int i = 0; i < n; i++) {
+            const int j = ord[i];
+            const float wt = w[t * wst + j], *zr = z + t * zst + j * zsj;
+            if (vec)
+                for (int64_t h = 0; h < H; h++) acc[h] = fmaf(wt, zr[h], acc[h]);
+            else
+                for (int64_t h = 0; h < H; h++) acc[h] += wt * zr[h];
+        }
+        uint8_t *yrow = (uint8_t *)yd + (size_t)(t * ys) * (ybf16 ? 2 : 4);
+        for (int64_t h = 0; h < H; h++) {
+            float s = 0.0f;
+            s += acc[h];
+            ompk_store_f(yrow, h, s, ybf16);
+        }
+    }
+}
+
+int moe_combine_vec(ompk_moe_isa isa) {
+    return isa != OMPK_MOE_ISA_PORTABLE && moe_cpu_has_avx512();
+}

@@ -262,6 +262,13 @@ ompk_status moe_run(ompk_moe *m, int64_t T, const void *xd, int64_t xs, ompk_dty
 enum { K_PORTABLE, K_AVX512, K_AMX, K_AMX_EMU };
 int moe_pick_kernel(const ompk_moe *m, int64_t rows);
 void moe_run_kernel(int kind, const moe_kargs *k);
+/* ompk_moe_combine: y[t] = sum of w[t,j] z[t,j,:] over the slots with ids >= 0 in the forward's
+ * order and arithmetic (vec: that of a layer whose moe_combine_vec holds); acc_all holds H floats
+ * per OpenMP thread */
+void moe_combine(int vec, int64_t T, int k, int64_t H, const float *z, int64_t zst, int64_t zsj,
+                 const int64_t *ids, const float *w, int64_t wst, void *yd, int64_t ys, int ybf16,
+                 float *acc_all);
+int moe_combine_vec(ompk_moe_isa isa);
 const uint8_t *moe_gu_b(const ompk_moe *m, const moe_part *pp, int64_t e, int nb);
 const uint8_t *moe_dn_b(const ompk_moe *m, const moe_part *pp, int64_t e, int pr);
 /* 0 when every canary is intact, else the index of the first damaged buffer + 1. */

@@ -780,3 +780,65 @@ ompk_status ompk_moe_fwd_train(ompk_moe *m, const ompk_tensor *x, const ompk_ten
                                ompk_moe_cache_mode mode) {
     return forward_common(m, "ompk_moe_fwd_train", x, expert_ids, weights, y, mode);
 }
+
+ompk_status ompk_moe_combine(const ompk_tensor *z, const ompk_tensor *expert_ids,
+                             const ompk_tensor *weights, ompk_tensor *y, ompk_moe_isa isa) {
+    const char *fn = "ompk_moe_combine";
+    ompk_call c;
+    ompk_call_begin(&c, fn);
+    int64_t T = 0, k = 0, H = 0;
+    if (ompk_call_input(&c, "z", z, 3, OMPK_DT(OMPK_F32))) {
+        T = z->shape[0], k = z->shape[1], H = z->shape[2];
+        ompk_call_unit_stride(&c, "z", z, 2);
+    }
+    ompk_call_require(&c, k <= 64, OMPK_ERR_INVALID_ARGUMENT, "k = %lld exceeds 64", (long long)k);
+    if (ompk_call_input(&c, "expert_ids", expert_ids, 2, OMPK_DT(OMPK_I32) | OMPK_DT(OMPK_I64))) {
+        ompk_call_dim(&c, "expert_ids", expert_ids, 0, T);
+        ompk_call_dim(&c, "expert_ids", expert_ids, 1, k);
+    }
+    if (ompk_call_input(&c, "weights", weights, 2, OMPK_DT(OMPK_F32))) {
+        ompk_call_dim(&c, "weights", weights, 0, T);
+        ompk_call_dim(&c, "weights", weights, 1, k);
+    }
+    if (ompk_call_output(&c, "y", y, 2, OMPK_DT_FLOAT)) {
+        ompk_call_dim(&c, "y", y, 0, T);
+        ompk_call_dim(&c, "y", y, 1, H);
+        ompk_call_unit_stride(&c, "y", y, 1);
+    }
+    ompk_call_require(&c, (unsigned)isa <= (unsigned)OMPK_MOE_ISA_AMX_EMULATED,
+                      OMPK_ERR_INVALID_ARGUMENT, "unknown isa %d", (int)isa);
+    ompk_status st = ompk_call_end(&c);
+    if (st != OMPK_OK) return st;
+    if (c.device.type != OMPK_HOST)
+        return ompk_fail(OMPK_ERR_DEVICE_MISMATCH, fn,
+                         "z, expert_ids, weights and y must be host tensors");
+    if (T == 0) return OMPK_OK;
+    int64_t *ids = malloc((size_t)(T * k) * sizeof *ids);
+    float *w = malloc((size_t)(T * k) * sizeof *w);
+    float *acc = malloc((size_t)omp_get_max_threads() * (size_t)H * sizeof *acc);
+    if (!ids || !w || !acc) {
+        free(ids), free(w), free(acc);
+        return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory for %lld routes",
+                         (long long)(T * k));
+    }
+    const int i64 = expert_ids->dtype == OMPK_I64;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t o = t * expert_ids->strides[0] + j * expert_ids->strides[1];
+            const int64_t e = i64 ? ((const int64_t *)expert_ids->data)[o]
+                                  : ((const int32_t *)expert_ids->data)[o];
+            if (e < -1) {
+                free(ids), free(w), free(acc);
+                return ompk_fail(OMPK_ERR_INDEX_OUT_OF_RANGE, fn,
+                                 "expert_ids[%lld,%lld] = %lld is below -1", (long long)t,
+                                 (long long)j, (long long)e);
+            }
+            ids[t * k + j] = e;
+            w[t * k + j] =
+                ((const float *)weights->data)[t * weights->strides[0] + j * weights->strides[1]];
+        }
+    moe_combine(moe_combine_vec(isa), T, (int)k, H, (const float *)z->data, z->strides[0],
+                z->strides[1], ids, w, k, y->data, y->strides[0], y->dtype == OMPK_BF16, acc);
+    free(ids), free(w), free(acc);
+    return OMPK_OK;
+}
