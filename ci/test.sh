@@ -6,7 +6,8 @@
 # tests/install/run.sh) runs it as one more test; the default build's examples (ctest -L example)
 # run after the presets. Then the Python package's tests (ci/python.sh; OMPK_PYTHON_IN_CI=0 skips
 # them) and the fuzz harnesses for a few seconds each
-# (ci/fuzz.sh; OMPK_FUZZ_IN_CI=0 skips them), and the lab preset compiled, not run, so that the
+# (ci/fuzz.sh; OMPK_FUZZ_IN_CI=0 skips them), the expert-parallel MPI test under mpirun
+# (ci/mpi.sh; OMPK_MPI_IN_CI=0 skips it), and the lab preset compiled, not run, so that the
 # benchmark-only variants keep compiling (OMPK_LAB_IN_CI=0 skips it). Prints
 # "tests: N passed, N failed, N skipped" last.
 set -uo pipefail
@@ -66,6 +67,15 @@ if [ "${OMPK_FUZZ_IN_CI:-1}" = 1 ]; then
     if ./ci/fuzz.sh; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi
 else
     echo "=== fuzz skipped (OMPK_FUZZ_IN_CI=0)"
+    total_s=$((total_s + 1))
+fi
+# the expert-parallel layer under mpirun -np 1, 2, 4 (ci/mpi.sh) counts as one test;
+# OMPK_MPI_IN_CI=0 skips it
+if [ "${OMPK_MPI_IN_CI:-1}" = 1 ] && [ -x build/tests/mpi/mpi_test_moe_ep ]; then
+    echo "=== mpi (ci/mpi.sh)"
+    if ./ci/mpi.sh build; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi
+else
+    echo "=== mpi skipped (OMPK_MPI_IN_CI=0 or no build/tests/mpi/mpi_test_moe_ep)"
     total_s=$((total_s + 1))
 fi
 # the lab build (OMPK_LAB: the benchmark-only variants) compiles or counts as a failed test

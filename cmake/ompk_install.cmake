@@ -39,7 +39,16 @@ endif()
 install(TARGETS ompk EXPORT ompkTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY include/ompk DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+if(OMPK_MPI_BUILT)
+  # find_package(ompk) -> ompk::ompk_mpi as well (MPI found through find_dependency)
+  set_target_properties(ompk_mpi PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${OMPK_SOVERSION}
+                                            EXPORT_NAME ompk_mpi)
+  install(TARGETS ompk_mpi EXPORT ompkTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(DIRECTORY include/ompk DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
+else()
+  install(DIRECTORY include/ompk DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h"
+          PATTERN "moe_ep.h" EXCLUDE)
+endif()
 install(TARGETS ompk-info ompk-bench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 set(OMPK_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/ompk")

@@ -1,0 +1,21 @@
+# libompk_mpi: expert-parallel MoE over MPI (include/ompk/moe_ep.h, src/host/moe/mpi), a library of
+# its own so that only its users link MPI. OMPK_MPI: AUTO builds it when CMake finds MPI for C,
+# ON requires it, OFF leaves it out.
+set(OMPK_MPI "AUTO" CACHE STRING "build libompk_mpi (expert parallelism over MPI): AUTO, ON or OFF")
+set_property(CACHE OMPK_MPI PROPERTY STRINGS AUTO ON OFF)
+set(OMPK_MPI_BUILT OFF)
+if("moe" IN_LIST OMPK_FAMILIES AND NOT OMPK_MPI STREQUAL "OFF")
+  if(OMPK_MPI STREQUAL "ON")
+    find_package(MPI REQUIRED COMPONENTS C)
+  else()
+    find_package(MPI QUIET COMPONENTS C)
+  endif()
+  if(MPI_C_FOUND)
+    set(OMPK_MPI_BUILT ON)
+    add_library(ompk_mpi ${OMPK_LIBRARY_TYPE} src/host/moe/mpi/moe_ep.c)
+    target_include_directories(ompk_mpi PRIVATE ${PROJECT_SOURCE_DIR}/src/host)
+    target_link_libraries(ompk_mpi PUBLIC ompk MPI::MPI_C)
+    target_compile_options(ompk_mpi PRIVATE -fopenmp)
+  endif()
+endif()
+message(STATUS "ompk: libompk_mpi ${OMPK_MPI_BUILT} (OMPK_MPI=${OMPK_MPI})")
