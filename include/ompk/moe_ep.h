@@ -6,7 +6,8 @@
  * expert_ids[t,j] >= 0 travels with its row of x to the rank owning its expert
  * (MPI_Alltoallv: counts first, then rows), the owner runs its experts on all the rows it
  * received (ompk_moe_fwd with one slot per row and weight 1), the per-route outputs travel back,
- * and the token's rank sums them with ompk_moe_combine. Routes reach their owner in the order of
+ * and the token's rank sums them with ompk_moe_combine (one rank: the layer's own ompk_moe_fwd,
+ * nothing exchanged). Routes reach their owner in the order of
  * the ranks and, within a rank, of (t, j), so each expert sees its rows in the order a single
  * layer would see them on the ranks' tokens concatenated in rank order: with one NUMA partition
  * per layer (numa = OMPK_MOE_NUMA_FORCED, numa_split = 1, or a one-node machine) y is bit-identical

@@ -82,7 +82,6 @@ ompk_status ompk_moe_ep_create(const ompk_moe_config *config, MPI_Comm comm, omp
     MPI_Comm_rank(ep->comm, &ep->rank);
     MPI_Comm_size(ep->comm, &ep->size);
     ompk_status st = OMPK_OK;
-    int64_t lmax = 0;
     if (!config)
         st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "config is NULL");
     else if (level < MPI_THREAD_FUNNELED)
@@ -109,11 +108,13 @@ ompk_status ompk_moe_ep_create(const ompk_moe_config *config, MPI_Comm comm, omp
         const int64_t q = ep->E / ep->size, rem = ep->E % ep->size;
         ep->first[0] = 0;
         for (int r = 0; r < ep->size; r++) ep->first[r + 1] = ep->first[r] + q + (r < rem);
-        lmax = ep->max_tokens * ep->k * ep->size;
+        /* one rank: the layer itself; more: this rank's experts on the rows they receive */
         ompk_moe_config lc = *config;
-        lc.experts = ep->first[ep->rank + 1] - ep->first[ep->rank];
-        lc.top_k = 1;
-        lc.max_tokens = lmax;
+        if (ep->size > 1) {
+            lc.experts = ep->first[ep->rank + 1] - ep->first[ep->rank];
+            lc.top_k = 1;
+            lc.max_tokens = ep->max_tokens * ep->k * ep->size;
+        }
         st = ompk_moe_create(&lc, &ep->local);
     }
     if (st == OMPK_OK) {
@@ -267,6 +268,14 @@ ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_te
         st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "x must have the same dtype on every rank");
     st = agree(ep->comm, ep->rank, fn, st);
     if (st != OMPK_OK) return st;
+    if (P == 1) { /* no exchange: the layer's own forward */
+        st = ompk_moe_fwd(ep->local, x, expert_ids, weights, y);
+        memset(&ep->stats, 0, sizeof ep->stats);
+        ep->stats.total_ms = ep->stats.experts_ms = (MPI_Wtime() - t0) * 1e3;
+        for (int64_t i = 0; i < T * k; i++) ep->stats.routes_sent += ids[i] >= 0;
+        ep->stats.routes_received = ep->stats.routes_sent;
+        return st;
+    }
     const size_t xes = x->dtype == OMPK_BF16 ? 2 : 4, xrow = (size_t)H * xes;
     const size_t zrow = (size_t)H * 4;
 
@@ -311,10 +320,21 @@ ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_te
             if (e < 0) continue;
             const int d = owner(ep, e);
             const int64_t p = fill[d]++;
-            memcpy(sbuf + (size_t)p * xrow, (const uint8_t *)xh + (size_t)(t * xs) * xes, xrow);
             sid[p] = (int32_t)(e - ep->first[d]);
             pos[p] = t * k + j;
         }
+    /* this rank's own routes go straight to its receive block; MPI moves the others */
+    const int me = ep->rank;
+    const int64_t s0 = sdis[me], s1 = s0 + scnt[me], r0 = rdis[me];
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < ns; p++) {
+        uint8_t *dst =
+            p >= s0 && p < s1 ? rbuf + (size_t)(r0 + p - s0) * xrow : sbuf + (size_t)p * xrow;
+        memcpy(dst, (const uint8_t *)xh + (size_t)((pos[p] / k) * xs) * xes, xrow);
+    }
+    for (int64_t p = s0; p < s1; p++) rid[r0 + p - s0] = sid[p];
+    const int self_s = scnt[me], self_r = rcnt[me];
+    scnt[me] = rcnt[me] = 0;
     MPI_Datatype xt, zt;
     MPI_Type_contiguous((int)xrow, MPI_BYTE, &xt);
     MPI_Type_commit(&xt);
@@ -351,6 +371,7 @@ ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_te
         MPI_Alltoallv(zout, rcnt, rdis, zt, zback, scnt, sdis, zt, ep->comm) != MPI_SUCCESS)
         st = ompk_fail(OMPK_ERR_RUNTIME, fn, "MPI_Alltoallv of the expert outputs failed");
     tb = MPI_Wtime() - tb;
+    scnt[me] = self_s, rcnt[me] = self_r;
     MPI_Type_free(&xt);
     MPI_Type_free(&zt);
     if (st != OMPK_OK) {
@@ -359,7 +380,10 @@ ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_te
     }
     /* the token sums, in the forward's order and arithmetic */
     const double tc = MPI_Wtime();
-    for (int64_t p = 0; p < ns; p++) memcpy(zfull + pos[p] * H, zback + p * H, zrow);
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < ns; p++)
+        memcpy(zfull + pos[p] * H, p >= s0 && p < s1 ? zout + (r0 + p - s0) * H : zback + p * H,
+               zrow);
     ompk_tensor tz, ti, tw, ty;
     const int64_t sz[3] = {T, k, H}, sk[2] = {T, k}, sy[2] = {T, H};
     const ompk_device h = ompk_device_host();
