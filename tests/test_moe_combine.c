@@ -1,7 +1,9 @@
 /* ompk_moe_combine: with z the per-route expert outputs (a top-1 layer of the same weights on
  * the routes' rows with weight 1), it gives ompk_moe_fwd's y bit for bit, on every ISA, format
- * and output dtype (one NUMA partition); bad inputs return a status with y untouched. */
+ * and output dtype (one NUMA partition); with z the training forward's route outputs (a 3-D y),
+ * its y; bad inputs return a status with y untouched. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,10 +31,41 @@ static ompk_moe *layer(ompk_moe_format f, ompk_moe_isa isa, int k, int64_t max_t
     c.numa_split = 1;
     c.isa = isa;
     c.threads = 2;
+    c.cache_depth = 1;
     ompk_moe *m = NULL;
     cr_assert_eq(ompk_moe_create(&c, &m), OMPK_OK, "%s", ompk_last_error());
     cr_assert_eq(ompk_moe_load_weights(m, &w[0], &w[1], &w[2]), OMPK_OK, "%s", ompk_last_error());
     return m;
+}
+
+/* The training forward's y against the combine of its own route outputs (3-D y): any partition
+ * count, since the training forward sums whole routes. */
+static void check_train(ompk_moe *m, const ompk_tensor *x, const ompk_tensor *ids,
+                        const ompk_tensor *w, ompk_dtype ydt, const char *what) {
+    const ompk_device h = ompk_device_host();
+    const int64_t sx[2] = {T_, H_}, sz[3] = {T_, K_, H_};
+    uint8_t yf[T_ * H_ * 4], yc[T_ * H_ * 4];
+    float *z = calloc((size_t)(T_ * K_ * H_), 4);
+    ompk_tensor ty = ompk_tensor_make(yf, ydt, 2, sx, h),
+                tz = ompk_tensor_make(z, OMPK_F32, 3, sz, h),
+                tc = ompk_tensor_make(yc, ydt, 2, sx, h);
+    cr_assert_eq(ompk_moe_fwd_train(m, x, ids, w, &ty, OMPK_MOE_CACHE_PUSH), OMPK_OK, "%s",
+                 ompk_last_error());
+    cr_assert_eq(ompk_moe_fwd_train(m, x, ids, w, &tz, OMPK_MOE_CACHE_RECOMPUTE), OMPK_OK, "%s",
+                 ompk_last_error());
+    cr_assert_eq(ompk_moe_combine(m, &tz, ids, w, &tc, OMPK_MOE_COMBINE_FWD_TRAIN), OMPK_OK, "%s",
+                 ompk_last_error());
+    const size_t yes = ydt == OMPK_BF16 ? 2 : 4;
+    cr_expect(memcmp(yf, yc, (size_t)(T_ * H_) * yes) == 0, "%s: training combine differs", what);
+    /* pop the entry: a backward on a zero dy */
+    float *dy = calloc((size_t)(T_ * H_), 4), *dx = calloc((size_t)(T_ * H_), 4);
+    ompk_tensor tdy = ompk_tensor_make(dy, OMPK_F32, 2, sx, h),
+                tdx = ompk_tensor_make(dx, x->dtype, 2, sx, h);
+    ompk_moe_grads g;
+    memset(&g, 0, sizeof g);
+    g.dx = &tdx;
+    cr_assert_eq(ompk_moe_bwd(m, &tdy, &g), OMPK_OK, "%s", ompk_last_error());
+    free(z), free(dy), free(dx);
 }
 
 static void check(ompk_moe_format f, ompk_moe_isa isa, ompk_dtype ydt) {
@@ -81,14 +114,17 @@ static void check(ompk_moe_format f, ompk_moe_isa isa, ompk_dtype ydt) {
                 rz = ompk_tensor_make(zr, OMPK_F32, 2, sr, h);
     cr_assert_eq(ompk_moe_fwd(m1, &rx, &ri, &rw, &rz), OMPK_OK, "%s", ompk_last_error());
     for (int q = 0; q < n; q++) memcpy(z + rpos[q] * H_, zr + q * H_, H_ * 4);
-    ompk_moe_info info;
-    ompk_moe_get_info(m, &info);
     ompk_tensor tz = ompk_tensor_make(z, OMPK_F32, 3, sz, h),
                 tc = ompk_tensor_make(yc, ydt, 2, sx, h);
-    cr_assert_eq(ompk_moe_combine(&tz, &ti, &tw, &tc, info.isa), OMPK_OK, "%s", ompk_last_error());
+    cr_assert_eq(ompk_moe_combine(m, &tz, &ti, &tw, &tc, OMPK_MOE_COMBINE_FWD), OMPK_OK, "%s",
+                 ompk_last_error());
     cr_expect(memcmp(yf, yc, (size_t)(T_ * H_) * yes) == 0,
               "%s format %d y dtype %d: combine differs from the forward", ompk_moe_isa_name(isa),
               (int)f, (int)ydt);
+    char what[96];
+    snprintf(what, sizeof what, "%s format %d y dtype %d", ompk_moe_isa_name(isa), (int)f,
+             (int)ydt);
+    check_train(m, &tx, &ti, &tw, ydt, what);
     ompk_moe_destroy(m);
     ompk_moe_destroy(m1);
     free(wb), free(z), free(xr), free(zr);
@@ -111,6 +147,11 @@ Test(moe_combine, same_bits_as_forward) {
 }
 
 Test(moe_combine, bad_inputs) {
+    ompk_moe_config c;
+    memset(&c, 0, sizeof c);
+    c.experts = 4, c.hidden = 8, c.intermediate = 16, c.top_k = 2, c.max_tokens = 2;
+    ompk_moe *m = NULL;
+    cr_assert_eq(ompk_moe_create(&c, &m), OMPK_OK, "%s", ompk_last_error());
     float z[2 * 2 * 8] = {0}, w[4] = {1, 1, 1, 1}, y[2 * 8];
     int32_t ids[4] = {0, 1, -1, 3};
     const ompk_device h = ompk_device_host();
@@ -119,28 +160,35 @@ Test(moe_combine, bad_inputs) {
                 ti = ompk_tensor_make(ids, OMPK_I32, 2, sk, h),
                 tw = ompk_tensor_make(w, OMPK_F32, 2, sk, h),
                 ty = ompk_tensor_make(y, OMPK_F32, 2, sy, h);
-    const ompk_moe_isa isa = OMPK_MOE_ISA_PORTABLE;
+    const ompk_moe_combine_of of = OMPK_MOE_COMBINE_FWD;
     struct {
         const char *what;
         ompk_status st;
-    } r[8];
+    } r[10];
     int n = 0;
     memset(y, 0x5A, sizeof y);
     ompk_tensor yb = ompk_tensor_make(y, OMPK_F32, 2, sbad, h);
-    r[n].what = "NULL z", r[n++].st = ompk_moe_combine(NULL, &ti, &tw, &ty, isa);
-    r[n].what = "y of 3 rows", r[n++].st = ompk_moe_combine(&tz, &ti, &tw, &yb, isa);
+    r[n].what = "NULL moe", r[n++].st = ompk_moe_combine(NULL, &tz, &ti, &tw, &ty, of);
+    r[n].what = "NULL z", r[n++].st = ompk_moe_combine(m, NULL, &ti, &tw, &ty, of);
+    r[n].what = "y of 3 rows", r[n++].st = ompk_moe_combine(m, &tz, &ti, &tw, &yb, of);
     ompk_tensor zi = ompk_tensor_make(z, OMPK_BF16, 3, sz, h);
-    r[n].what = "bf16 z", r[n++].st = ompk_moe_combine(&zi, &ti, &tw, &ty, isa);
-    r[n].what = "unknown isa", r[n++].st = ompk_moe_combine(&tz, &ti, &tw, &ty, (ompk_moe_isa)42);
+    r[n].what = "bf16 z", r[n++].st = ompk_moe_combine(m, &zi, &ti, &tw, &ty, of);
+    r[n].what = "unknown combine",
+    r[n++].st = ompk_moe_combine(m, &tz, &ti, &tw, &ty, (ompk_moe_combine_of)42);
+    const int64_t sz6[3] = {2, 2, 6}, sy6[2] = {2, 6};
+    ompk_tensor z6 = ompk_tensor_make(z, OMPK_F32, 3, sz6, h),
+                y6 = ompk_tensor_make(y, OMPK_F32, 2, sy6, h);
+    r[n].what = "H not the layer's", r[n++].st = ompk_moe_combine(m, &z6, &ti, &tw, &y6, of);
     ompk_tensor yo = ompk_tensor_make(z, OMPK_F32, 2, sy, h); /* y over z */
-    r[n].what = "y overlapping z", r[n++].st = ompk_moe_combine(&tz, &ti, &tw, &yo, isa);
+    r[n].what = "y overlapping z", r[n++].st = ompk_moe_combine(m, &tz, &ti, &tw, &yo, of);
     for (int i = 0; i < n; i++)
         cr_expect_eq(r[i].st, OMPK_ERR_INVALID_ARGUMENT, "%s: %s", r[i].what,
                      ompk_status_str(r[i].st));
     ids[1] = -2;
-    cr_expect_eq(ompk_moe_combine(&tz, &ti, &tw, &ty, isa), OMPK_ERR_INDEX_OUT_OF_RANGE);
+    cr_expect_eq(ompk_moe_combine(m, &tz, &ti, &tw, &ty, of), OMPK_ERR_INDEX_OUT_OF_RANGE);
     for (size_t i = 0; i < sizeof y; i++)
         cr_assert_eq(((uint8_t *)y)[i], 0x5A, "y written by a rejected call");
     ids[1] = 1;
-    cr_expect_eq(ompk_moe_combine(&tz, &ti, &tw, &ty, isa), OMPK_OK, "%s", ompk_last_error());
+    cr_expect_eq(ompk_moe_combine(m, &tz, &ti, &tw, &ty, of), OMPK_OK, "%s", ompk_last_error());
+    ompk_moe_destroy(m);
 }

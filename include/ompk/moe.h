@@ -193,18 +193,27 @@ ompk_status ompk_moe_get_weights(const ompk_moe *moe, ompk_moe_weight which, omp
 ompk_status ompk_moe_fwd(ompk_moe *moe, const ompk_tensor *x, const ompk_tensor *expert_ids,
                          const ompk_tensor *weights, ompk_tensor *y);
 
-/* The combine step of ompk_moe_fwd alone, for expert-parallel schemes that run the experts
+/* The combine step of the forward alone, for expert-parallel schemes that run the experts
  * elsewhere (ompk/moe_ep.h is one): y[t] = sum over the slots j of token t with
- * expert_ids[t,j] >= 0 of weights[t,j] * z[t,j,:], in ompk_moe_fwd's order (experts ascending,
- * then slots) and fp32 arithmetic for a layer of ISA isa (its ompk_moe_info.isa), rounded once to
- * y's dtype. With z[t,j] the expert's output for the route (what ompk_moe_fwd of that expert on
- * x_t with weight 1 gives in f32), y equals ompk_moe_fwd's bit for bit for a layer with one NUMA
- * partition and no LoRA (several partitions are summed apart: equal within fp32 reassociation).
- * z [T,k,H] f32 (unit inner stride), expert_ids [T,k] i32|i64 (values >= -1; only their order
- * matters), weights [T,k] f32, y [T,H] f32|bf16 (unit inner stride, no overlap with an input),
- * k <= 64, all host tensors. Rows of z for padded slots are not read. */
-ompk_status ompk_moe_combine(const ompk_tensor *z, const ompk_tensor *expert_ids,
-                             const ompk_tensor *weights, ompk_tensor *y, ompk_moe_isa isa);
+ * expert_ids[t,j] >= 0 of weights[t,j] * z[t,j,:], in the order and fp32 arithmetic of this
+ * layer's ompk_moe_fwd (of), experts ascending then slots, or of its ompk_moe_fwd_train and of
+ * ompk_moe_fwd with LoRA attached, slots in order; rounded once to y's dtype. z[t,j] is the
+ * route's output before its weight: what ompk_moe_fwd_train gives with a 3-D y, or ompk_moe_fwd
+ * of a top-1 layer of the same weights on x_t with weight 1 in f32. Then y is the forward's bit
+ * for bit (ompk_moe_fwd without LoRA: with one NUMA partition; it sums several apart, so there
+ * within fp32 reassociation).
+ * z [T,k,H] f32 (unit inner stride, H the layer's), expert_ids [T,k] i32|i64 (values >= -1; only
+ * their order matters, so k need not be the layer's), weights [T,k] f32, y [T,H] f32|bf16 (unit
+ * inner stride, no overlap with an input), k <= 64, all host tensors. Rows of z for padded slots
+ * are not read. */
+typedef enum ompk_moe_combine_of {
+    OMPK_MOE_COMBINE_FWD = 0,      /* ompk_moe_fwd */
+    OMPK_MOE_COMBINE_FWD_TRAIN = 1 /* ompk_moe_fwd_train */
+} ompk_moe_combine_of;
+
+ompk_status ompk_moe_combine(const ompk_moe *moe, const ompk_tensor *z,
+                             const ompk_tensor *expert_ids, const ompk_tensor *weights,
+                             ompk_tensor *y, ompk_moe_combine_of of);
 
 /* ---- Fine-tuning (docs/KERNELS.md section 3, training) ----------------------------------------
  * LoRA adapters, rank r, scale s = alpha / r: for each projection W x becomes W x + s*B(A x).
@@ -239,7 +248,9 @@ typedef enum ompk_moe_cache_mode {
 } ompk_moe_cache_mode;
 
 /* The training forward: ompk_moe_fwd's inputs, outputs and errors, plus the cache mode. A
- * failed call (any status) leaves y and the cache stack unchanged. */
+ * failed call (any status) leaves y and the cache stack unchanged. y may instead be [T,k,H] f32
+ * (host tensors, mode PUSH or RECOMPUTE): each route's output before its routing weight, for
+ * ompk_moe_combine (rows of padded slots untouched). */
 ompk_status ompk_moe_fwd_train(ompk_moe *moe, const ompk_tensor *x, const ompk_tensor *expert_ids,
                                const ompk_tensor *weights, ompk_tensor *y,
                                ompk_moe_cache_mode mode);

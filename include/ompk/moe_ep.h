@@ -27,8 +27,11 @@
  * different threads where MPI_THREAD_MULTIPLE is provided.
  *
  * Tensors: x [T,H] f32|bf16, expert_ids [T,k] i32|i64 (global expert ids in [-1, E)), weights
- * [T,k] f32, y [T,H] f32|bf16, as ompk_moe_fwd takes them (T may differ per rank and may be 0).
- * Host tensors, or all on one GPU (contiguous; staged through host buffers, not GPU-aware MPI). */
+ * [T,k] f32, y [T,H] f32|bf16, as ompk_moe_fwd takes them (T may differ per rank and may be 0; x's
+ * dtype must be the same on every rank). The inference forward also takes them all on one GPU
+ * (contiguous; staged through host buffers, not GPU-aware MPI); the training calls take host
+ * tensors. A failed collective step after some ranks saved or popped a training forward marks
+ * the layer (OMPK_ERR_RUNTIME for later training calls): destroy and re-create it. */
 #ifndef OMPK_MOE_EP_H
 #define OMPK_MOE_EP_H
 
@@ -53,9 +56,8 @@ typedef struct ompk_moe_ep_stats {
 } ompk_moe_ep_stats;
 
 /* config describes the whole layer (experts = E over all ranks, max_tokens = the largest T any
- * rank passes); training fields must be 0 (the expert-parallel backward is not built yet).
- * Needs E >= the communicator's size and MPI initialised with at least MPI_THREAD_FUNNELED.
- * Collective. */
+ * rank passes, cache_depth and lora_max_rank as for ompk_moe_create). Needs E >= the
+ * communicator's size and MPI initialised with at least MPI_THREAD_FUNNELED. Collective. */
 ompk_status ompk_moe_ep_create(const ompk_moe_config *config, MPI_Comm comm, ompk_moe_ep **out);
 /* Collective (frees the duplicate communicator). */
 void ompk_moe_ep_destroy(ompk_moe_ep *ep);
@@ -71,6 +73,24 @@ ompk_status ompk_moe_ep_load_weights(ompk_moe_ep *ep, const ompk_tensor *gate,
 ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_tensor *expert_ids,
                             const ompk_tensor *weights, ompk_tensor *y);
 ompk_status ompk_moe_ep_get_stats(const ompk_moe_ep *ep, ompk_moe_ep_stats *stats);
+
+/* Fine-tuning across the ranks (host tensors). Each rank attaches the adapters of its own
+ * experts (A [count,r,in], B [count,out,r], as ompk_moe_set_lora takes them); dropout must be 0
+ * with more than one rank (its mask is a function of the row index within a rank's call).
+ * Collective. */
+ompk_status ompk_moe_ep_set_lora(ompk_moe_ep *ep, const ompk_moe_lora *lora);
+/* ompk_moe_fwd_train of this rank's tokens (mode PUSH or RECOMPUTE): the routes travel with x as
+ * f32 (exact) and their routing weights, each owner saves its routes' forward, y comes back as
+ * in ompk_moe_ep_fwd (the training forward's combine). Collective. */
+ompk_status ompk_moe_ep_fwd_train(ompk_moe_ep *ep, const ompk_tensor *x,
+                                  const ompk_tensor *expert_ids, const ompk_tensor *weights,
+                                  ompk_tensor *y, ompk_moe_cache_mode mode);
+/* ompk_moe_bwd across the ranks: dy [T,H] of this rank's tokens goes to the routes' owners, each
+ * owner runs the backward of its saved routes, and dx (each route's fp32 rows summed in slot
+ * order, rounded once, as the single layer does) and dw come back to the token's rank; LoRA and
+ * full-weight gradients are this rank's experts' ([count,...], accumulate as in ompk_moe_grads).
+ * dx, dw, LoRA gradients and dW equal the single layer's bit for bit. Collective. */
+ompk_status ompk_moe_ep_bwd(ompk_moe_ep *ep, const ompk_tensor *dy, const ompk_moe_grads *grads);
 
 #ifdef __cplusplus
 }

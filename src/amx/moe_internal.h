@@ -286,10 +286,15 @@ void moe_lora_stage(ompk_moe *m, const int64_t *eoffs);
 const float *moe_lw(const ompk_moe *m, int which_ab, int proj); /* 0 = A, 1 = B */
 
 /* moe_train_fwd.c: the training forward on host data into entry en (x rows at xd, row stride
- * xs; ids [T,k] validated; w [T,k]; y rows at yd) */
+ * xs; ids [T,k] validated; w [T,k]; y rows at yd; ys1 > 0: y holds the routes' outputs before
+ * their weights instead, f32 rows at yd + t*ys + j*ys1) */
 ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
                           ompk_dtype xdt, const int64_t *ids, const float *w, void *yd, int64_t ys,
-                          ompk_dtype ydt);
+                          int64_t ys1, ompk_dtype ydt);
+/* ompk_moe_combine of a training forward: moe_run_train's token sums (slot order) on its own */
+void moe_combine_train(int64_t T, int k, int64_t H, const float *z, int64_t zst, int64_t zsj,
+                       const int64_t *ids, const float *w, int64_t wst, void *yd, int64_t ys,
+                       int ybf16, float *acc_all);
 /* a~ of one route from its g, u rows (the forward and the backward share it): f32 values of
  * what the down kernel consumed, and the codes it reads (bf16: may be NULL; int formats: I
  * bytes, and the row scale in *scale) */
@@ -488,7 +493,10 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
  * which keeps the x86-64-v3 code on every CPU. */
 ompk_status moe_run_train_v4(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
                              ompk_dtype xdt, const int64_t *ids, const float *w, void *yd,
-                             int64_t ys, ompk_dtype ydt);
+                             int64_t ys, int64_t ys1, ompk_dtype ydt);
+void moe_combine_train_v4(int64_t T, int k, int64_t H, const float *z, int64_t zst, int64_t zsj,
+                          const int64_t *ids, const float *w, int64_t wst, void *yd, int64_t ys,
+                          int ybf16, float *acc_all);
 void moe_train_act_v4(const ompk_moe *m, const float *g, const float *u, float *af, uint8_t *codes,
                       float *scale);
 ompk_status moe_run_backward_v4(ompk_moe *m, const moe_entry *en, const float *dy, int dy_bf16,

@@ -19,6 +19,7 @@
 #ifdef MOE_PASS_V4
 #define moe_run_train moe_run_train_v4
 #define moe_train_act moe_train_act_v4
+#define moe_combine_train moe_combine_train_v4
 #endif
 
 #include "bf16.h"
@@ -152,7 +153,7 @@ static void dn_epilogue(const float *k0, const float *k1, int nw, const float *a
 
 ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd, int64_t xs,
                           ompk_dtype xdt, const int64_t *ids, const float *w, void *yd, int64_t ys,
-                          ompk_dtype ydt) {
+                          int64_t ys1, ompk_dtype ydt) {
     const int64_t E = m->E, H = m->H, I = m->I, Hk = m->Hk, Hn = m->Hn, Ipad = m->Ipad;
     const int k = m->k, P = m->P, isint = m->fmt != OMPK_MOE_BF16, r = m->lora.r;
     const int64_t Rc = m->cfg.max_tokens * k, rm = m->rmax;
@@ -160,7 +161,8 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
     const uint64_t seed = m->lora.seed;
     const size_t es = isint ? 1 : 2;
 #if !defined(MOE_PASS_V4) && defined(__x86_64__) && !defined(OMPK_MOE_NO_V4)
-    if (moe_cpu_has_avx512()) return moe_run_train_v4(m, en, T, xd, xs, xdt, ids, w, yd, ys, ydt);
+    if (moe_cpu_has_avx512())
+        return moe_run_train_v4(m, en, T, xd, xs, xdt, ids, w, yd, ys, ys1, ydt);
 #endif
     int64_t *offs = TBUF(m, TB_EOFFS, int64_t), *cur = BUF(m, MB_CURSOR, int64_t);
     int32_t *active = BUF(m, MB_ACTIVE, int32_t), *rroute = TBUF(m, TB_RROUTE, int32_t);
@@ -463,9 +465,16 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
             for (int64_t h = 0; h < H && r; h++) z[h] += s * af[h];
             memcpy(zp + (size_t)route * Hn, z, (size_t)H * 4);
         }
-        /* y per token: w z of each slot in slot order, rounded once */
+        /* y per token: w z of each slot in slot order, rounded once (or the routes' z) */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
+            if (ys1) {
+                for (int j = 0; j < k; j++)
+                    if (ids[t * k + j] >= 0)
+                        memcpy((float *)yd + t * ys + j * ys1, zp + (size_t)(t * k + j) * Hn,
+                               (size_t)H * 4);
+                continue;
+            }
             uint8_t *yrow = (uint8_t *)yd + (size_t)(t * ys) * (ydt == OMPK_BF16 ? 2 : 4);
             for (int64_t h = 0; h < H; h++) xf[h] = 0.0f;
             for (int j = 0; j < k; j++) {
@@ -485,4 +494,29 @@ ompk_status moe_run_train(ompk_moe *m, moe_entry *en, int64_t T, const void *xd,
         return ompk_fail(OMPK_ERR_RUNTIME, "ompk_moe_fwd_train",
                          "scratch arena canary after buffer %d overwritten", bad - 1);
     return OMPK_OK;
+}
+
+/* the token sums of the y pass above on their own (ompk_moe_combine of a training forward): the
+ * same expression, compiled in both passes of this file */
+void moe_combine_train(int64_t T, int k, int64_t H, const float *z, int64_t zst, int64_t zsj,
+                       const int64_t *ids, const float *w, int64_t wst, void *yd, int64_t ys,
+                       int ybf16, float *acc_all) {
+#if !defined(MOE_PASS_V4) && defined(__x86_64__) && !defined(OMPK_MOE_NO_V4)
+    if (moe_cpu_has_avx512()) {
+        moe_combine_train_v4(T, k, H, z, zst, zsj, ids, w, wst, yd, ys, ybf16, acc_all);
+        return;
+    }
+#endif
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        float *xf = acc_all + (size_t)omp_get_thread_num() * (size_t)H;
+        uint8_t *yrow = (uint8_t *)yd + (size_t)(t * ys) * (ybf16 ? 2 : 4);
+        for (int64_t h = 0; h < H; h++) xf[h] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            if (ids[t * k + j] < 0) continue;
+            const float wt = w[t * wst + j], *zr = z + t * zst + j * zsj;
+            for (int64_t h = 0; h < H; h++) xf[h] += wt * zr[h];
+        }
+        for (int64_t h = 0; h < H; h++) ompk_store_f(yrow, h, xf[h], ybf16);
+    }
 }

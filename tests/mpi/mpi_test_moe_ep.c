@@ -2,8 +2,9 @@
  * concatenated in rank order: y must be bit-identical whatever the number of ranks (run under
  * mpirun -np 1, 2 and 4 by ci/mpi.sh). Also: uneven expert counts per rank, a rank with no
  * tokens, ranks that receive no rows, and bad inputs on one rank reported on every rank with no
- * output written and no rank left waiting. Prints "mpi_test_moe_ep np=N: P passed, F failed" on
- * rank 0; exits 1 on any failure. */
+ * output written and no rank left waiting. Fine-tuning likewise (two saved micro-batches, LoRA,
+ * full-weight gradients: y, dx, dw and every gradient bit-identical). Prints
+ * "mpi_test_moe_ep np=N: P passed, F failed" on rank 0; exits 1 on any failure. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -195,15 +196,194 @@ static void run_case(const ep_case *c, ompk_moe_isa isa) {
     free(wg), free(wu), free(wd), free(x), free(ids), free(w), free(yref);
 }
 
+/* Fine-tuning across the ranks against one layer: two saved micro-batches (PUSH, PUSH, then the
+ * backwards in reverse), LoRA on every projection, bf16 base with full-weight gradients or int8;
+ * y, dx, dw and every gradient bit-identical. */
+static void run_train(ompk_moe_format fmt, ompk_dtype xdt, ompk_moe_isa isa) {
+    const int64_t E = 7, H = 64, I = 48, k = 3, r = 4;
+    const ep_case c = {"train", E, H, I, (int)k, fmt, xdt, OMPK_F32, 0, 0};
+    int64_t Tsum = 0, T0 = 0, Tmax = 1;
+    for (int q = 0; q < size; q++) {
+        if (q < rank) T0 += tokens_of(&c, q);
+        Tsum += tokens_of(&c, q);
+        if (tokens_of(&c, q) > Tmax) Tmax = tokens_of(&c, q);
+    }
+    const int64_t T = tokens_of(&c, rank);
+    const size_t xes = xdt == OMPK_BF16 ? 2 : 4;
+    rs = 0xC0FFEEull ^ (uint64_t)fmt;
+    const int64_t nw = E * I * H;
+    float *wb = malloc((size_t)(3 * nw) * 4);
+    for (int64_t i = 0; i < 3 * nw; i++) wb[i] = 0.2f * urand();
+    /* LoRA: A gate [E,r,H], B gate [E,I,r], same for up, A down [E,r,I], B down [E,H,r] */
+    const int64_t la[6] = {E * r * H, E * I * r, E * r * H, E * I * r, E * r * I, E * H * r};
+    float *lw[6];
+    for (int q = 0; q < 6; q++) {
+        lw[q] = malloc((size_t)la[q] * 4);
+        for (int64_t i = 0; i < la[q]; i++) lw[q][i] = 0.3f * urand();
+    }
+    uint8_t *x = malloc((size_t)(2 * Tsum * H) * xes + 1);
+    float *dy = malloc((size_t)(2 * Tsum * H) * 4 + 4), *w = malloc((size_t)(2 * Tsum * k) * 4 + 4);
+    int32_t *ids = malloc((size_t)(2 * Tsum * k) * 4 + 4);
+    for (int64_t i = 0; i < 2 * Tsum * H; i++) {
+        const float v = urand();
+        if (xdt == OMPK_BF16)
+            ((uint16_t *)x)[i] = to_bf16(v);
+        else
+            ((float *)x)[i] = v;
+        dy[i] = urand();
+    }
+    for (int64_t i = 0; i < 2 * Tsum * k; i++) {
+        const float u = urand();
+        ids[i] = u < -0.8f ? -1 : (int32_t)((u + 1.0f) * 0.5f * (float)E) % (int32_t)E;
+        w[i] = 0.5f + 0.25f * urand();
+    }
+    const int64_t lsh[6][3] = {{E, r, H}, {E, I, r}, {E, r, H}, {E, I, r}, {E, r, I}, {E, H, r}};
+    const int full = fmt == OMPK_MOE_BF16; /* full-weight gradients: bf16 base */
+    /* the reference: one layer on both micro-batches' tokens of every rank */
+    ompk_moe_config rc = cfg_of(&c, isa, Tsum > 0 ? Tsum : 1);
+    rc.cache_depth = 2, rc.lora_max_rank = (int)r;
+    ompk_moe *ref = NULL;
+    ompk_status st = ompk_moe_create(&rc, &ref);
+    ompk_tensor tg = t3(wb, OMPK_F32, E, I, H), tu = t3(wb + nw, OMPK_F32, E, I, H),
+                td = t3(wb + 2 * nw, OMPK_F32, E, H, I);
+    ompk_tensor lt[6];
+    for (int q = 0; q < 6; q++) lt[q] = t3(lw[q], OMPK_F32, lsh[q][0], lsh[q][1], lsh[q][2]);
+    ompk_moe_lora lo;
+    memset(&lo, 0, sizeof lo);
+    lo.rank = (int)r, lo.alpha = 8.0f;
+    lo.gate_a = &lt[0], lo.gate_b = &lt[1], lo.up_a = &lt[2], lo.up_b = &lt[3];
+    lo.down_a = &lt[4], lo.down_b = &lt[5];
+    if (st == OMPK_OK) st = ompk_moe_load_weights(ref, &tg, &tu, &td);
+    if (st == OMPK_OK) st = ompk_moe_set_lora(ref, &lo);
+    CHECK(st == OMPK_OK, "train reference setup");
+    /* reference outputs per micro-batch mb: y, dx (x's dtype), dw, 6 LoRA grads, 3 dW */
+    const int64_t gsz[9] = {la[0], la[1], la[2], la[3], la[4], la[5], nw, nw, nw};
+    uint8_t *ry[2], *rdx[2];
+    float *rdw[2], *rg[2][9];
+    for (int mb = 0; mb < 2; mb++) {
+        ry[mb] = malloc((size_t)(Tsum * H) * 4 + 4);
+        rdx[mb] = malloc((size_t)(Tsum * H) * xes + 4);
+        rdw[mb] = malloc((size_t)(Tsum * k) * 4 + 4);
+        for (int q = 0; q < 9; q++) rg[mb][q] = calloc((size_t)gsz[q], 4);
+    }
+    for (int mb = 0; mb < 2 && st == OMPK_OK; mb++) {
+        ompk_tensor tx = t2(x + (size_t)(mb * Tsum * H) * xes, xdt, Tsum, H),
+                    ti = t2(ids + mb * Tsum * k, OMPK_I32, Tsum, k),
+                    tw = t2(w + mb * Tsum * k, OMPK_F32, Tsum, k),
+                    ty = t2(ry[mb], OMPK_F32, Tsum, H);
+        st = ompk_moe_fwd_train(ref, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH);
+    }
+    for (int mb = 1; mb >= 0 && st == OMPK_OK; mb--) {
+        ompk_tensor tdy = t2(dy + mb * Tsum * H, OMPK_F32, Tsum, H),
+                    tdx = t2(rdx[mb], xdt, Tsum, H), tdw = t2(rdw[mb], OMPK_F32, Tsum, k);
+        ompk_tensor gt[9];
+        for (int q = 0; q < 6; q++)
+            gt[q] = t3(rg[mb][q], OMPK_F32, lsh[q][0], lsh[q][1], lsh[q][2]);
+        gt[6] = t3(rg[mb][6], OMPK_F32, E, I, H), gt[7] = t3(rg[mb][7], OMPK_F32, E, I, H);
+        gt[8] = t3(rg[mb][8], OMPK_F32, E, H, I);
+        ompk_moe_grads g;
+        memset(&g, 0, sizeof g);
+        g.dx = &tdx, g.dw = &tdw;
+        g.gate_da = &gt[0], g.gate_db = &gt[1], g.up_da = &gt[2], g.up_db = &gt[3];
+        g.down_da = &gt[4], g.down_db = &gt[5];
+        if (full) g.gate_dw = &gt[6], g.up_dw = &gt[7], g.down_dw = &gt[8];
+        st = ompk_moe_bwd(ref, &tdy, &g);
+    }
+    CHECK(st == OMPK_OK, "train reference %s", ompk_moe_isa_name(isa));
+    ompk_moe_destroy(ref);
+
+    /* the expert-parallel layer */
+    ompk_moe_config ec = cfg_of(&c, isa, Tmax);
+    ec.cache_depth = 2, ec.lora_max_rank = (int)r;
+    ompk_moe_ep *ep = NULL;
+    st = ompk_moe_ep_create(&ec, MPI_COMM_WORLD, &ep);
+    CHECK(st == OMPK_OK, "train ep create");
+    if (st != OMPK_OK) return;
+    int64_t first, cnt;
+    ompk_moe_ep_experts(ep, &first, &cnt);
+    ompk_tensor lg = t3(wb + first * I * H, OMPK_F32, cnt, I, H),
+                lu = t3(wb + nw + first * I * H, OMPK_F32, cnt, I, H),
+                ld = t3(wb + 2 * nw + first * H * I, OMPK_F32, cnt, H, I);
+    st = ompk_moe_ep_load_weights(ep, &lg, &lu, &ld);
+    ompk_tensor ll[6];
+    for (int q = 0; q < 6; q++) {
+        const int64_t per = la[q] / E;
+        ll[q] = t3(lw[q] + first * per, OMPK_F32, cnt, lsh[q][1], lsh[q][2]);
+    }
+    ompk_moe_lora el = lo;
+    el.gate_a = &ll[0], el.gate_b = &ll[1], el.up_a = &ll[2], el.up_b = &ll[3];
+    el.down_a = &ll[4], el.down_b = &ll[5];
+    if (st == OMPK_OK) st = ompk_moe_ep_set_lora(ep, &el);
+    CHECK(st == OMPK_OK, "train ep load / set_lora");
+    uint8_t *y = malloc((size_t)(T * H) * 4 + 4), *dx = malloc((size_t)(T * H) * xes + 4);
+    float *dw = malloc((size_t)(T * k) * 4 + 4), *eg[9];
+    for (int q = 0; q < 9; q++) eg[q] = calloc((size_t)(gsz[q] / E * cnt) + 1, 4);
+    for (int mb = 0; mb < 2 && st == OMPK_OK; mb++) {
+        ompk_tensor tx = t2(x + (size_t)((mb * Tsum + T0) * H) * xes, xdt, T, H),
+                    ti = t2(ids + (mb * Tsum + T0) * k, OMPK_I32, T, k),
+                    tw = t2(w + (mb * Tsum + T0) * k, OMPK_F32, T, k), ty = t2(y, OMPK_F32, T, H);
+        st = ompk_moe_ep_fwd_train(ep, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH);
+        CHECK(st == OMPK_OK && memcmp(y, ry[mb] + (size_t)(T0 * H) * 4, (size_t)(T * H) * 4) == 0,
+              "train %s np %d micro-batch %d: y", ompk_moe_isa_name(isa), size, mb);
+    }
+    /* a third push overflows the stack on every rank */
+    if (st == OMPK_OK) {
+        ompk_tensor tx = t2(x, xdt, T, H), ti = t2(ids, OMPK_I32, T, k), tw = t2(w, OMPK_F32, T, k),
+                    ty = t2(y, OMPK_F32, T, H);
+        CHECK(ompk_moe_ep_fwd_train(ep, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH) ==
+                  OMPK_ERR_CACHE_FULL,
+              "a third PUSH is CACHE_FULL");
+    }
+    for (int mb = 1; mb >= 0 && st == OMPK_OK; mb--) {
+        ompk_tensor tdy = t2(dy + (mb * Tsum + T0) * H, OMPK_F32, T, H), tdx = t2(dx, xdt, T, H),
+                    tdw = t2(dw, OMPK_F32, T, k);
+        ompk_tensor gt[9];
+        for (int q = 0; q < 6; q++) gt[q] = t3(eg[q], OMPK_F32, cnt, lsh[q][1], lsh[q][2]);
+        gt[6] = t3(eg[6], OMPK_F32, cnt, I, H), gt[7] = t3(eg[7], OMPK_F32, cnt, I, H);
+        gt[8] = t3(eg[8], OMPK_F32, cnt, H, I);
+        ompk_moe_grads g;
+        memset(&g, 0, sizeof g);
+        g.dx = &tdx, g.dw = &tdw;
+        g.gate_da = &gt[0], g.gate_db = &gt[1], g.up_da = &gt[2], g.up_db = &gt[3];
+        g.down_da = &gt[4], g.down_db = &gt[5];
+        if (full) g.gate_dw = &gt[6], g.up_dw = &gt[7], g.down_dw = &gt[8];
+        st = ompk_moe_ep_bwd(ep, &tdy, &g);
+        CHECK(st == OMPK_OK, "train backward %d", mb);
+        if (st != OMPK_OK) break;
+        CHECK(memcmp(dx, rdx[mb] + (size_t)(T0 * H) * xes, (size_t)(T * H) * xes) == 0,
+              "train %s np %d micro-batch %d: dx", ompk_moe_isa_name(isa), size, mb);
+        CHECK(memcmp(dw, rdw[mb] + T0 * k, (size_t)(T * k) * 4) == 0,
+              "train %s np %d micro-batch %d: dw", ompk_moe_isa_name(isa), size, mb);
+        for (int q = 0; q < (full ? 9 : 6); q++) {
+            const int64_t per = gsz[q] / E;
+            CHECK(memcmp(eg[q], rg[mb][q] + first * per, (size_t)(per * cnt) * 4) == 0,
+                  "train %s np %d micro-batch %d: gradient %d of this rank's experts",
+                  ompk_moe_isa_name(isa), size, mb, q);
+        }
+    }
+    {
+        ompk_tensor tdy = t2(dy, OMPK_F32, T, H), tdx = t2(dx, xdt, T, H);
+        ompk_moe_grads g;
+        memset(&g, 0, sizeof g);
+        g.dx = &tdx;
+        CHECK(ompk_moe_ep_bwd(ep, &tdy, &g) == OMPK_ERR_CACHE_EMPTY,
+              "a backward with nothing saved");
+    }
+    ompk_moe_ep_destroy(ep);
+    for (int mb = 0; mb < 2; mb++) {
+        free(ry[mb]), free(rdx[mb]), free(rdw[mb]);
+        for (int q = 0; q < 9; q++) free(rg[mb][q]);
+    }
+    for (int q = 0; q < 9; q++) free(eg[q]);
+    for (int q = 0; q < 6; q++) free(lw[q]);
+    free(wb), free(x), free(dy), free(w), free(ids), free(y), free(dx), free(dw);
+}
+
 /* Bad arguments that every rank must see the same way. */
 static void run_bad(void) {
     const ep_case c = {"bad", 6, 32, 32, 2, OMPK_MOE_BF16, OMPK_F32, OMPK_F32, 0, 0};
     ompk_moe_config cfg = cfg_of(&c, OMPK_MOE_ISA_PORTABLE, 8);
     ompk_moe_ep *ep = NULL;
-    cfg.lora_max_rank = 4;
-    CHECK(ompk_moe_ep_create(&cfg, MPI_COMM_WORLD, &ep) == OMPK_ERR_UNSUPPORTED && !ep,
-          "create with LoRA refused");
-    cfg.lora_max_rank = 0;
     if (size > 1) {
         cfg.experts = size - 1;
         CHECK(ompk_moe_ep_create(&cfg, MPI_COMM_WORLD, &ep) == OMPK_ERR_INVALID_ARGUMENT && !ep,
@@ -277,6 +457,11 @@ int main(int argc, char **argv) {
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++)
             if (ompk_moe_isa_available(isas[ii])) run_case(&cases[ci], isas[ii]);
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        if (!ompk_moe_isa_available(isas[ii])) continue;
+        run_train(OMPK_MOE_BF16, OMPK_BF16, isas[ii]);
+        run_train(OMPK_MOE_INT8, OMPK_F32, isas[ii]);
+    }
     run_bad();
     int tot[2] = {npass, nfail}, all[2];
     MPI_Reduce(tot, all, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);

@@ -674,11 +674,16 @@ static ompk_status forward_common(ompk_moe *m, const char *fn, const ompk_tensor
         ompk_call_dim(&c, "weights", weights, 0, T);
         ompk_call_dim(&c, "weights", weights, 1, m->k);
     }
-    if (ompk_call_output(&c, "y", y, 2, OMPK_DT_FLOAT)) {
+    /* a training forward may give the routes' outputs [T,k,H] f32 instead of y */
+    const int routes = mode != OMPK_MOE_CACHE_NONE && y && y->ndim == 3;
+    if (ompk_call_output(&c, "y", y, routes ? 3 : 2, routes ? OMPK_DT(OMPK_F32) : OMPK_DT_FLOAT)) {
         ompk_call_dim(&c, "y", y, 0, T);
-        ompk_call_dim(&c, "y", y, 1, m->H);
-        ompk_call_unit_stride(&c, "y", y, 1);
+        if (routes) ompk_call_dim(&c, "y", y, 1, m->k);
+        ompk_call_dim(&c, "y", y, routes ? 2 : 1, m->H);
+        ompk_call_unit_stride(&c, "y", y, routes ? 2 : 1);
     }
+    ompk_call_require(&c, !routes || x == NULL || x->device.type == OMPK_HOST, OMPK_ERR_UNSUPPORTED,
+                      "route outputs (a 3-D y) need host tensors");
     ompk_call_require(&c, T <= m->cfg.max_tokens, OMPK_ERR_INVALID_ARGUMENT,
                       "T = %lld exceeds max_tokens = %lld", (long long)T,
                       (long long)m->cfg.max_tokens);
@@ -750,7 +755,8 @@ static ompk_status forward_common(ompk_moe *m, const char *fn, const ompk_tensor
             for (int j = 0; j < k; j++) wc[t * k + j] = ((const float *)wd)[t * ws0 + j * ws1];
     void *yd = on_dev ? (void *)(m->arena + m->off[MB_STY]) : y->data;
     int64_t ys = on_dev ? m->H : y->strides[0];
-    st = train ? moe_run_train(m, en, T, xd, xs, x->dtype, ids, wc, yd, ys, y->dtype)
+    st = train ? moe_run_train(m, en, T, xd, xs, x->dtype, ids, wc, yd, ys,
+                               routes ? y->strides[1] : 0, y->dtype)
                : moe_run(m, T, xd, xs, x->dtype, ids, wc, yd, ys, y->dtype);
     if (st != OMPK_OK) return st;
     double t2 = omp_get_wtime();
@@ -766,7 +772,8 @@ static ompk_status forward_common(ompk_moe *m, const char *fn, const ompk_tensor
         en->dev = x->device;
         moe_commit_entry(m, mode);
     }
-    if (ompk_verify_enabled() || ompk_trace_enabled()) moe_verify(m, x, expert_ids, weights, y);
+    if (!routes && (ompk_verify_enabled() || ompk_trace_enabled()))
+        moe_verify(m, x, expert_ids, weights, y);
     return OMPK_OK;
 }
 
@@ -781,9 +788,11 @@ ompk_status ompk_moe_fwd_train(ompk_moe *m, const ompk_tensor *x, const ompk_ten
     return forward_common(m, "ompk_moe_fwd_train", x, expert_ids, weights, y, mode);
 }
 
-ompk_status ompk_moe_combine(const ompk_tensor *z, const ompk_tensor *expert_ids,
-                             const ompk_tensor *weights, ompk_tensor *y, ompk_moe_isa isa) {
+ompk_status ompk_moe_combine(const ompk_moe *moe, const ompk_tensor *z,
+                             const ompk_tensor *expert_ids, const ompk_tensor *weights,
+                             ompk_tensor *y, ompk_moe_combine_of of) {
     const char *fn = "ompk_moe_combine";
+    if (!moe) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "moe is NULL");
     ompk_call c;
     ompk_call_begin(&c, fn);
     int64_t T = 0, k = 0, H = 0;
@@ -805,8 +814,11 @@ ompk_status ompk_moe_combine(const ompk_tensor *z, const ompk_tensor *expert_ids
         ompk_call_dim(&c, "y", y, 1, H);
         ompk_call_unit_stride(&c, "y", y, 1);
     }
-    ompk_call_require(&c, (unsigned)isa <= (unsigned)OMPK_MOE_ISA_AMX_EMULATED,
-                      OMPK_ERR_INVALID_ARGUMENT, "unknown isa %d", (int)isa);
+    ompk_call_require(&c, (unsigned)of <= (unsigned)OMPK_MOE_COMBINE_FWD_TRAIN,
+                      OMPK_ERR_INVALID_ARGUMENT, "unknown combine %d", (int)of);
+    ompk_call_require(&c, H == moe->H, OMPK_ERR_INVALID_ARGUMENT,
+                      "z has %lld features, the layer's hidden size is %lld", (long long)H,
+                      (long long)moe->H);
     ompk_status st = ompk_call_end(&c);
     if (st != OMPK_OK) return st;
     if (c.device.type != OMPK_HOST)
@@ -837,8 +849,13 @@ ompk_status ompk_moe_combine(const ompk_tensor *z, const ompk_tensor *expert_ids
             w[t * k + j] =
                 ((const float *)weights->data)[t * weights->strides[0] + j * weights->strides[1]];
         }
-    moe_combine(moe_combine_vec(isa), T, (int)k, H, (const float *)z->data, z->strides[0],
-                z->strides[1], ids, w, k, y->data, y->strides[0], y->dtype == OMPK_BF16, acc);
+    /* the forward with LoRA attached, like the training forward, is moe_run_train's */
+    if (of == OMPK_MOE_COMBINE_FWD_TRAIN || moe->lora.r > 0)
+        moe_combine_train(T, (int)k, H, (const float *)z->data, z->strides[0], z->strides[1], ids,
+                          w, k, y->data, y->strides[0], y->dtype == OMPK_BF16, acc);
+    else
+        moe_combine(moe_combine_vec(moe->isa), T, (int)k, H, (const float *)z->data, z->strides[0],
+                    z->strides[1], ids, w, k, y->data, y->strides[0], y->dtype == OMPK_BF16, acc);
     free(ids), free(w), free(acc);
     return OMPK_OK;
 }

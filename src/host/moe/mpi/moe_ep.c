@@ -7,8 +7,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "check.h"
 #include "error.h"
+
+/* Routing of one forward: counts and displacements per rank (this rank's own block included),
+ * and (t, j) of each route in send order (destination rank, then t, then j). */
+typedef struct ep_route {
+    int *cnt; /* [4P]: send counts, receive counts, send and receive displacements */
+    int64_t *pos;
+    int64_t ns, nr;
+} ep_route;
+
+/* One saved training forward of this rank's tokens: its routing and x's dtype. */
+typedef struct ep_entry {
+    ep_route r;
+    int64_t T;
+    ompk_dtype xdt;
+} ep_entry;
 
 struct ompk_moe_ep {
     MPI_Comm comm;
@@ -16,8 +32,10 @@ struct ompk_moe_ep {
     int64_t E, H, k, max_tokens;
     int64_t *first; /* [size + 1]: rank r owns experts first[r] .. first[r+1]-1 */
     ompk_moe *local;
-    ompk_moe_isa isa;
     int loaded;
+    int broken; /* a failed collective step left the ranks' saved forwards out of step */
+    int depth, nent;
+    ep_entry *ent; /* [depth]: the saved training forwards' routing */
     ompk_moe_ep_stats stats;
     /* buffers kept between calls, grown on demand */
     void *buf[11];
@@ -88,9 +106,6 @@ ompk_status ompk_moe_ep_create(const ompk_moe_config *config, MPI_Comm comm, omp
         st =
             ompk_fail(OMPK_ERR_UNSUPPORTED, fn,
                       "MPI provides thread level %d; MPI_THREAD_FUNNELED or more is needed", level);
-    else if (config->cache_depth != 0 || config->lora_max_rank != 0)
-        st = ompk_fail(OMPK_ERR_UNSUPPORTED, fn,
-                       "cache_depth and lora_max_rank must be 0 (no expert-parallel training yet)");
     else if (config->experts < ep->size)
         st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "experts = %lld is fewer than the %d ranks",
                        (long long)config->experts, ep->size);
@@ -100,8 +115,10 @@ ompk_status ompk_moe_ep_create(const ompk_moe_config *config, MPI_Comm comm, omp
                        "top_k = %d, max_tokens = %lld: max_tokens * top_k * ranks must be "
                        "1..INT_MAX and top_k 1..64",
                        config->top_k, (long long)config->max_tokens);
-    if (st == OMPK_OK && !(ep->first = malloc((size_t)(ep->size + 1) * sizeof *ep->first)))
+    if (st == OMPK_OK && (!(ep->first = malloc((size_t)(ep->size + 1) * sizeof *ep->first)) ||
+                          !(ep->ent = calloc((size_t)config->cache_depth + 1, sizeof *ep->ent))))
         st = ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory");
+    if (st == OMPK_OK) ep->depth = config->cache_depth;
     if (st == OMPK_OK) {
         ep->E = config->experts, ep->H = config->hidden, ep->k = config->top_k;
         ep->max_tokens = config->max_tokens;
@@ -117,11 +134,6 @@ ompk_status ompk_moe_ep_create(const ompk_moe_config *config, MPI_Comm comm, omp
         }
         st = ompk_moe_create(&lc, &ep->local);
     }
-    if (st == OMPK_OK) {
-        ompk_moe_info info;
-        ompk_moe_get_info(ep->local, &info);
-        ep->isa = info.isa;
-    }
     st = agree(ep->comm, ep->rank, fn, st);
     if (st != OMPK_OK) {
         ompk_moe_ep_destroy(ep);
@@ -131,8 +143,12 @@ ompk_status ompk_moe_ep_create(const ompk_moe_config *config, MPI_Comm comm, omp
     return OMPK_OK;
 }
 
+static void entries_free(ompk_moe_ep *ep);
+
 void ompk_moe_ep_destroy(ompk_moe_ep *ep) {
     if (!ep) return;
+    entries_free(ep);
+    free(ep->ent);
     ompk_moe_destroy(ep->local);
     for (int i = 0; i < B_N; i++) free(ep->buf[i]);
     free(ep->first);
@@ -248,17 +264,148 @@ static ompk_status check_local(ompk_moe_ep *ep, const char *fn, const ompk_tenso
     return OMPK_OK;
 }
 
-ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_tensor *expert_ids,
-                            const ompk_tensor *weights, ompk_tensor *y) {
-    const char *fn = "ompk_moe_ep_fwd";
+static void route_free(ep_route *r) {
+    free(r->cnt);
+    free(r->pos);
+    r->cnt = NULL, r->pos = NULL;
+}
+
+/* Counts, the all-to-all of the counts and the send order; *sid the local expert id of each
+ * route in send order. Collective; a failure is agreed on. */
+static ompk_status route_plan(ompk_moe_ep *ep, const char *fn, int64_t T, const int64_t *ids,
+                              ep_route *r, int32_t **sid_out) {
+    const int P = ep->size;
+    const int64_t k = ep->k;
+    ompk_status st = OMPK_OK;
+    r->cnt = calloc((size_t)(4 * P), sizeof(int));
+    int64_t n = 0;
+    for (int64_t i = 0; i < T * k; i++) n += ids[i] >= 0;
+    r->pos = malloc((size_t)(n + P) * sizeof(int64_t));
+    int32_t *sid = grow(ep, B_RIDS, (size_t)n * sizeof(int32_t));
+    if (!r->cnt || !r->pos || !sid) st = ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory");
+    st = agree(ep->comm, ep->rank, fn, st);
+    if (st != OMPK_OK) return st;
+    int *sc = r->cnt, *rc = r->cnt + P, *sd = r->cnt + 2 * P, *rd = r->cnt + 3 * P;
+    for (int64_t i = 0; i < T * k; i++)
+        if (ids[i] >= 0) sc[owner(ep, ids[i])]++;
+    if (MPI_Alltoall(sc, 1, MPI_INT, rc, 1, MPI_INT, ep->comm) != MPI_SUCCESS)
+        return ompk_fail(OMPK_ERR_RUNTIME, fn, "MPI_Alltoall of the counts failed");
+    r->ns = r->nr = 0;
+    for (int q = 0; q < P; q++) {
+        sd[q] = (int)r->ns, rd[q] = (int)r->nr;
+        r->ns += sc[q], r->nr += rc[q];
+    }
+    int64_t *fill = r->pos + n;
+    for (int q = 0; q < P; q++) fill[q] = sd[q];
+    for (int64_t i = 0; i < T * k; i++) {
+        if (ids[i] < 0) continue;
+        const int d = owner(ep, ids[i]);
+        const int64_t p = fill[d]++;
+        sid[p] = (int32_t)(ids[i] - ep->first[d]);
+        r->pos[p] = i;
+    }
+    *sid_out = sid;
+    return OMPK_OK;
+}
+
+/* Rows of `row` bytes, one per route, to the routes' ranks: row p of the send order is made by
+ * fill(p, dst) (fill NULL: sbuf holds them already); this rank's own rows go straight into its
+ * receive block. back: the receive side's rows (src, nr of them) return into rbuf (ns rows). */
+typedef void (*row_fill)(const void *ctx, int64_t p, uint8_t *dst);
+
+static ompk_status exchange(ompk_moe_ep *ep, const char *fn, const ep_route *r, size_t row,
+                            row_fill fill, const void *ctx, uint8_t *sbuf, uint8_t *rbuf, int back,
+                            const uint8_t *src) {
+    const int P = ep->size, me = ep->rank;
+    int *sc = r->cnt, *rc = r->cnt + P, *sd = r->cnt + 2 * P, *rd = r->cnt + 3 * P;
+    const int64_t s0 = sd[me], s1 = s0 + sc[me], r0 = rd[me];
+    if (!back && fill) {
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < r->ns; p++)
+            fill(ctx, p,
+                 p >= s0 && p < s1 ? rbuf + (size_t)(r0 + p - s0) * row : sbuf + (size_t)p * row);
+    } else if (!back) { /* sbuf already holds the rows in send order */
+        memcpy(rbuf + (size_t)r0 * row, sbuf + (size_t)s0 * row, (size_t)(s1 - s0) * row);
+    } else {
+#pragma omp parallel for schedule(static)
+        for (int64_t p = s0; p < s1; p++)
+            memcpy(rbuf + (size_t)p * row, src + (size_t)(r0 + p - s0) * row, row);
+    }
+    MPI_Datatype t;
+    if (MPI_Type_contiguous((int)row, MPI_BYTE, &t) != MPI_SUCCESS ||
+        MPI_Type_commit(&t) != MPI_SUCCESS)
+        return ompk_fail(OMPK_ERR_RUNTIME, fn, "MPI_Type_contiguous failed");
+    const int ks = sc[me], kr = rc[me];
+    sc[me] = rc[me] = 0; /* this rank's own rows were copied above */
+    const int rcode = back ? MPI_Alltoallv(src, rc, rd, t, rbuf, sc, sd, t, ep->comm)
+                           : MPI_Alltoallv(sbuf, sc, sd, t, rbuf, rc, rd, t, ep->comm);
+    sc[me] = ks, rc[me] = kr;
+    MPI_Type_free(&t);
+    return rcode == MPI_SUCCESS ? OMPK_OK : ompk_fail(OMPK_ERR_RUNTIME, fn, "MPI_Alltoallv failed");
+}
+
+typedef struct fill_x {
+    const uint8_t *x;
+    int64_t xs, k, H;
+    ompk_dtype xdt;
+    int to_f32;
+    const int64_t *pos;
+} fill_x;
+
+static void fill_x_row(const void *ctx, int64_t p, uint8_t *dst) {
+    const fill_x *f = ctx;
+    const size_t es = f->xdt == OMPK_BF16 ? 2 : 4;
+    const uint8_t *src = f->x + (size_t)((f->pos[p] / f->k) * f->xs) * es;
+    if (!f->to_f32 || f->xdt == OMPK_F32) {
+        memcpy(dst, src, (size_t)f->H * es);
+        return;
+    }
+    float *o = (float *)dst; /* bf16 -> f32 is exact */
+    for (int64_t h = 0; h < f->H; h++) {
+        const uint32_t u = (uint32_t)((const uint16_t *)src)[h] << 16;
+        memcpy(&o[h], &u, 4);
+    }
+}
+
+typedef struct fill_small {
+    const void *src;
+    size_t bytes;
+    const int64_t *pos; /* NULL: row p itself */
+} fill_small;
+
+static void fill_small_row(const void *ctx, int64_t p, uint8_t *dst) {
+    const fill_small *f = ctx;
+    memcpy(dst, (const uint8_t *)f->src + (size_t)(f->pos ? f->pos[p] : p) * f->bytes, f->bytes);
+}
+
+static void entries_free(ompk_moe_ep *ep) {
+    for (int i = 0; ep->ent && i <= ep->depth; i++) route_free(&ep->ent[i].r);
+}
+
+/* The forward (mode NONE) and the training forward. */
+static ompk_status ep_forward(ompk_moe_ep *ep, const char *fn, const ompk_tensor *x,
+                              const ompk_tensor *expert_ids, const ompk_tensor *weights,
+                              ompk_tensor *y, ompk_moe_cache_mode mode) {
     if (!ep) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "ep is NULL");
     const double t0 = MPI_Wtime();
-    const int P = ep->size;
+    const int P = ep->size, train = mode != OMPK_MOE_CACHE_NONE;
     const int64_t H = ep->H, k = ep->k;
     int64_t T = 0, xs = 0, *ids = NULL;
     float *w = NULL;
     const void *xh = NULL;
     ompk_status st = check_local(ep, fn, x, expert_ids, weights, y, &T, &ids, &w, &xh, &xs);
+    if (st == OMPK_OK && train && (unsigned)mode > (unsigned)OMPK_MOE_CACHE_RECOMPUTE)
+        st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "unknown cache mode %d", (int)mode);
+    if (st == OMPK_OK && train && x->device.type != OMPK_HOST)
+        st = ompk_fail(OMPK_ERR_UNSUPPORTED, fn, "the training forward takes host tensors");
+    if (st == OMPK_OK && train && ep->broken)
+        st = ompk_fail(OMPK_ERR_RUNTIME, fn,
+                       "an earlier failed step left the ranks' saved forwards out of step");
+    if (st == OMPK_OK && mode == OMPK_MOE_CACHE_PUSH && ep->nent >= ep->depth)
+        st = ompk_fail(OMPK_ERR_CACHE_FULL, fn, "the cache stack holds cache_depth = %d entries",
+                       ep->depth);
+    if (st == OMPK_OK && mode == OMPK_MOE_CACHE_RECOMPUTE && ep->nent == 0)
+        st = ompk_fail(OMPK_ERR_CACHE_EMPTY, fn, "RECOMPUTE with no saved entry to overwrite");
     /* x's dtype must agree: the rows travel as they are */
     int dt[2] = {st == OMPK_OK ? (int)x->dtype : INT_MAX, st == OMPK_OK ? -(int)x->dtype : INT_MAX};
     int dtr[2];
@@ -268,149 +415,296 @@ ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_te
         st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "x must have the same dtype on every rank");
     st = agree(ep->comm, ep->rank, fn, st);
     if (st != OMPK_OK) return st;
+    memset(&ep->stats, 0, sizeof ep->stats);
+    for (int64_t i = 0; i < T * k; i++) ep->stats.routes_sent += ids[i] >= 0;
     if (P == 1) { /* no exchange: the layer's own forward */
-        st = ompk_moe_fwd(ep->local, x, expert_ids, weights, y);
-        memset(&ep->stats, 0, sizeof ep->stats);
+        st = train ? ompk_moe_fwd_train(ep->local, x, expert_ids, weights, y, mode)
+                   : ompk_moe_fwd(ep->local, x, expert_ids, weights, y);
+        if (st == OMPK_OK && mode == OMPK_MOE_CACHE_PUSH) ep->nent++;
         ep->stats.total_ms = ep->stats.experts_ms = (MPI_Wtime() - t0) * 1e3;
-        for (int64_t i = 0; i < T * k; i++) ep->stats.routes_sent += ids[i] >= 0;
         ep->stats.routes_received = ep->stats.routes_sent;
         return st;
     }
-    const size_t xes = x->dtype == OMPK_BF16 ? 2 : 4, xrow = (size_t)H * xes;
-    const size_t zrow = (size_t)H * 4;
-
-    /* counts and send order: destination rank, then (t, j) */
-    int *cnt = calloc((size_t)(4 * P), sizeof(int));
-    if (!cnt) return ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory");
-    int *scnt = cnt, *rcnt = cnt + P, *sdis = cnt + 2 * P, *rdis = cnt + 3 * P;
-    for (int64_t i = 0; i < T * k; i++)
-        if (ids[i] >= 0) scnt[owner(ep, ids[i])]++;
-    ompk_status mem = OMPK_OK;
-    double tx = MPI_Wtime(), texp = 0.0;
-    if (MPI_Alltoall(scnt, 1, MPI_INT, rcnt, 1, MPI_INT, ep->comm) != MPI_SUCCESS) {
-        free(cnt);
-        return ompk_fail(OMPK_ERR_RUNTIME, fn, "MPI_Alltoall of the counts failed");
+    /* training sends x as f32 (exact), so the owner's saved x, and the dx it gives, are f32 */
+    const ompk_dtype rdt = train ? OMPK_F32 : x->dtype;
+    const size_t xrow = (size_t)H * (rdt == OMPK_BF16 ? 2 : 4), zrow = (size_t)H * 4;
+    ep_route r = {0};
+    int32_t *sid = NULL;
+    double tx = MPI_Wtime();
+    st = route_plan(ep, fn, T, ids, &r, &sid);
+    if (st != OMPK_OK) {
+        route_free(&r);
+        return st;
     }
-    int64_t ns = 0, nr = 0;
-    for (int r = 0; r < P; r++) {
-        sdis[r] = (int)ns, rdis[r] = (int)nr;
-        ns += scnt[r], nr += rcnt[r];
-    }
+    const int64_t ns = r.ns, nr = r.nr;
     uint8_t *sbuf = grow(ep, B_SEND, (size_t)ns * xrow),
             *rbuf = grow(ep, B_RECV, (size_t)nr * xrow);
-    int32_t *sid = grow(ep, B_RIDS, (size_t)(ns + nr) * sizeof(int32_t));
+    int32_t *rid = grow(ep, B_ST, (size_t)nr * sizeof(int32_t) * 2 + 8);
+    float *sw = grow(ep, B_ONES, (size_t)(ns + nr) * sizeof(float) + 8);
     float *zout = grow(ep, B_ZOUT, (size_t)nr * zrow),
           *zback = grow(ep, B_ZBACK, (size_t)ns * zrow);
     float *zfull = grow(ep, B_ZFULL, (size_t)(T * k) * zrow);
-    int64_t *pos = grow(ep, B_POS, (size_t)(ns + P) * sizeof(int64_t));
-    if (!sbuf || !rbuf || !sid || !zout || !zback || !zfull || !pos)
-        mem = ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory for %lld routes",
-                        (long long)(ns + nr));
-    st = agree(ep->comm, ep->rank, fn, mem);
-    if (st != OMPK_OK) {
-        free(cnt);
-        return st;
+    st = sbuf && rbuf && rid && sw && zout && zback && zfull
+             ? OMPK_OK
+             : ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory for %lld routes",
+                         (long long)(ns + nr));
+    st = agree(ep->comm, ep->rank, fn, st);
+    float *rw = sw + ns;
+    if (st == OMPK_OK) {
+        const fill_x fx = {xh, xs, k, H, x->dtype, train, r.pos};
+        st = exchange(ep, fn, &r, xrow, fill_x_row, &fx, sbuf, rbuf, 0, NULL);
     }
-    int32_t *rid = sid + ns;
-    int64_t *fill = pos + ns;
-    for (int r = 0; r < P; r++) fill[r] = sdis[r];
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t e = ids[t * k + j];
-            if (e < 0) continue;
-            const int d = owner(ep, e);
-            const int64_t p = fill[d]++;
-            sid[p] = (int32_t)(e - ep->first[d]);
-            pos[p] = t * k + j;
-        }
-    /* this rank's own routes go straight to its receive block; MPI moves the others */
-    const int me = ep->rank;
-    const int64_t s0 = sdis[me], s1 = s0 + scnt[me], r0 = rdis[me];
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < ns; p++) {
-        uint8_t *dst =
-            p >= s0 && p < s1 ? rbuf + (size_t)(r0 + p - s0) * xrow : sbuf + (size_t)p * xrow;
-        memcpy(dst, (const uint8_t *)xh + (size_t)((pos[p] / k) * xs) * xes, xrow);
+    if (st == OMPK_OK) {
+        st = exchange(ep, fn, &r, 4, NULL, NULL, (uint8_t *)sid, (uint8_t *)rid, 0, NULL);
     }
-    for (int64_t p = s0; p < s1; p++) rid[r0 + p - s0] = sid[p];
-    const int self_s = scnt[me], self_r = rcnt[me];
-    scnt[me] = rcnt[me] = 0;
-    MPI_Datatype xt, zt;
-    MPI_Type_contiguous((int)xrow, MPI_BYTE, &xt);
-    MPI_Type_commit(&xt);
-    MPI_Type_contiguous((int)H, MPI_FLOAT, &zt);
-    MPI_Type_commit(&zt);
-    int rc = MPI_Alltoallv(sbuf, scnt, sdis, xt, rbuf, rcnt, rdis, xt, ep->comm);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Alltoallv(sid, scnt, sdis, MPI_INT32_T, rid, rcnt, rdis, MPI_INT32_T, ep->comm);
+    if (st == OMPK_OK && train) { /* the routing weights too: the owner saves them */
+        const fill_small fw = {w, 4, r.pos};
+        st = exchange(ep, fn, &r, 4, fill_small_row, &fw, (uint8_t *)sw, (uint8_t *)rw, 0, NULL);
+    }
     tx = MPI_Wtime() - tx;
     /* the experts of this rank on every row it received */
-    st = rc == MPI_SUCCESS ? OMPK_OK
-                           : ompk_fail(OMPK_ERR_RUNTIME, fn, "MPI_Alltoallv of the rows failed");
-    if (st == OMPK_OK && nr > 0) {
-        const double te = MPI_Wtime();
-        float *wr = grow(ep, B_ONES, (size_t)nr * sizeof(float));
-        if (!wr) {
-            st = ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory");
-        } else {
-            for (int64_t i = 0; i < nr; i++) wr[i] = 1.0f;
-            ompk_tensor tx_, ti_, tw_, tz_;
-            const int64_t sx[2] = {nr, H}, si[2] = {nr, 1};
-            const ompk_device h = ompk_device_host();
-            st = ompk_tensor_init(&tx_, rbuf, x->dtype, 2, sx, NULL, h);
-            if (st == OMPK_OK) st = ompk_tensor_init(&ti_, rid, OMPK_I32, 2, si, NULL, h);
-            if (st == OMPK_OK) st = ompk_tensor_init(&tw_, wr, OMPK_F32, 2, si, NULL, h);
-            if (st == OMPK_OK) st = ompk_tensor_init(&tz_, zout, OMPK_F32, 2, sx, NULL, h);
-            if (st == OMPK_OK) st = ompk_moe_fwd(ep->local, &tx_, &ti_, &tw_, &tz_);
-        }
-        texp = MPI_Wtime() - te;
+    double texp = MPI_Wtime();
+    if (st == OMPK_OK && !train)
+        for (int64_t i = 0; i < nr; i++) rw[i] = 1.0f;
+    ompk_status lst = st;
+    if (st == OMPK_OK && (nr > 0 || train)) {
+        ompk_tensor tx_, ti_, tw_, tz_;
+        const int64_t sx[2] = {nr, H}, si[2] = {nr, 1}, sz[3] = {nr, 1, H};
+        const ompk_device h = ompk_device_host();
+        lst = ompk_tensor_init(&tx_, rbuf, rdt, 2, sx, NULL, h);
+        if (lst == OMPK_OK) lst = ompk_tensor_init(&ti_, rid, OMPK_I32, 2, si, NULL, h);
+        if (lst == OMPK_OK) lst = ompk_tensor_init(&tw_, rw, OMPK_F32, 2, si, NULL, h);
+        if (lst == OMPK_OK)
+            lst = ompk_tensor_init(&tz_, zout, OMPK_F32, train ? 3 : 2, train ? sz : sx, NULL, h);
+        if (lst == OMPK_OK)
+            lst = train ? ompk_moe_fwd_train(ep->local, &tx_, &ti_, &tw_, &tz_, mode)
+                        : ompk_moe_fwd(ep->local, &tx_, &ti_, &tw_, &tz_);
     }
-    st = agree(ep->comm, ep->rank, fn, st);
+    texp = MPI_Wtime() - texp;
+    st = agree(ep->comm, ep->rank, fn, lst);
+    /* a rank that saved while another failed leaves the stacks out of step */
+    if (st != OMPK_OK && lst == OMPK_OK && train) ep->broken = 1;
     double tb = MPI_Wtime();
-    if (st == OMPK_OK &&
-        MPI_Alltoallv(zout, rcnt, rdis, zt, zback, scnt, sdis, zt, ep->comm) != MPI_SUCCESS)
-        st = ompk_fail(OMPK_ERR_RUNTIME, fn, "MPI_Alltoallv of the expert outputs failed");
+    if (st == OMPK_OK)
+        st = exchange(ep, fn, &r, zrow, NULL, NULL, NULL, (uint8_t *)zback, 1,
+                      (const uint8_t *)zout);
     tb = MPI_Wtime() - tb;
-    scnt[me] = self_s, rcnt[me] = self_r;
-    MPI_Type_free(&xt);
-    MPI_Type_free(&zt);
-    if (st != OMPK_OK) {
-        free(cnt);
-        return st;
-    }
     /* the token sums, in the forward's order and arithmetic */
     const double tc = MPI_Wtime();
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < ns; p++)
-        memcpy(zfull + pos[p] * H, p >= s0 && p < s1 ? zout + (r0 + p - s0) * H : zback + p * H,
-               zrow);
-    ompk_tensor tz, ti, tw, ty;
-    const int64_t sz[3] = {T, k, H}, sk[2] = {T, k}, sy[2] = {T, H};
-    const ompk_device h = ompk_device_host();
-    const int on_dev = y->device.type != OMPK_HOST;
-    const size_t ybytes = (size_t)T * (size_t)H * (y->dtype == OMPK_BF16 ? 2 : 4);
-    void *yh = on_dev ? grow(ep, B_XST, ybytes) : y->data; /* staged x is no longer needed */
-    st = yh ? OMPK_OK : ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory for y");
     if (st == OMPK_OK) {
-        const int64_t ys[2] = {on_dev ? H : y->strides[0], 1};
-        ompk_tensor_init(&tz, zfull, OMPK_F32, 3, sz, NULL, h);
-        ompk_tensor_init(&ti, ids, OMPK_I64, 2, sk, NULL, h);
-        ompk_tensor_init(&tw, w, OMPK_F32, 2, sk, NULL, h);
-        st = ompk_tensor_init(&ty, yh, y->dtype, 2, sy, ys, h);
-        if (st == OMPK_OK) st = ompk_moe_combine(&tz, &ti, &tw, &ty, ep->isa);
-        if (st == OMPK_OK && on_dev && T > 0 &&
-            ompk_memcpy(y->data, y->device, yh, h, ybytes) != OMPK_OK)
-            st = ompk_fail(OMPK_ERR_RUNTIME, fn, "copying y to the device failed");
+#pragma omp parallel for schedule(static)
+        for (int64_t p = 0; p < ns; p++) memcpy(zfull + r.pos[p] * H, zback + p * H, zrow);
+        ompk_tensor tz, ti, tw, ty;
+        const int64_t sz[3] = {T, k, H}, sk[2] = {T, k}, sy[2] = {T, H};
+        const ompk_device h = ompk_device_host();
+        const int on_dev = y->device.type != OMPK_HOST;
+        const size_t ybytes = (size_t)T * (size_t)H * (y->dtype == OMPK_BF16 ? 2 : 4);
+        void *yh = on_dev ? grow(ep, B_XST, ybytes) : y->data; /* staged x is no longer needed */
+        st = yh ? OMPK_OK : ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory for y");
+        if (st == OMPK_OK) {
+            const int64_t ys[2] = {on_dev ? H : y->strides[0], 1};
+            ompk_tensor_init(&tz, zfull, OMPK_F32, 3, sz, NULL, h);
+            ompk_tensor_init(&ti, ids, OMPK_I64, 2, sk, NULL, h);
+            ompk_tensor_init(&tw, w, OMPK_F32, 2, sk, NULL, h);
+            st = ompk_tensor_init(&ty, yh, y->dtype, 2, sy, ys, h);
+            if (st == OMPK_OK)
+                st = ompk_moe_combine(ep->local, &tz, &ti, &tw, &ty,
+                                      train ? OMPK_MOE_COMBINE_FWD_TRAIN : OMPK_MOE_COMBINE_FWD);
+            if (st == OMPK_OK && on_dev && T > 0 &&
+                ompk_memcpy(y->data, y->device, yh, h, ybytes) != OMPK_OK)
+                st = ompk_fail(OMPK_ERR_RUNTIME, fn, "copying y to the device failed");
+        }
+    }
+    if (st == OMPK_OK && train) { /* the routing, for the backward */
+        ep_entry *en = &ep->ent[mode == OMPK_MOE_CACHE_PUSH ? ep->nent : ep->nent - 1];
+        route_free(&en->r);
+        en->r = r;
+        en->T = T;
+        en->xdt = x->dtype;
+        r.cnt = NULL, r.pos = NULL;
+        if (mode == OMPK_MOE_CACHE_PUSH) ep->nent++;
     }
     const double tend = MPI_Wtime();
     ep->stats.total_ms = (tend - t0) * 1e3;
     ep->stats.exchange_ms = (tx + tb) * 1e3;
     ep->stats.experts_ms = texp * 1e3;
     ep->stats.combine_ms = (tend - tc) * 1e3;
-    ep->stats.routes_sent = ns;
     ep->stats.routes_received = nr;
-    ep->stats.bytes_sent = ns * (int64_t)(xrow + 4) + nr * (int64_t)zrow;
-    ep->stats.bytes_received = nr * (int64_t)(xrow + 4) + ns * (int64_t)zrow;
-    free(cnt);
+    ep->stats.bytes_sent = ns * (int64_t)(xrow + 4 + (train ? 4 : 0)) + nr * (int64_t)zrow;
+    ep->stats.bytes_received = nr * (int64_t)(xrow + 4 + (train ? 4 : 0)) + ns * (int64_t)zrow;
+    route_free(&r);
+    return st;
+}
+
+ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_tensor *expert_ids,
+                            const ompk_tensor *weights, ompk_tensor *y) {
+    return ep_forward(ep, "ompk_moe_ep_fwd", x, expert_ids, weights, y, OMPK_MOE_CACHE_NONE);
+}
+
+ompk_status ompk_moe_ep_fwd_train(ompk_moe_ep *ep, const ompk_tensor *x,
+                                  const ompk_tensor *expert_ids, const ompk_tensor *weights,
+                                  ompk_tensor *y, ompk_moe_cache_mode mode) {
+    const char *fn = "ompk_moe_ep_fwd_train";
+    if (ep && mode == OMPK_MOE_CACHE_NONE)
+        return agree(ep->comm, ep->rank, fn,
+                     ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "mode NONE: use ompk_moe_ep_fwd"));
+    return ep_forward(ep, fn, x, expert_ids, weights, y, mode);
+}
+
+ompk_status ompk_moe_ep_set_lora(ompk_moe_ep *ep, const ompk_moe_lora *lora) {
+    const char *fn = "ompk_moe_ep_set_lora";
+    if (!ep) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "ep is NULL");
+    ompk_status st = OMPK_OK;
+    if (lora && lora->dropout != 0.0f && ep->size > 1)
+        st = ompk_fail(OMPK_ERR_UNSUPPORTED, fn,
+                       "LoRA dropout over several ranks: its mask is a function of the row index "
+                       "within a rank's call");
+    else if (ep->nent > 0)
+        st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "saved forwards wait for their backward");
+    if (st == OMPK_OK) st = ompk_moe_set_lora(ep->local, lora);
+    return agree(ep->comm, ep->rank, fn, st);
+}
+
+typedef struct fill_dy {
+    const uint8_t *dy;
+    int64_t ds, k;
+    size_t row, es;
+    const int64_t *pos;
+} fill_dy;
+
+static void fill_dy_row(const void *ctx, int64_t p, uint8_t *dst) {
+    const fill_dy *f = ctx;
+    memcpy(dst, f->dy + (size_t)((f->pos[p] / f->k) * f->ds) * f->es, f->row);
+}
+
+ompk_status ompk_moe_ep_bwd(ompk_moe_ep *ep, const ompk_tensor *dy, const ompk_moe_grads *grads) {
+    const char *fn = "ompk_moe_ep_bwd";
+    if (!ep) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "ep is NULL");
+    const double t0 = MPI_Wtime();
+    const int P = ep->size;
+    const int64_t H = ep->H, k = ep->k;
+    ompk_status st = OMPK_OK;
+    ep_entry *en = ep->nent > 0 ? &ep->ent[ep->nent - 1] : NULL;
+    if (!en)
+        st = ompk_fail(OMPK_ERR_CACHE_EMPTY, fn, "no saved forward");
+    else if (ep->broken)
+        st = ompk_fail(OMPK_ERR_RUNTIME, fn,
+                       "an earlier failed step left the ranks' saved forwards out of step");
+    else if (!grads || !grads->dx)
+        st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "grads and grads->dx are required");
+    if (st == OMPK_OK && P > 1) {
+        const int64_t T = en->T;
+        ompk_call c;
+        ompk_call_begin(&c, fn);
+        if (ompk_call_input(&c, "dy", dy, 2, OMPK_DT_FLOAT)) {
+            ompk_call_dim(&c, "dy", dy, 0, T);
+            ompk_call_dim(&c, "dy", dy, 1, H);
+            ompk_call_unit_stride(&c, "dy", dy, 1);
+        }
+        if (ompk_call_output(&c, "dx", grads->dx, 2, OMPK_DT(en->xdt))) {
+            ompk_call_dim(&c, "dx", grads->dx, 0, T);
+            ompk_call_dim(&c, "dx", grads->dx, 1, H);
+            ompk_call_unit_stride(&c, "dx", grads->dx, 1);
+        }
+        if (grads->dw && ompk_call_output(&c, "dw", grads->dw, 2, OMPK_DT(OMPK_F32))) {
+            ompk_call_dim(&c, "dw", grads->dw, 0, T);
+            ompk_call_dim(&c, "dw", grads->dw, 1, k);
+        }
+        st = ompk_call_end(&c);
+        if (st == OMPK_OK && c.device.type != OMPK_HOST)
+            st = ompk_fail(OMPK_ERR_UNSUPPORTED, fn, "the backward takes host tensors");
+    }
+    st = agree(ep->comm, ep->rank, fn, st);
+    if (st != OMPK_OK) return st;
+    memset(&ep->stats, 0, sizeof ep->stats);
+    if (P == 1) {
+        st = ompk_moe_bwd(ep->local, dy, grads);
+        if (st == OMPK_OK) ep->nent--;
+        ep->stats.total_ms = ep->stats.experts_ms = (MPI_Wtime() - t0) * 1e3;
+        return st;
+    }
+    const ep_route *r = &en->r;
+    const int64_t ns = r->ns, nr = r->nr, T = en->T;
+    const size_t des = dy->dtype == OMPK_BF16 ? 2 : 4, dyrow = (size_t)H * des,
+                 dxrow = (size_t)H * 4;
+    uint8_t *sbuf = grow(ep, B_SEND, (size_t)ns * dyrow),
+            *rbuf = grow(ep, B_RECV, (size_t)nr * dyrow);
+    float *dxo = grow(ep, B_ZOUT, (size_t)nr * dxrow), *dxb = grow(ep, B_ZBACK, (size_t)ns * dxrow);
+    float *dwo = grow(ep, B_ONES, (size_t)(nr + ns) * 4 + 8), *dwb = dwo + nr;
+    st = sbuf && rbuf && dxo && dxb && dwo ? OMPK_OK
+                                           : ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory");
+    st = agree(ep->comm, ep->rank, fn, st);
+    double tx = MPI_Wtime();
+    if (st == OMPK_OK) {
+        const fill_dy fd = {dy->data, dy->strides[0], k, dyrow, des, r->pos};
+        st = exchange(ep, fn, r, dyrow, fill_dy_row, &fd, sbuf, rbuf, 0, NULL);
+    }
+    tx = MPI_Wtime() - tx;
+    double texp = MPI_Wtime();
+    ompk_status lst = st;
+    if (st == OMPK_OK) {
+        const int64_t sx[2] = {nr, H}, sw[2] = {nr, 1};
+        const ompk_device h = ompk_device_host();
+        ompk_tensor tdy = ompk_tensor_make(rbuf, dy->dtype, 2, sx, h),
+                    tdx = ompk_tensor_make(dxo, OMPK_F32, 2, sx, h),
+                    tdw = ompk_tensor_make(dwo, OMPK_F32, 2, sw, h);
+        ompk_moe_grads g = *grads;
+        g.dx = &tdx;
+        g.dw = &tdw;
+        lst = ompk_moe_bwd(ep->local, &tdy, &g);
+    }
+    texp = MPI_Wtime() - texp;
+    st = agree(ep->comm, ep->rank, fn, lst);
+    double tb = MPI_Wtime();
+    if (st == OMPK_OK)
+        st = exchange(ep, fn, r, dxrow, NULL, NULL, NULL, (uint8_t *)dxb, 1, (const uint8_t *)dxo);
+    if (st == OMPK_OK)
+        st = exchange(ep, fn, r, 4, NULL, NULL, NULL, (uint8_t *)dwb, 1, (const uint8_t *)dwo);
+    tb = MPI_Wtime() - tb;
+    if (lst == OMPK_OK && st != OMPK_OK) ep->broken = 1; /* popped here, not elsewhere */
+    const double tc = MPI_Wtime();
+    if (st == OMPK_OK) {
+        /* where each route's rows came back: slot (t, j) -> row in send order */
+        int64_t *at = grow(ep, B_POS, (size_t)(T * k + 1) * sizeof(int64_t));
+        if (!at) {
+            st = ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory");
+        } else {
+            for (int64_t i = 0; i < T * k; i++) at[i] = -1;
+            for (int64_t p = 0; p < ns; p++) at[r->pos[p]] = p;
+            const int xb = en->xdt == OMPK_BF16;
+            uint8_t *dxd = grads->dx->data;
+            const int64_t dxs = grads->dx->strides[0];
+            /* dx = the routes' rows summed in slot order from 0, rounded once (the single layer's
+             * last phase) */
+#pragma omp parallel for schedule(static)
+            for (int64_t t = 0; t < T; t++) {
+                uint8_t *row = dxd + (size_t)(t * dxs) * (xb ? 2 : 4);
+                for (int64_t h = 0; h < H; h++) {
+                    float a = 0.0f;
+                    for (int64_t j = 0; j < k; j++)
+                        if (at[t * k + j] >= 0) a += dxb[at[t * k + j] * H + h];
+                    ompk_store_f(row, h, a, xb);
+                }
+            }
+            if (grads->dw)
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t j = 0; j < k; j++)
+                        ((float *)grads->dw
+                             ->data)[t * grads->dw->strides[0] + j * grads->dw->strides[1]] =
+                            at[t * k + j] >= 0 ? dwb[at[t * k + j]] : 0.0f;
+        }
+    }
+    if (lst == OMPK_OK) { /* this rank's local entry was popped */
+        route_free(&en->r);
+        ep->nent--;
+    }
+    const double tend = MPI_Wtime();
+    ep->stats.total_ms = (tend - t0) * 1e3;
+    ep->stats.exchange_ms = (tx + tb) * 1e3;
+    ep->stats.experts_ms = texp * 1e3;
+    ep->stats.combine_ms = (tend - tc) * 1e3;
+    ep->stats.routes_sent = ns, ep->stats.routes_received = nr;
+    ep->stats.bytes_sent = ns * (int64_t)dyrow + nr * (int64_t)(dxrow + 4);
+    ep->stats.bytes_received = nr * (int64_t)dyrow + ns * (int64_t)(dxrow + 4);
     return st;
 }
