@@ -2,8 +2,10 @@
  * (strong scaling of one batch) and E / P experts; per rep, the time of the slowest rank, and per
  * rank the all-to-all, expert and combine times and the bytes exchanged. Not part of the library:
  * built when MPI is found (CMake target bench_moe_ep).
- * usage: mpirun -np P bench_moe_ep [E H I k T_total fmt reps threads_per_rank]
- *        (default 64 2048 1408 6 4096 bf16 7 0 = omp_get_max_threads())
+ * usage: mpirun -np P bench_moe_ep [E H I k T_total fmt reps threads_per_rank step]
+ *        (default 64 2048 1408 6 4096 bf16 7 0 = omp_get_max_threads() fwd; step "train": a
+ *        fine-tuning step instead, LoRA r8 on every projection, ompk_moe_ep_fwd_train with PUSH
+ *        then ompk_moe_ep_bwd giving dx, dw and the LoRA gradients)
  * Prints one summary line on rank 0 and, with --json FILE as the last two arguments, a JSON
  * record. Ranks keep the binding mpirun gives them (no_pin): bind each to its own cores, e.g.
  * mpirun -np 2 --bind-to core --map-by slot:PE=8. */
@@ -38,6 +40,8 @@ int main(int argc, char **argv) {
     const int64_t Tt = argc > 5 ? atol(argv[5]) : 4096;
     const char *fmts = argc > 6 ? argv[6] : "bf16";
     const int reps = argc > 7 ? atoi(argv[7]) : 7, thr = argc > 8 ? atoi(argv[8]) : 0;
+    const int train = argc > 9 && !strcmp(argv[9], "train");
+    const int rk = 8;
     const ompk_moe_format fmt = !strcmp(fmts, "int8") ? OMPK_MOE_INT8 : OMPK_MOE_BF16;
     const int64_t T = Tt / size + (rank < Tt % size);
     ompk_moe_config c;
@@ -47,6 +51,7 @@ int main(int argc, char **argv) {
     c.format = fmt;
     c.threads = thr;
     c.no_pin = 1;
+    if (train) c.cache_depth = 1, c.lora_max_rank = rk;
     ompk_moe_ep *ep = NULL;
     if (ompk_moe_ep_create(&c, MPI_COMM_WORLD, &ep) != OMPK_OK) {
         fprintf(stderr, "rank %d: create: %s\n", rank, ompk_last_error());
@@ -72,6 +77,29 @@ int main(int argc, char **argv) {
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     free(w);
+    /* LoRA adapters of this rank's experts and their gradients (train) */
+    const int64_t lsz[6][3] = {{cnt, rk, H}, {cnt, I, rk}, {cnt, rk, H},
+                               {cnt, I, rk}, {cnt, rk, I}, {cnt, H, rk}};
+    float *lw[6] = {0}, *lg[6] = {0};
+    ompk_tensor lt[6], gt[6];
+    if (train) {
+        for (int q = 0; q < 6; q++) {
+            const int64_t n = lsz[q][0] * lsz[q][1] * lsz[q][2];
+            lw[q] = malloc((size_t)n * 4), lg[q] = malloc((size_t)n * 4);
+            for (int64_t i = 0; i < n; i++) lw[q][i] = 0.05f * urand();
+            lt[q] = ompk_tensor_make(lw[q], OMPK_F32, 3, lsz[q], h);
+            gt[q] = ompk_tensor_make(lg[q], OMPK_F32, 3, lsz[q], h);
+        }
+        ompk_moe_lora lo;
+        memset(&lo, 0, sizeof lo);
+        lo.rank = rk, lo.alpha = 2.0f * rk;
+        lo.gate_a = &lt[0], lo.gate_b = &lt[1], lo.up_a = &lt[2], lo.up_b = &lt[3];
+        lo.down_a = &lt[4], lo.down_b = &lt[5];
+        if (ompk_moe_ep_set_lora(ep, &lo) != OMPK_OK) {
+            fprintf(stderr, "rank %d: set_lora: %s\n", rank, ompk_last_error());
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
     rs ^= (uint64_t)rank * 7919;
     uint16_t *x = malloc((size_t)(T * H) * 2 + 2), *y = malloc((size_t)(T * H) * 2 + 2);
     int32_t *ids = malloc((size_t)(T * k) * 4 + 4);
@@ -99,13 +127,32 @@ int main(int argc, char **argv) {
                 ti = ompk_tensor_make(ids, OMPK_I32, 2, sk, h),
                 tw = ompk_tensor_make(wt, OMPK_F32, 2, sk, h),
                 ty = ompk_tensor_make(y, OMPK_BF16, 2, sx, h);
+    uint16_t *dyb = malloc((size_t)(T * H) * 2 + 2), *dxb = malloc((size_t)(T * H) * 2 + 2);
+    float *dwb = malloc((size_t)(T * k) * 4 + 4);
+    for (int64_t i = 0; i < T * H; i++) dyb[i] = x[i];
+    ompk_tensor tdy = ompk_tensor_make(dyb, OMPK_BF16, 2, sx, h),
+                tdx = ompk_tensor_make(dxb, OMPK_BF16, 2, sx, h),
+                tdw = ompk_tensor_make(dwb, OMPK_F32, 2, sk, h);
+    ompk_moe_grads g;
+    memset(&g, 0, sizeof g);
+    g.dx = &tdx, g.dw = &tdw;
+    if (train) {
+        g.gate_da = &gt[0], g.gate_db = &gt[1], g.up_da = &gt[2], g.up_db = &gt[3];
+        g.down_da = &gt[4], g.down_db = &gt[5];
+    }
     double *tot = malloc(sizeof(double) * (size_t)(reps + 2)), part[4] = {0, 0, 0, 0};
     int64_t bytes = 0;
     for (int r = -2; r < reps; r++) {
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
-        if (ompk_moe_ep_fwd(ep, &tx, &ti, &tw, &ty) != OMPK_OK) {
-            fprintf(stderr, "rank %d: forward: %s\n", rank, ompk_last_error());
+        ompk_moe_ep_stats s2; /* a training step: the forward's, then the backward's */
+        memset(&s2, 0, sizeof s2);
+        const ompk_status st =
+            train ? ompk_moe_ep_fwd_train(ep, &tx, &ti, &tw, &ty, OMPK_MOE_CACHE_PUSH)
+                  : ompk_moe_ep_fwd(ep, &tx, &ti, &tw, &ty);
+        if (train && st == OMPK_OK) ompk_moe_ep_get_stats(ep, &s2);
+        if (st != OMPK_OK || (train && ompk_moe_ep_bwd(ep, &tdy, &g) != OMPK_OK)) {
+            fprintf(stderr, "rank %d: step: %s\n", rank, ompk_last_error());
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         double dt = (MPI_Wtime() - t0) * 1e3, mx;
@@ -114,9 +161,11 @@ int main(int argc, char **argv) {
         tot[r] = mx;
         ompk_moe_ep_stats s;
         ompk_moe_ep_get_stats(ep, &s);
-        part[0] += s.exchange_ms / reps, part[1] += s.experts_ms / reps;
-        part[2] += s.combine_ms / reps, part[3] += s.total_ms / reps;
-        bytes = s.bytes_sent;
+        part[0] += (s.exchange_ms + s2.exchange_ms) / reps;
+        part[1] += (s.experts_ms + s2.experts_ms) / reps;
+        part[2] += (s.combine_ms + s2.combine_ms) / reps;
+        part[3] += (s.total_ms + s2.total_ms) / reps;
+        bytes = s.bytes_sent + s2.bytes_sent;
     }
     qsort(tot, (size_t)reps, sizeof(double), cmp_d);
     double pmax[4];
@@ -126,31 +175,34 @@ int main(int argc, char **argv) {
     ompk_moe_info info;
     ompk_moe_get_info(ompk_moe_ep_local(ep), &info);
     if (rank == 0) {
-        const double fl = 6.0 * (double)Tt * k * H * I;
-        printf("moe_ep %s E%lld H%lld I%lld k%d T%lld: %d ranks x %d threads (%s): %.2f ms "
+        const double fl = (train ? 16.0 : 6.0) * (double)Tt * k * H * I;
+        printf("moe_ep %s%s E%lld H%lld I%lld k%d T%lld: %d ranks x %d threads (%s): %.2f ms "
                "(min %.2f), %.2f TFLOP/s; slowest rank's mean: exchange %.2f ms (%.0f%%), experts "
                "%.2f, combine %.2f; %.1f MiB sent over all ranks a forward\n",
-               fmts, (long long)E, (long long)H, (long long)I, k, (long long)Tt, size, info.threads,
-               ompk_moe_isa_name(info.isa), tot[reps / 2], tot[0], fl / tot[reps / 2] * 1e-9,
-               pmax[0], 100.0 * pmax[0] / pmax[3], pmax[1], pmax[2], (double)ball / 1048576.0);
+               train ? "step " : "", fmts, (long long)E, (long long)H, (long long)I, k,
+               (long long)Tt, size, info.threads, ompk_moe_isa_name(info.isa), tot[reps / 2],
+               tot[0], fl / tot[reps / 2] * 1e-9, pmax[0], 100.0 * pmax[0] / pmax[3], pmax[1],
+               pmax[2], (double)ball / 1048576.0);
         if (json) {
             FILE *f = fopen(json, "w");
             if (f) {
                 fprintf(f,
-                        "{\"kernel\": \"moe_ep_fwd\", \"dtype\": \"%s\", \"shape\": \"E%lld H%lld "
+                        "{\"kernel\": \"%s\", \"dtype\": \"%s\", \"shape\": \"E%lld H%lld "
                         "I%lld k%d T%lld\", \"ranks\": %d, \"threads_per_rank\": %d, \"isa\": "
                         "\"%s\", \"median_ms\": %.4f, \"min_ms\": %.4f, \"exchange_ms\": %.4f, "
                         "\"experts_ms\": %.4f, \"combine_ms\": %.4f, \"bytes_sent_all_ranks\": "
                         "%lld}\n",
-                        fmts, (long long)E, (long long)H, (long long)I, k, (long long)Tt, size,
-                        info.threads, ompk_moe_isa_name(info.isa), tot[reps / 2], tot[0], pmax[0],
-                        pmax[1], pmax[2], (long long)ball);
+                        train ? "moe_ep_step" : "moe_ep_fwd", fmts, (long long)E, (long long)H,
+                        (long long)I, k, (long long)Tt, size, info.threads,
+                        ompk_moe_isa_name(info.isa), tot[reps / 2], tot[0], pmax[0], pmax[1],
+                        pmax[2], (long long)ball);
                 fclose(f);
             }
         }
     }
     ompk_moe_ep_destroy(ep);
-    free(x), free(y), free(ids), free(wt), free(tot);
+    free(x), free(y), free(ids), free(wt), free(tot), free(dyb), free(dxb), free(dwb);
+    for (int q = 0; q < 6; q++) free(lw[q]), free(lg[q]);
     MPI_Finalize();
     return 0;
 }
