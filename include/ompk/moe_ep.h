@@ -28,10 +28,11 @@
  *
  * Tensors: x [T,H] f32|bf16, expert_ids [T,k] i32|i64 (global expert ids in [-1, E)), weights
  * [T,k] f32, y [T,H] f32|bf16, as ompk_moe_fwd takes them (T may differ per rank and may be 0; x's
- * dtype must be the same on every rank). The inference forward also takes them all on one GPU
- * (contiguous; staged through host buffers, not GPU-aware MPI); the training calls take host
- * tensors. A failed collective step after some ranks saved or popped a training forward marks
- * the layer (OMPK_ERR_RUNTIME for later training calls): destroy and re-create it. */
+ * dtype must be the same on every rank), on the host or all on one GPU (contiguous; staged
+ * through host buffers: ompk never hands device memory to MPI, so it needs no GPU-aware MPI; the
+ * LoRA and weight gradients are host tensors as in ompk_moe_grads). A failed collective step after
+ * some ranks saved or popped a training forward marks the layer (OMPK_ERR_RUNTIME for later
+ * training calls): destroy and re-create it. */
 #ifndef OMPK_MOE_EP_H
 #define OMPK_MOE_EP_H
 
@@ -74,7 +75,7 @@ ompk_status ompk_moe_ep_fwd(ompk_moe_ep *ep, const ompk_tensor *x, const ompk_te
                             const ompk_tensor *weights, ompk_tensor *y);
 ompk_status ompk_moe_ep_get_stats(const ompk_moe_ep *ep, ompk_moe_ep_stats *stats);
 
-/* Fine-tuning across the ranks (host tensors). Each rank attaches the adapters of its own
+/* Fine-tuning across the ranks. Each rank attaches the adapters of its own
  * experts (A [count,r,in], B [count,out,r], as ompk_moe_set_lora takes them); dropout must be 0
  * with more than one rank (its mask is a function of the row index within a rank's call).
  * Collective. */

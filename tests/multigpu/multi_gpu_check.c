@@ -1,7 +1,9 @@
 /* More than one GPU (needs a machine with two or more; run under mpirun with one rank per GPU):
  *  1. threads: rank 0 drives GPU 0 and GPU 1 from two host threads at once, each with its own
  *     data, three rounds; every output must equal, bit for bit, the same data run alone on GPU 0;
- *  2. ranks: rank r runs its own data on GPU r % count and again on GPU 0; equal bit for bit.
+ *  2. ranks: rank r runs its own data on GPU r % count and again on GPU 0; equal bit for bit;
+ *  3. the expert-parallel layer (ompk/moe_ep.h) with each rank's tokens on its GPU: forward and
+ *     a fine-tuning step (LoRA) equal the same calls on host tensors bit for bit.
  * The calls: attention forward (bf16, out and lse), router top-k forward, mHC post forward and
  * Sinkhorn forward, MoE forward with device tensors (staged through the host). Prints one line
  * per check and "multi_gpu_check: P passed, F failed" on rank 0; exits 1 on a failure, 2 when
@@ -13,6 +15,7 @@
 
 #include <mpi.h>
 
+#include "ompk/moe_ep.h"
 #include "ompk/ompk.h"
 
 typedef struct blob {
@@ -139,6 +142,98 @@ static ompk_status run_ops(int gpu, uint64_t seed, blob *out) {
     return st;
 }
 
+/* 3: one expert-parallel layer, this rank's tokens on the host and then on GPU gpu */
+static int ep_check(int rank, int gpu) {
+    const int64_t E = 8, H = 128, I = 64, k = 2, r = 4, T = 16 + 8 * rank;
+    const ompk_device hd = ompk_device_host(), dev = ompk_device_target(gpu);
+    ompk_moe_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.experts = E, cfg.hidden = H, cfg.intermediate = I, cfg.top_k = (int)k;
+    cfg.max_tokens = 64, cfg.threads = 4, cfg.no_pin = 1, cfg.cache_depth = 1;
+    cfg.lora_max_rank = (int)r;
+    ompk_moe_ep *ep = NULL;
+    if (ompk_moe_ep_create(&cfg, MPI_COMM_WORLD, &ep) != OMPK_OK) return 0;
+    int64_t first, cnt;
+    ompk_moe_ep_experts(ep, &first, &cnt);
+    uint64_t s = 77 + (uint64_t)first;
+    const int64_t nw = cnt * I * H, sg[3] = {cnt, I, H}, sd[3] = {cnt, H, I};
+    float *wb = malloc((size_t)(3 * nw) * 4);
+    for (int64_t i = 0; i < 3 * nw; i++) wb[i] = 0.1f * urand(&s);
+    ompk_tensor g = ompk_tensor_make(wb, OMPK_F32, 3, sg, hd),
+                u = ompk_tensor_make(wb + nw, OMPK_F32, 3, sg, hd),
+                d = ompk_tensor_make(wb + 2 * nw, OMPK_F32, 3, sd, hd);
+    int ok = ompk_moe_ep_load_weights(ep, &g, &u, &d) == OMPK_OK;
+    const int64_t lsh[6][3] = {{cnt, r, H}, {cnt, I, r}, {cnt, r, H},
+                               {cnt, I, r}, {cnt, r, I}, {cnt, H, r}};
+    float *lw[6], *lg[2][6];
+    ompk_tensor lt[6], gt[2][6];
+    for (int q = 0; q < 6; q++) {
+        const int64_t n = lsh[q][0] * lsh[q][1] * lsh[q][2];
+        lw[q] = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) lw[q][i] = 0.2f * urand(&s);
+        lt[q] = ompk_tensor_make(lw[q], OMPK_F32, 3, lsh[q], hd);
+        for (int v = 0; v < 2; v++) {
+            lg[v][q] = calloc((size_t)n, 4);
+            gt[v][q] = ompk_tensor_make(lg[v][q], OMPK_F32, 3, lsh[q], hd);
+        }
+    }
+    ompk_moe_lora lo;
+    memset(&lo, 0, sizeof lo);
+    lo.rank = (int)r, lo.alpha = 8.0f;
+    lo.gate_a = &lt[0], lo.gate_b = &lt[1], lo.up_a = &lt[2], lo.up_b = &lt[3];
+    lo.down_a = &lt[4], lo.down_b = &lt[5];
+    s = 1000 + (uint64_t)rank;
+    uint16_t *x = malloc((size_t)(T * H) * 2), *dy = malloc((size_t)(T * H) * 2);
+    float *w = malloc((size_t)(T * k) * 4);
+    int32_t *ids = malloc((size_t)(T * k) * 4);
+    for (int64_t i = 0; i < T * H; i++) x[i] = bf16(urand(&s)), dy[i] = bf16(urand(&s));
+    for (int64_t i = 0; i < T * k; i++) {
+        ids[i] = i % 5 == 4 ? -1 : (int32_t)(rnd(&s) % (uint64_t)E);
+        w[i] = 0.5f + 0.25f * urand(&s);
+    }
+    const int64_t sx[2] = {T, H}, sk[2] = {T, k};
+    /* outputs of the two passes: y (fwd), y (fwd_train), dx (bf16), dw */
+    const size_t ob = (size_t)(T * H) * 2 * 3 + (size_t)(T * k) * 4;
+    uint8_t *out[2] = {malloc(ob), malloc(ob)};
+    for (int v = 0; v < 2 && ok; v++) {
+        const ompk_device dv = v ? dev : hd;
+        ompk_tensor tx = up(dv, x, OMPK_BF16, 2, sx, (size_t)(T * H) * 2),
+                    tdy = up(dv, dy, OMPK_BF16, 2, sx, (size_t)(T * H) * 2),
+                    ti = up(dv, ids, OMPK_I32, 2, sk, (size_t)(T * k) * 4),
+                    tw = up(dv, w, OMPK_F32, 2, sk, (size_t)(T * k) * 4),
+                    ty = up(dv, NULL, OMPK_BF16, 2, sx, (size_t)(T * H) * 2),
+                    ty2 = up(dv, NULL, OMPK_BF16, 2, sx, (size_t)(T * H) * 2),
+                    tdx = up(dv, NULL, OMPK_BF16, 2, sx, (size_t)(T * H) * 2),
+                    tdw = up(dv, NULL, OMPK_F32, 2, sk, (size_t)(T * k) * 4);
+        ompk_moe_grads gr;
+        memset(&gr, 0, sizeof gr);
+        gr.dx = &tdx, gr.dw = &tdw;
+        gr.gate_da = &gt[v][0], gr.gate_db = &gt[v][1], gr.up_da = &gt[v][2], gr.up_db = &gt[v][3];
+        gr.down_da = &gt[v][4], gr.down_db = &gt[v][5];
+        ok &= ompk_moe_ep_set_lora(ep, &lo) == OMPK_OK;
+        ok &= ompk_moe_ep_fwd(ep, &tx, &ti, &tw, &ty) == OMPK_OK;
+        ok &= ompk_moe_ep_fwd_train(ep, &tx, &ti, &tw, &ty2, OMPK_MOE_CACHE_PUSH) == OMPK_OK;
+        ok &= ompk_moe_ep_bwd(ep, &tdy, &gr) == OMPK_OK;
+        blob b = {NULL, 0};
+        take(&b, &ty, (size_t)(T * H) * 2);
+        take(&b, &ty2, (size_t)(T * H) * 2);
+        take(&b, &tdx, (size_t)(T * H) * 2);
+        take(&b, &tdw, (size_t)(T * k) * 4);
+        memcpy(out[v], b.p, ob);
+        free(b.p);
+        ompk_free(dv, tx.data), ompk_free(dv, tdy.data), ompk_free(dv, ti.data),
+            ompk_free(dv, tw.data);
+        ompk_moe_ep_set_lora(ep, NULL);
+    }
+    ok = ok && memcmp(out[0], out[1], ob) == 0;
+    for (int q = 0; q < 6 && ok; q++)
+        ok = memcmp(lg[0][q], lg[1][q], (size_t)(lsh[q][0] * lsh[q][1] * lsh[q][2]) * 4) == 0;
+    ompk_moe_ep_destroy(ep);
+    for (int q = 0; q < 6; q++) free(lw[q]), free(lg[0][q]), free(lg[1][q]);
+    free(wb), free(x), free(dy), free(w), free(ids), free(out[0]), free(out[1]);
+    return ok;
+}
+
 typedef struct job {
     int gpu;
     uint64_t seed;
@@ -207,6 +302,12 @@ int main(int argc, char **argv) {
         check(s1 == OMPK_OK && s2 == OMPK_OK && own.n == ref.n && memcmp(own.p, ref.p, own.n) == 0,
               what);
         free(own.p), free(ref.p);
+    }
+    {
+        snprintf(what, sizeof what,
+                 "rank %d: expert-parallel forward and training step on GPU %d equal host tensors",
+                 rank, rank % count);
+        check(ep_check(rank, rank % count), what);
     }
     int loc[2] = {npass, nfail}, all[2];
     MPI_Reduce(loc, all, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);

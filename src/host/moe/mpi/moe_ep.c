@@ -396,8 +396,6 @@ static ompk_status ep_forward(ompk_moe_ep *ep, const char *fn, const ompk_tensor
     ompk_status st = check_local(ep, fn, x, expert_ids, weights, y, &T, &ids, &w, &xh, &xs);
     if (st == OMPK_OK && train && (unsigned)mode > (unsigned)OMPK_MOE_CACHE_RECOMPUTE)
         st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "unknown cache mode %d", (int)mode);
-    if (st == OMPK_OK && train && x->device.type != OMPK_HOST)
-        st = ompk_fail(OMPK_ERR_UNSUPPORTED, fn, "the training forward takes host tensors");
     if (st == OMPK_OK && train && ep->broken)
         st = ompk_fail(OMPK_ERR_RUNTIME, fn,
                        "an earlier failed step left the ranks' saved forwards out of step");
@@ -611,8 +609,10 @@ ompk_status ompk_moe_ep_bwd(ompk_moe_ep *ep, const ompk_tensor *dy, const ompk_m
             ompk_call_dim(&c, "dw", grads->dw, 1, k);
         }
         st = ompk_call_end(&c);
-        if (st == OMPK_OK && c.device.type != OMPK_HOST)
-            st = ompk_fail(OMPK_ERR_UNSUPPORTED, fn, "the backward takes host tensors");
+        if (st == OMPK_OK && c.device.type != OMPK_HOST &&
+            !(ompk_tensor_is_contiguous(dy) && ompk_tensor_is_contiguous(grads->dx) &&
+              (!grads->dw || ompk_tensor_is_contiguous(grads->dw))))
+            st = ompk_fail(OMPK_ERR_INVALID_ARGUMENT, fn, "device tensors must be contiguous");
     }
     st = agree(ep->comm, ep->rank, fn, st);
     if (st != OMPK_OK) return st;
@@ -631,12 +631,31 @@ ompk_status ompk_moe_ep_bwd(ompk_moe_ep *ep, const ompk_tensor *dy, const ompk_m
             *rbuf = grow(ep, B_RECV, (size_t)nr * dyrow);
     float *dxo = grow(ep, B_ZOUT, (size_t)nr * dxrow), *dxb = grow(ep, B_ZBACK, (size_t)ns * dxrow);
     float *dwo = grow(ep, B_ONES, (size_t)(nr + ns) * 4 + 8), *dwb = dwo + nr;
-    st = sbuf && rbuf && dxo && dxb && dwo ? OMPK_OK
-                                           : ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory");
+    /* GPU tensors: dy staged to the host, dx and dw made there and copied back */
+    const int on_dev = dy->device.type != OMPK_HOST;
+    const size_t xes = en->xdt == OMPK_BF16 ? 2 : 4;
+    const uint8_t *dyh = dy->data;
+    int64_t dys = dy->strides[0];
+    uint8_t *dxh = on_dev ? grow(ep, B_ZFULL, (size_t)(T * H) * xes + 8) : grads->dx->data;
+    float *dwh = on_dev ? grow(ep, B_SIDS, (size_t)(T * k) * 4 + 8)
+                        : (grads->dw ? (float *)grads->dw->data : NULL);
+    const int64_t dxs = on_dev ? H : grads->dx->strides[0];
+    const int64_t dws0 = on_dev ? k : (grads->dw ? grads->dw->strides[0] : 0);
+    const int64_t dws1 = on_dev ? 1 : (grads->dw ? grads->dw->strides[1] : 0);
+    st = sbuf && rbuf && dxo && dxb && dwo && dxh && dwh
+             ? OMPK_OK
+             : ompk_fail(OMPK_ERR_OUT_OF_MEMORY, fn, "no memory");
+    if (st == OMPK_OK && on_dev && T > 0) {
+        uint8_t *stg = grow(ep, B_XST, (size_t)(T * H) * des);
+        if (!stg || ompk_memcpy(stg, ompk_device_host(), dy->data, dy->device,
+                                (size_t)(T * H) * des) != OMPK_OK)
+            st = ompk_fail(OMPK_ERR_RUNTIME, fn, "staging dy to the host failed");
+        dyh = stg, dys = H;
+    }
     st = agree(ep->comm, ep->rank, fn, st);
     double tx = MPI_Wtime();
     if (st == OMPK_OK) {
-        const fill_dy fd = {dy->data, dy->strides[0], k, dyrow, des, r->pos};
+        const fill_dy fd = {dyh, dys, k, dyrow, des, r->pos};
         st = exchange(ep, fn, r, dyrow, fill_dy_row, &fd, sbuf, rbuf, 0, NULL);
     }
     tx = MPI_Wtime() - tx;
@@ -672,13 +691,11 @@ ompk_status ompk_moe_ep_bwd(ompk_moe_ep *ep, const ompk_tensor *dy, const ompk_m
             for (int64_t i = 0; i < T * k; i++) at[i] = -1;
             for (int64_t p = 0; p < ns; p++) at[r->pos[p]] = p;
             const int xb = en->xdt == OMPK_BF16;
-            uint8_t *dxd = grads->dx->data;
-            const int64_t dxs = grads->dx->strides[0];
             /* dx = the routes' rows summed in slot order from 0, rounded once (the single layer's
              * last phase) */
 #pragma omp parallel for schedule(static)
             for (int64_t t = 0; t < T; t++) {
-                uint8_t *row = dxd + (size_t)(t * dxs) * (xb ? 2 : 4);
+                uint8_t *row = dxh + (size_t)(t * dxs) * xes;
                 for (int64_t h = 0; h < H; h++) {
                     float a = 0.0f;
                     for (int64_t j = 0; j < k; j++)
@@ -689,9 +706,14 @@ ompk_status ompk_moe_ep_bwd(ompk_moe_ep *ep, const ompk_tensor *dy, const ompk_m
             if (grads->dw)
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t j = 0; j < k; j++)
-                        ((float *)grads->dw
-                             ->data)[t * grads->dw->strides[0] + j * grads->dw->strides[1]] =
-                            at[t * k + j] >= 0 ? dwb[at[t * k + j]] : 0.0f;
+                        dwh[t * dws0 + j * dws1] = at[t * k + j] >= 0 ? dwb[at[t * k + j]] : 0.0f;
+            const ompk_device h = ompk_device_host();
+            if (on_dev && T > 0 &&
+                (ompk_memcpy(grads->dx->data, grads->dx->device, dxh, h, (size_t)(T * H) * xes) !=
+                     OMPK_OK ||
+                 (grads->dw && ompk_memcpy(grads->dw->data, grads->dw->device, dwh, h,
+                                           (size_t)(T * k) * 4) != OMPK_OK)))
+                st = ompk_fail(OMPK_ERR_RUNTIME, fn, "copying dx, dw to the device failed");
         }
     }
     if (lst == OMPK_OK) { /* this rank's local entry was popped */
