@@ -788,6 +788,19 @@ ompk_status ompk_moe_fwd_train(ompk_moe *m, const ompk_tensor *x, const ompk_ten
     return forward_common(m, "ompk_moe_fwd_train", x, expert_ids, weights, y, mode);
 }
 
+/* ompk_moe_combine under verify: y against the double sum of w z over the slots (gather mode) */
+static int combine_verify_ref(const ompk_verify_io *io) {
+    const int64_t T = io->h[0].shape[0], k = io->h[0].shape[1], H = io->h[0].shape[2];
+    const double *z = io->d[0], *id = io->d[1], *w = io->d[2];
+    double *y = io->ref[3];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++)
+            if (id[t * k + j] >= 0)
+                for (int64_t h = 0; h < H; h++)
+                    y[t * H + h] += w[t * k + j] * z[(t * k + j) * H + h];
+    return 1;
+}
+
 ompk_status ompk_moe_combine(const ompk_moe *moe, const ompk_tensor *z,
                              const ompk_tensor *expert_ids, const ompk_tensor *weights,
                              ompk_tensor *y, ompk_moe_combine_of of) {
@@ -857,5 +870,18 @@ ompk_status ompk_moe_combine(const ompk_moe *moe, const ompk_tensor *z,
         moe_combine(moe_combine_vec(moe->isa), T, (int)k, H, (const float *)z->data, z->strides[0],
                     z->strides[1], ids, w, k, y->data, y->strides[0], y->dtype == OMPK_BF16, acc);
     free(ids), free(w), free(acc);
+    if (ompk_verify_enabled() || ompk_trace_enabled()) {
+        const ompk_verify_arg args[4] = {{"z", z, 1, 0, 0, NULL},
+                                         {"expert_ids", expert_ids, 0, 0, 0, NULL},
+                                         {"weights", weights, 0, 0, 0, NULL},
+                                         {"y", y, 1, 1, 0, NULL}};
+        const ompk_verify_op op = {.fn = "moe_combine",
+                                   .args = args,
+                                   .nargs = 4,
+                                   .gather = 1,
+                                   .ref = combine_verify_ref,
+                                   .tol = ompk_verify_tol_ref_max};
+        ompk_verify_run(&op);
+    }
     return OMPK_OK;
 }
