@@ -110,7 +110,6 @@ MHC_INLINE void sk_bwd_token(const int N, const float *lg, const int64_t *sl, co
 
 #define MHC_N_INC "mhc_sinkhorn_n.inc"
 #include "mhc_each_n.inc"
-#undef MHC_N_INC
 
 void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
 #define SK_FWD(N) sk_fwd_launch_##N(ex, a)
