@@ -7,38 +7,9 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "mhc_each_n.h"
 #include "route.h"
 #include "vec8.h"
-
-/* Make n a compile-time constant for an always-inline body: register arrays sized by it are
- * then only ever indexed by constants once loops unroll. */
-#define MHC_SWITCH_N(n, CALL)                                                                      \
-    switch (n) {                                                                                   \
-    case 1:                                                                                        \
-        CALL(1);                                                                                   \
-        break;                                                                                     \
-    case 2:                                                                                        \
-        CALL(2);                                                                                   \
-        break;                                                                                     \
-    case 3:                                                                                        \
-        CALL(3);                                                                                   \
-        break;                                                                                     \
-    case 4:                                                                                        \
-        CALL(4);                                                                                   \
-        break;                                                                                     \
-    case 5:                                                                                        \
-        CALL(5);                                                                                   \
-        break;                                                                                     \
-    case 6:                                                                                        \
-        CALL(6);                                                                                   \
-        break;                                                                                     \
-    case 7:                                                                                        \
-        CALL(7);                                                                                   \
-        break;                                                                                     \
-    default:                                                                                       \
-        CALL(8);                                                                                   \
-        break;                                                                                     \
-    }
 
 #define MHC_INLINE static inline __attribute__((always_inline))
 

@@ -135,7 +135,6 @@ MHC_INLINE void post_bwd_chunk(const int N, const char *x, const int64_t *sx, co
 
 #define MHC_N_INC "mhc_post_bwd_n.inc"
 #include "mhc_each_n.inc"
-#undef MHC_N_INC
 
 void mhc_post_bwd_kernel(ompk_exec ex, const mhc_post_bwd_args *a, void *ws) {
 #define POST_BWD(N) post_bwd_launch_##N(ex, a, ws)

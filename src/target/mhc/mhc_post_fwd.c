@@ -2,8 +2,8 @@
  *     out[t,o,d] = post[t,o]*f[t,d] + sum_i comb[t,i,o]*x[t,i,d]
  * Memory-bound (n+1 reads, n writes per d), so each iteration moves 8 consecutive d of every
  * stream as 16-byte words and reuses the token's n^2+n mixing weights for all 8. The stream
- * count is made a compile-time constant by a switch, so the per-stream register arrays are
- * never indexed at run time (a run-time index would put them in GPU local memory). */
+ * count is a compile-time constant in every kernel (mhc_each_n.h), so the per-stream register
+ * arrays are never indexed at run time (a run-time index would put them in GPU local memory). */
 #include <string.h>
 
 #include "mhc_post_kern.h"
@@ -116,60 +116,14 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
     }
 }
 
-// clang-format off
-/* Every loop nest is instantiated once per stream count N by the macros below: a kernel is made
- * per lexical target construct, and only a literal N gives the per-stream arrays compile-time
- * extents (with a run-time n, ptxas keeps the n = 8 footprint for every n and spills it to local
- * memory). One switch on n picks the instance. */
-
-/* The portable kernels: 8-element chunks (vector path) or single elements (any strides). */
-#define POST_PORTABLE_KERNELS(N)                                                                   \
-    static void post_vec_##N(ompk_exec ex, const ompk_mhc_post_args *a) {                          \
-        POST_UNPACK(a);                                                                            \
-        OMPK_PRAGMA(omp target teams distribute parallel for collapse(3)                           \
-                    if(target: ex.on_target) device(ex.device)                                     \
-                    is_device_ptr(x, f, out, comb, post) thread_limit(256))                        \
-        for (int64_t b = 0; b < B; b++)                                                            \
-            for (int64_t s = 0; s < S; s++)                                                        \
-                for (int64_t c = 0; c < C; c++)                                                    \
-                    post_chunk8(N, x + (b * sx0 + s * sx1 + c * 8) * esz, sx2,                     \
-                                comb + b * sc0 + s * sc1, sc2, sc3, post + b * sp0 + s * sp1, sp2, \
-                                f + (b * sf0 + s * sf1 + c * 8) * esz,                             \
-                                out + (b * so0 + s * so1 + c * 8) * esz, so2, bf16, esz);          \
-    }                                                                                              \
-    static void post_elem_##N(ompk_exec ex, const ompk_mhc_post_args *a) {                         \
-        POST_UNPACK(a);                                                                            \
-        OMPK_PRAGMA(omp target teams distribute parallel for collapse(3)                           \
-                    if(target: ex.on_target) device(ex.device)                                     \
-                    is_device_ptr(x, f, out, comb, post) thread_limit(256))                        \
-        for (int64_t b = 0; b < B; b++)                                                            \
-            for (int64_t s = 0; s < S; s++)                                                        \
-                for (int64_t d = 0; d < D; d++)                                                    \
-                    post_elem(N, x, b * sx0 + s * sx1 + d * sx3, sx2, comb + b * sc0 + s * sc1,    \
-                              sc2, sc3, post + b * sp0 + s * sp1, sp2, f,                          \
-                              b * sf0 + s * sf1 + d * sf2, out, b * so0 + s * so1 + d * so3, so2,  \
-                              bf16);                                                               \
-    }                                                                                              \
-    /* ompk-bench's routing probe: the vector loop under a plain `omp parallel for` */             \
-    static void post_plain_##N(const ompk_mhc_post_args *a) {                                      \
-        POST_UNPACK(a);                                                                            \
-        OMPK_PRAGMA(omp parallel for collapse(3))                                                  \
-        for (int64_t b = 0; b < B; b++)                                                            \
-            for (int64_t s = 0; s < S; s++)                                                        \
-                for (int64_t c = 0; c < C; c++)                                                    \
-                    post_chunk8(N, x + (b * sx0 + s * sx1 + c * 8) * esz, sx2,                     \
-                                comb + b * sc0 + s * sc1, sc2, sc3, post + b * sp0 + s * sp1, sp2, \
-                                f + (b * sf0 + s * sf1 + c * 8) * esz,                             \
-                                out + (b * so0 + s * so1 + c * 8) * esz, so2, bf16, esz);          \
-    }
-
 /* The first GPU variant ("bare1"; the default for n >= 5, where mhc_post_fwd_stream.c has no
- * streaming instance), one per (N, dtype): a bare kernel, one team per token (grid-stride over
- * tokens), its threads striding over the token's 8-element chunks. It avoids the portable loop's
- * 64-bit index division per chunk, keeps the token's weights in registers, and holds chunks as
- * raw words (see post_token_raw). */
+ * streaming instance), one per dtype BF of the stream count MHC_N (mhc_post_fwd_n.inc): a bare
+ * kernel, one team per token (grid-stride over tokens), its threads striding over the token's
+ * 8-element chunks. It avoids the portable loop's 64-bit index division per chunk, keeps the
+ * token's weights in registers, and holds chunks as raw words (see post_token_raw). */
 #ifdef OMPK_BARE_DEVICE
-#define POST_BARE_KERNEL(N, BF, NAME)                                                              \
+// clang-format off
+#define POST_BARE_KERNEL(BF, NAME)                                                                 \
     static void NAME(ompk_exec ex, const ompk_mhc_post_args *a) {                                  \
         POST_UNPACK(a);                                                                            \
         const int64_t T = B * S;                                                                   \
@@ -180,47 +134,18 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
             const int64_t nteams = ompx_grid_dim_x(), nthr = ompx_block_dim_x();                   \
             for (int64_t t = ompx_block_id_x(); t < T; t += nteams) {                              \
                 const int64_t b = t / S, s = t - b * S;                                            \
-                post_token_raw(N, BF, x + (b * sx0 + s * sx1) * esz, sx2,                          \
+                post_token_raw(MHC_N, BF, x + (b * sx0 + s * sx1) * esz, sx2,                      \
                                comb + b * sc0 + s * sc1, sc2, sc3, post + b * sp0 + s * sp1, sp2,  \
                                f + (b * sf0 + s * sf1) * esz, out + (b * so0 + s * so1) * esz,     \
                                so2, C, ompx_thread_id_x(), nthr);                                  \
             }                                                                                      \
         }                                                                                          \
     }
-#else
-#define POST_BARE_KERNEL(N, BF, NAME)
-#endif
-
-#define POST_KERNELS(N)                                                                            \
-    POST_PORTABLE_KERNELS(N) POST_BARE_KERNEL(N, 1, post_bare_bf16_##N)                         \
-        POST_BARE_KERNEL(N, 0, post_bare_f32_##N)
 // clang-format on
-POST_KERNELS(1)
-POST_KERNELS(2)
-POST_KERNELS(3)
-POST_KERNELS(4)
-POST_KERNELS(5)
-POST_KERNELS(6)
-POST_KERNELS(7)
-POST_KERNELS(8)
-
-typedef void (*post_kernel_fn)(ompk_exec, const ompk_mhc_post_args *);
-static const post_kernel_fn post_vec[8] = {post_vec_1, post_vec_2, post_vec_3, post_vec_4,
-                                           post_vec_5, post_vec_6, post_vec_7, post_vec_8};
-static const post_kernel_fn post_elem_k[8] = {post_elem_1, post_elem_2, post_elem_3, post_elem_4,
-                                              post_elem_5, post_elem_6, post_elem_7, post_elem_8};
-static void (*const post_plain[8])(const ompk_mhc_post_args *) = {
-    post_plain_1, post_plain_2, post_plain_3, post_plain_4,
-    post_plain_5, post_plain_6, post_plain_7, post_plain_8};
-
-#ifdef OMPK_BARE_DEVICE
-static const post_kernel_fn post_bare[2][8] = {
-    {post_bare_f32_1, post_bare_f32_2, post_bare_f32_3, post_bare_f32_4, post_bare_f32_5,
-     post_bare_f32_6, post_bare_f32_7, post_bare_f32_8},
-    {post_bare_bf16_1, post_bare_bf16_2, post_bare_bf16_3, post_bare_bf16_4, post_bare_bf16_5,
-     post_bare_bf16_6, post_bare_bf16_7, post_bare_bf16_8}};
-
 #endif
+
+#define MHC_N_INC "mhc_post_fwd_n.inc"
+#include "mhc_each_n.inc"
 
 const ompk_mhc_post_stream_cfg *ompk_mhc_post_stream_find(const char *name, int n, int bf16) {
     int count;
@@ -246,7 +171,9 @@ int ompk_mhc_post_bare_fits(ompk_exec ex, const ompk_mhc_post_args *a) {
 
 void ompk_mhc_post_fwd_bare1(ompk_exec ex, const ompk_mhc_post_args *a) {
 #ifdef OMPK_BARE_DEVICE
-    post_bare[a->is_bf16 ? 1 : 0][a->n - 1](ex, a);
+#define POST_BARE(N) (a->is_bf16 ? post_bare_bf16_##N : post_bare_f32_##N)(ex, a)
+    MHC_SWITCH_N(a->n, POST_BARE)
+#undef POST_BARE
 #else
     (void)ex, (void)a;
 #endif
@@ -266,13 +193,14 @@ void ompk_mhc_post_fwd_stream(ompk_exec ex, const ompk_mhc_post_args *a,
 }
 
 void ompk_mhc_post_fwd_kernel(ompk_exec ex, const ompk_mhc_post_args *a) {
-    const int k = a->n - 1; /* validated: 1 <= n <= 8 */
-    if (!ompk_mhc_post_vec_ok(a))
-        post_elem_k[k](ex, a);
-    else
-        post_vec[k](ex, a);
+    const int vec = ompk_mhc_post_vec_ok(a);
+#define POST_FWD(N) (vec ? post_vec_##N : post_elem_##N)(ex, a)
+    MHC_SWITCH_N(a->n, POST_FWD) /* validated: 1 <= n <= 8 */
+#undef POST_FWD
 }
 
 void ompk_mhc_post_fwd_plain_host(const ompk_mhc_post_args *a) {
-    post_plain[a->n - 1](a);
+#define POST_PLAIN(N) post_plain_##N(a)
+    MHC_SWITCH_N(a->n, POST_PLAIN)
+#undef POST_PLAIN
 }

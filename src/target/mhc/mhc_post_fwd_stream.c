@@ -11,21 +11,9 @@
  * mhc_post_fwd.c. */
 #include "mhc_post_kern.h"
 
-POST_STREAM_KERNEL(1, 1, 4, 1, bf16_1_u4c)
-POST_STREAM_KERNEL(2, 1, 4, 1, bf16_2_u4c)
-POST_STREAM_KERNEL(3, 1, 4, 1, bf16_3_u4c)
-POST_STREAM_KERNEL(4, 1, 4, 0, bf16_4_u4)
-POST_STREAM_KERNEL(1, 0, 2, 1, f32_1_u2c)
-POST_STREAM_KERNEL(2, 0, 2, 1, f32_2_u2c)
-POST_STREAM_KERNEL(3, 0, 2, 1, f32_3_u2c)
-POST_STREAM_KERNEL(4, 0, 2, 1, f32_4_u2c)
-#ifdef OMPK_LAB
-POST_STREAM_KERNEL(4, 1, 1, 1, bf16_4_u1c)
-POST_STREAM_KERNEL(4, 1, 2, 1, bf16_4_u2c)
-POST_STREAM_KERNEL(4, 1, 4, 1, bf16_4_u4c)
-POST_STREAM_KERNEL(4, 1, 4, 2, bf16_4_u4p)
-POST_STREAM_KERNEL(4, 0, 1, 1, f32_4_u1c)
-#endif
+#define MHC_N_MAX 4
+#define MHC_N_INC "mhc_post_fwd_stream_n.inc"
+#include "mhc_each_n.inc"
 
 /* clang-format off */
 static const ompk_mhc_post_stream_cfg cfgs[] = {

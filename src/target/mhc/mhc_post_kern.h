@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "bare.h"
+#include "mhc_each_n.h"
 #include "mhc_post.h"
 #include "vec8.h"
 
@@ -225,12 +226,13 @@ PS_INLINE void post_token_stream(const int n, const int bf16, const int U, const
     (void)B, (void)S, (void)D, (void)C, (void)sx3, (void)sf2, (void)so3, (void)esz, (void)bf16
 
 
-/* Streaming GPU variant, one instance per (N, dtype, U, hint): a bare kernel with one team per
- * token (no token loop: per-token strides and bases would stay live in registers across it),
- * its threads covering the token's chunks U at a time (see post_token_stream). The team size
- * is a launch argument: a team needs no more threads than C/U. Callers keep T < 2^31. */
+/* Streaming GPU variant, one instance per (dtype, U, hint) of the stream count MHC_N
+ * (mhc_post_fwd_stream_n.inc): a bare kernel with one team per token (no token loop: per-token
+ * strides and bases would stay live in registers across it), its threads covering the token's
+ * chunks U at a time (see post_token_stream). The team size is a launch argument: a team needs
+ * no more threads than C/U. Callers keep T < 2^31. */
 #ifdef OMPK_BARE_DEVICE
-#define POST_STREAM_KERNEL(N, BF, U, H, NAME)                                                      \
+#define POST_STREAM_KERNEL(BF, U, H, NAME)                                                         \
     static void NAME(ompk_exec ex, const ompk_mhc_post_args *a, int threads) {                     \
         POST_UNPACK(a);                                                                            \
         const int teams = (int)(B * S);                                                            \
@@ -238,14 +240,14 @@ PS_INLINE void post_token_stream(const int n, const int bf16, const int U, const
                     device(ex.device) is_device_ptr(x, f, out, comb, post))                        \
         {                                                                                          \
             const int64_t t = ps_block_id(), b = t / S, s = t - b * S;                             \
-            post_token_stream(N, BF, U, H, x + (b * sx0 + s * sx1) * esz, sx2,                     \
+            post_token_stream(MHC_N, BF, U, H, x + (b * sx0 + s * sx1) * esz, sx2,                 \
                               comb + b * sc0 + s * sc1, sc2, sc3, post + b * sp0 + s * sp1, sp2,   \
                               f + (b * sf0 + s * sf1) * esz, out + (b * so0 + s * so1) * esz, so2, \
                               C, ps_thread_id(), ps_block_dim());                                  \
         }                                                                                          \
     }
 #else
-#define POST_STREAM_KERNEL(N, BF, U, H, NAME)                                                      \
+#define POST_STREAM_KERNEL(BF, U, H, NAME)                                                         \
     static void NAME(ompk_exec ex, const ompk_mhc_post_args *a, int threads) {                     \
         (void)ex, (void)a, (void)threads;                                                          \
     }

@@ -679,7 +679,6 @@ static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *
 
 #define MHC_N_INC "mhc_pre_bwd_n.inc"
 #include "mhc_each_n.inc"
-#undef MHC_N_INC
 
 int mhc_pre_bwd_tc_fits(ompk_exec ex, const mhc_pre_bwd_args *a) {
     if (a->n > BWD_TC_NMAX) return 0;

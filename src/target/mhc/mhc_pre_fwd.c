@@ -3,7 +3,7 @@
  *  1. GEMM + sum of squares in one pass over x. Work item = (K chunk, TPT tokens); adjacent
  *     GPU lanes take adjacent tokens of the same chunk, so the gamma-scaled, transposed phi row
  *     they read is one broadcast per warp, and each lane's x reads are whole 32-byte sectors.
- *     The M+1 sums of a token live in registers (n is a compile-time constant per switch arm);
+ *     The M+1 sums of a token live in registers (n a compile-time constant: mhc_each_n.h);
  *     each item writes its partial sums.
  *  2. Per token: the partials summed in fixed chunk order (deterministic), then rms, sigmoids,
  *     logits and the Sinkhorn iterations in registers.
@@ -302,7 +302,6 @@ typedef struct pre_launch {
 
 #define MHC_N_INC "mhc_pre_fwd_n.inc"
 #include "mhc_each_n.inc"
-#undef MHC_N_INC
 
 void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
                         const mhc_pre_fwd_cfg *var) {

@@ -36,6 +36,7 @@
 #define PRE_TCW_WARPS 8
 #define PRE_TCW_THREADS (PRE_TCW_WARPS * 32)
 #define PRE_TCW_FITS(N) (PRE_TC_NT(N) <= 3) /* M <= 24: three n8 tiles, 24 weight rows */
+#define PRE_TCW_NMAX 4                      /* the largest n that PRE_TCW_FITS */
 #define PRE_TCW_XS (PRE_TCW_TOK * 128)      /* bf16 of one x tile */
 #define PRE_TCW_RED (4 * PRE_TCW_TOK * 25)  /* floats of the k-quarter sums (M + 1 <= 25) */
 /* Team-shared memory is a ring of NB x tiles (3, the default: 48 KB, the cap; or 2), the quarter

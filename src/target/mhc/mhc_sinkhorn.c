@@ -1,5 +1,5 @@
 /* Sinkhorn-Knopp forward and backward (docs/KERNELS.md 1.3, 1.5), one token per work item with the
- * n x n matrix in registers (n a compile-time constant per switch arm).
+ * n x n matrix in registers (n a compile-time constant: mhc_each_n.h).
  * The backward is the exact reverse of the unrolled forward: the forward is recomputed once and
  * its 2*repeat intermediate matrices stored in a device workspace laid out [state][token][n*n]
  * (adjacent lanes, adjacent tokens), then walked in reverse. Tokens go in batches so that the
@@ -108,9 +108,13 @@ MHC_INLINE void sk_bwd_token(const int N, const float *lg, const int64_t *sl, co
     }
 }
 
+#ifdef OMPK_BARE_DEVICE
+#include "mhc_sinkhorn_lanes.h"
+#define SKL_THREADS 128
+#endif
+
 #define MHC_N_INC "mhc_sinkhorn_n.inc"
 #include "mhc_each_n.inc"
-#undef MHC_N_INC
 
 void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
 #define SK_FWD(N) sk_fwd_launch_##N(ex, a)
@@ -119,59 +123,11 @@ void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
 }
 
 #ifdef OMPK_BARE_DEVICE
-#include <stdlib.h>
-#include <string.h>
-
-#include "mhc_sinkhorn_lanes.h"
-#define SKL_THREADS 128
-
-// clang-format off
-#define SKL_REGION(N_)                                                                             \
-    _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(SKL_THREADS) device(ex.device) is_device_ptr(lg, dc, out, st) firstprivate(S, t0, nt, repeat, eps, sstride, l0, l1, l2, l3, d0, d1, d2, d3, o0, o1, o2, o3)") \
-    {                                                                                              \
-        const int tid = ompx_thread_id_x(), G = SKL_G(N_), i = tid % G;                          \
-        const int64_t u = (int64_t)ompx_block_id_x() * (SKL_THREADS / G) + tid / G;             \
-        const int ok = u < nt;                                                                     \
-        const int64_t uu = ok ? u : 0, t = t0 + uu, b = t / S, s = t % S;                          \
-        skl_token(N_, G, i, ok && i < N_, lg + b * l0 + s * l1, l2, l3, dc + b * d0 + s * d1, d2, \
-                  d3, out + b * o0 + s * o1, o2, o3, repeat, eps, st + uu * N_ * N_ + i * N_,      \
-                  sstride);                                                                        \
-    }
-// clang-format on
-
 /* GPU: the token's rows over G lanes (mhc_sinkhorn_lanes.h) */
 void mhc_sk_bwd_lanes_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws) {
-    const float *lg = a->logits, *dc = a->dcomb;
-    float *out = a->out, *st = (float *)ws;
-    const int n = a->n, repeat = a->repeat, G = SKL_G(n);
-    const float eps = a->eps;
-    const int64_t S = a->S, T = a->B * a->S, TB = mhc_sk_bwd_batch(a);
-    const int64_t l0 = a->sl[0], l1 = a->sl[1], l2 = a->sl[2], l3 = a->sl[3];
-    const int64_t d0 = a->sd[0], d1 = a->sd[1], d2 = a->sd[2], d3 = a->sd[3];
-    const int64_t o0 = a->so[0], o1 = a->so[1], o2 = a->so[2], o3 = a->so[3];
-    for (int64_t t0 = 0; t0 < T; t0 += TB) {
-        const int64_t nt = T - t0 < TB ? T - t0 : TB, sstride = nt * n * n;
-        const int per = SKL_THREADS / G;
-        const int teams = (int)((nt + per - 1) / per);
-        switch (n) {
-        case 1:
-            SKL_REGION(1) break;
-        case 2:
-            SKL_REGION(2) break;
-        case 3:
-            SKL_REGION(3) break;
-        case 4:
-            SKL_REGION(4) break;
-        case 5:
-            SKL_REGION(5) break;
-        case 6:
-            SKL_REGION(6) break;
-        case 7:
-            SKL_REGION(7) break;
-        default:
-            SKL_REGION(8) break;
-        }
-    }
+#define SK_BWD_LANES(N) sk_bwd_lanes_##N(ex, a, ws)
+    MHC_SWITCH_N(a->n, SK_BWD_LANES)
+#undef SK_BWD_LANES
 }
 #endif
 
