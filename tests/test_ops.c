@@ -67,21 +67,26 @@ static int run_combo(const combo *k) {
     dtype_label(k, dts, sizeof dts);
     const int per_impl = k->op->setup != NULL;
     tu_op_case c;
-    int built = 0, calls = 0;
+    int calls = 0;
     for (int ii = 0; ii < k->nimpl; ii++) {
         const char *impl = k->impls[ii];
         snprintf(label, sizeof label, "%s on %s, impl %s, dtype %s, shape %s", k->op->name,
                  tu_device_name(k->dev), impl ? impl : "default", dts, k->shape);
         if (impl) tu_force(k->op->variant, impl);
-        if (per_impl || ii == 0) built = build(k, &c, label);
-        if (built) {
-            if (ii > 0 && !per_impl) tu_op_poison(&c);
-            verify_call(k, &c, label);
-            calls++;
+        if (per_impl || ii == 0) {
+            if (!build(k, &c, label)) {
+                tu_op_case_free(&c);
+                if (impl) tu_force(k->op->variant, NULL);
+                if (per_impl) continue;
+                return calls;
+            }
+        } else {
+            tu_op_poison(&c);
         }
+        verify_call(k, &c, label);
+        calls++;
         if (per_impl || ii == k->nimpl - 1) tu_op_case_free(&c);
         if (impl) tu_force(k->op->variant, NULL);
-        if (!built && !per_impl) break;
     }
     return calls;
 }
