@@ -1,7 +1,7 @@
 /* ompk_mhc_pre_fwd / ompk_mhc_pre_bwd: PyTorch autograd fixtures, finite differences, the
  * regressions of docs/KERNELS.md 1, determinism and bad inputs (the double reference at every n,
- * D not a multiple of any tile, many tokens, with and without gamma, the fused Sinkhorn and
- * grad_x_post: test_ops). Every test runs on the host and on every GPU that tu_devices lists. */
+ * many tokens, with and without gamma, the fused Sinkhorn and grad_x_post: test_ops). Every test
+ * runs on the host and on every GPU that tu_devices lists. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <omp.h>
@@ -75,6 +75,22 @@ static void check_bwd(pre_prob *q, int with_gxp) {
     cr_expect(tt_cmp("dbias", &q->dbias, r.dbias, 1) <= 1, "dbias %s", what);
     if (q->has_gamma) cr_expect(tt_cmp("dgamma", &q->dgamma, r.dgamma, 1) <= 1, "dgamma %s", what);
     ref_free(&r);
+}
+
+/* regression: the D tile smaller than D, and D not a multiple of any tile or vector width */
+Test(mhc_pre, d_not_multiple_of_any_tile) {
+    const int64_t Ds[] = {1000, 1023, 2049};
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (int k = 0; k < 3; k++)
+            for (int bf = 0; bf < 2; bf++) {
+                pre_prob q;
+                pre_new(&q, devs[di], bf ? OMPK_BF16 : OMPK_F32, 1, 5, 4, Ds[k], 1, 77 + k, 1.0);
+                check_fwd(&q);
+                check_bwd(&q, k == 1);
+                pre_free(&q);
+            }
 }
 
 /* regression: dbias_res must be sum_t dh_res (no a_res factor, summed once), checked against
