@@ -281,29 +281,10 @@ static inline void att_expect(att_check_fn check, att_case *c, const char *label
     att_case_free(c);
 }
 
-/* Every mask with GQA groups 1, 4 and 8 (B2, Hkv 2, N37, M45, dh 64) on every device. */
-static inline void att_sweep_masks_gqa(att_check_fn check, ompk_dtype dt, uint64_t seed0) {
-    ompk_device devs[4];
-    int nd = tu_devices(devs, 4);
-    const int64_t groups[3] = {1, 4, 8};
-    for (int di = 0; di < nd; di++)
-        for (int m = 0; m < 3; m++)
-            for (int gi = 0; gi < 3; gi++) {
-                att_case c;
-                att_case_new(&c, devs[di], dt, 2, 2 * groups[gi], 2, 37, 45, 64, att_mask(m),
-                             seed0 + (uint64_t)(m * 10 + gi), 1.0, 0);
-                char label[128];
-                snprintf(label, sizeof label, "%s %s mask=%s G=%lld", tu_device_name(devs[di]),
-                         ompk_dtype_name(dt), att_mask_name(att_mask(m)), (long long)groups[gi]);
-                att_expect(check, &c, label);
-            }
-}
-
-/* Every supported dh on every device at one shape; with alt_bshd the odd-numbered dh use
- * strided BSHD views. */
+/* Every supported dh on every device at one shape, the odd-numbered dh on strided BSHD views. */
 static inline void att_sweep_head_dims(att_check_fn check, ompk_dtype dt, int64_t Hq, int64_t Hkv,
                                        int64_t N, int64_t M, ompk_attention_mask mask,
-                                       uint64_t seed0, int alt_bshd) {
+                                       uint64_t seed0) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     const int64_t dhs[6] = {32, 64, 80, 96, 128, 256};
@@ -311,7 +292,7 @@ static inline void att_sweep_head_dims(att_check_fn check, ompk_dtype dt, int64_
         for (int i = 0; i < 6; i++) {
             att_case c;
             att_case_new(&c, devs[di], dt, 1, Hq, Hkv, N, M, dhs[i], mask, seed0 + (uint64_t)i, 1.0,
-                         alt_bshd ? i % 2 : 0);
+                         i % 2);
             char label[128];
             snprintf(label, sizeof label, "%s %s dh=%lld", tu_device_name(devs[di]),
                      ompk_dtype_name(dt), (long long)dhs[i]);

@@ -115,9 +115,9 @@ static void mutate_arg(gen *g, int i) {
 static void mutate_index(gen *g, int i) {
     const tu_op_arg *a = &g->c->op->args[i];
     tu_buf *b = &g->c->buf[i];
-    if (a->out || a->index_hi <= 0 || b->numel == 0) return;
+    if (a->out || !a->index_hi || b->numel == 0) return;
     const double keep = tu_buf_get(b, b->numel / 2);
-    const int64_t bad[2] = {a->index_hi, a->index_lo - 1};
+    const int64_t bad[2] = {g->c->index_hi[i], a->index_lo - 1};
     for (int k = 0; k < 2; k++) {
         tu_buf_set(b, b->numel / 2, (double)bad[k]);
         tu_buf_upload(b);

@@ -6,7 +6,7 @@
  * strides, gamma and grad_x_post optional, several token blocks) against a double reference:
  *   dx[t,k] = sum_m dh_mix[t,m] w[m,k] - coef[t] x[t,k] + h_pre[t,i] dh_in[t,d] (+ gxp[t,k])
  *   dW[m,k] = sum_t dh_mix[t,m] x[t,k]   (partials per token block, summed in block order)
- * The GPU run of test_mhc_pre / test_mhc_pre_bwd_tc checks the real instructions. */
+ * The GPU run of test_ops (ops::mhc_pre_bwd, every implementation) checks the real instructions. */
 #define OMPK_EMULATE 1
 #include "emu_team.h"
 

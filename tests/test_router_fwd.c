@@ -1,7 +1,8 @@
 /* ompk_router_topk_fwd against the brute-force reference (every N^2 sum, full sort): scores and
  * indices must match exactly, since the kernel forms the same fp32 sums and the tie rule is part
- * of the contract. Every N x k x input class x dtype of issue 6, the seed implementation's
- * defects as named regressions, and strided views. Runs on the host and on every GPU. */
+ * of the contract. Every N x k x input class x dtype of issue 6 (plain N(0,1) inputs: test_ops),
+ * the seed implementation's defects as named regressions, and strided views. Runs on the host and
+ * on every GPU. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <math.h>
@@ -165,12 +166,6 @@ static void run_class(in_class cls, ompk_dtype dt) {
         }
 }
 
-Test(router_fwd, randn_f32) {
-    run_class(IN_RANDN, OMPK_F32);
-}
-Test(router_fwd, randn_bf16) {
-    run_class(IN_RANDN, OMPK_BF16);
-}
 Test(router_fwd, lsm_f32) {
     run_class(IN_LSM, OMPK_F32);
 }

@@ -102,10 +102,14 @@ void ompk_host_gather(const ompk_tensor *t, double *out) {
 }
 
 /* Per thread: a call's verify lines come from the thread that made the call. */
-static _Thread_local int64_t verify_mismatches;
+static _Thread_local int64_t verify_mismatches, verify_reports;
 
 int64_t ompk_verify_mismatches(void) {
     return verify_mismatches;
+}
+
+int64_t ompk_verify_reports(void) {
+    return verify_reports;
 }
 
 int64_t ompk_verify_report(const char *fn, const char *output, const char *section,
@@ -139,6 +143,7 @@ int64_t ompk_verify_report(const char *fn, const char *output, const char *secti
             (long long)count, max_abs, max_rel, (long long)mism, tol.atol, tol.rtol,
             mism ? "MISMATCH" : "OK");
     verify_mismatches += mism;
+    verify_reports++;
     return mism;
 }
 

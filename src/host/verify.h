@@ -47,6 +47,9 @@ int64_t ompk_verify_report(const char *fn, const char *output, const char *secti
 /* MISMATCH elements reported so far by ompk_verify_report on the calling thread (tests read it
  * around a call). */
 int64_t ompk_verify_mismatches(void);
+/* Lines ompk_verify_report has printed so far on the calling thread: a test reads it around a
+ * call to know that the call compared something, so that zero mismatches cannot be vacuous. */
+int64_t ompk_verify_reports(void);
 
 /* Print the norms of a host view (trace mode). */
 void ompk_trace_tensor(const char *fn, const char *stage, const ompk_tensor *host);
