@@ -282,6 +282,19 @@ static ompk_status moe_bwd(tu_op_case *c, ompk_tensor *const *t) {
     return ompk_moe_bwd(((moe_state *)c->state)->m, t[0], &g);
 }
 /* the int4 formats pack two codes a byte along H and I */
+static ompk_status moe_combine_call(tu_op_case *c, ompk_tensor *const *t) {
+    return ompk_moe_combine(((moe_state *)c->state)->m, t[0], t[1], t[2], t[3],
+                            OMPK_MOE_COMBINE_FWD);
+}
+/* expert ids of the combine: any value >= -1 is valid (only the order matters), so they are
+ * plain integer data here, filled in [-1, E) */
+static void moe_combine_fill(tu_op_case *c) {
+    tu_buf *ids = &c->buf[1];
+    for (int64_t i = 0; i < ids->numel; i++)
+        tu_buf_set(ids, i,
+                   (double)((int64_t)(tu_uniform(&c->rng) * (double)(c->sym['E'] + 1)) - 1));
+    tu_buf_upload(ids);
+}
 static int moe_valid(const int64_t *sym) {
     return sym['f'] < OMPK_MOE_INT4 || (sym['H'] % 2 == 0 && sym['I'] % 2 == 0);
 }
@@ -493,6 +506,22 @@ static const tu_op_spec ops[] = {
      .host_only = 1,
      .sets = MOE_SETS,
      .valid = moe_valid},
+    {.name = "ompk_moe_combine",
+     .variant = "moe",
+     .nargs = 4,
+     .args = {{"z", IN, "TkH", F32},
+              {"expert_ids", IN, "Tk", OMPK_I32, 0, NULL, 0, 0},
+              {"weights", IN, "Tk", F32},
+              {"y", OUT, "TH", GRP(1, 0)}},
+     .syms = "E6 H40 I24 T5 k2 R0 f0 o0",
+     .bound = "EHI",
+     .setup = moe_setup,
+     .call = moe_combine_call,
+     .state_same = moe_same,
+     .teardown = moe_teardown,
+     .host_only = 1,
+     .sets = {"E6 H40 T5 k2", "E5 H72 T37 k3,8"},
+     .fill = moe_combine_fill},
     {.name = "ompk_moe_bwd",
      .variant = "moe",
      .nargs = 12,

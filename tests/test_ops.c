@@ -204,6 +204,9 @@ Test(ops, moe_fwd_train) {
 Test(ops, moe_bwd) {
     run_named("ompk_moe_bwd", NULL, "amx");
 }
+Test(ops, moe_combine) {
+    run_named("ompk_moe_combine", NULL, "amx");
+}
 Test(ops, moe_amx) {
     if (!ompk_moe_isa_available(OMPK_MOE_ISA_AMX))
         cr_skip_test("ISA amx not available on this CPU: the real AMX tiles are not run here (the "
@@ -211,5 +214,6 @@ Test(ops, moe_amx) {
     run_named("ompk_moe_fwd", "amx", NULL);
     run_named("ompk_moe_fwd_train", "amx", NULL);
     run_named("ompk_moe_bwd", "amx", NULL);
+    run_named("ompk_moe_combine", "amx", NULL);
 }
 #endif
