@@ -520,6 +520,7 @@ static const tu_op_spec ops[] = {
      .state_same = moe_same,
      .teardown = moe_teardown,
      .host_only = 1,
+     .host_tensors = 1,
      .sets = {"E6 H40 T5 k2", "E5 H72 T37 k3,8"},
      .fill = moe_combine_fill},
     {.name = "ompk_moe_bwd",

@@ -48,7 +48,8 @@ typedef struct tu_op_spec {
     /* an index outside its range is found while the kernel runs: the call returns
      * OMPK_ERR_INDEX_OUT_OF_RANGE with every output zero (the contract's choice) */
     int index_zeroes;
-    int host_only; /* host kernels (MoE): the reference driver runs them on the host only */
+    int host_only;    /* host kernels (MoE): the reference driver runs them on the host only */
+    int host_tensors; /* the call takes host tensors only (GPU tensors: OMPK_ERR_DEVICE_MISMATCH) */
     /* the shape sets test_ops runs, each over syms: "n1-8 D1,7,130" is every n in 1..8 with
      * every listed D, with every dtype group f32 and every group bf16; "bf16: ..." in bf16 only
      * (large shapes), "mix: ..." in every mix of the groups, as the first set (a tiny one) */

@@ -156,6 +156,15 @@ static void run_op(const tu_op_spec *op) {
                   tu_device_name(devs[di]), ompk_last_error());
         gen g = {.c = &c};
         reset(&g);
+        if (op->host_tensors && devs[di].type != OMPK_HOST) { /* GPU tensors are refused */
+            const ompk_status st = op->call(&c, g.p);
+            cr_expect_eq(st, OMPK_ERR_DEVICE_MISMATCH, "%s on %s: %s", op->name,
+                         tu_device_name(devs[di]), ompk_status_str(st));
+            cr_expect(tu_op_outputs_poisoned(&c), "%s on %s: refused call wrote", op->name,
+                      tu_device_name(devs[di]));
+            tu_op_case_free(&c);
+            continue;
+        }
         for (int i = 0; i < op->nargs; i++) {
             mutate_arg(&g, i);
             mutate_index(&g, i);
