@@ -9,6 +9,8 @@ exe=$build/tests/mpi/mpi_test_moe_ep
 [ -x "$exe" ] || { echo "mpi: $exe not built (no MPI found at configure time?)"; exit 1; }
 # Open MPI refuses to start as root unless told
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# containers often forbid the cross-memory attach of the shared-memory transport: plain copies
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
 rc=0
 for np in 1 2 4; do
     out=$(OMP_NUM_THREADS=1 timeout 600 mpirun -np "$np" --oversubscribe -x OMP_NUM_THREADS "$exe" 2>&1)
