@@ -307,10 +307,6 @@ static int moe_valid(const int64_t *sym) {
              {"weights", IN, "Tk", F32},                                                           \
              {"y", OUT, "TH", GRP(2, 0)}},                                                         \
     .syms = "E6 H40 I24 T5 k2 R4 f0 o0", .bound = "EHIk"
-/* every format, with and without LoRA; expert rows past the 32-row blocks and H, I not multiples
- * of any k-tile */
-#define MOE_SETS                                                                                   \
-    {"E6 H40 I24 T5 k2 R4 f0", "E5 H72 I100 T37 k3 R0,8 f0,1", "E5 H136 I100 T37 k3 R0,8 f2,3"}
 #endif
 
 static const tu_op_spec ops[] = {
@@ -358,7 +354,7 @@ static const tu_op_spec ops[] = {
      .bound = "",
      .call = post_fwd,
      /* every n with D below, at and past the vector widths; the streaming kernels' D */
-     .sets = {"B2 S3 n4 D16", "B2 S3 n1-8 D1,7,8,24,130,1000", "B1 S5 n3,4 D4096,4104"}},
+     .sets = {"B2 S3 n4 D16", "B2 S3 n1-8 D1,7,8,24,130,1000"}},
     {.name = "ompk_mhc_post_bwd",
      .variant = "mhc_post_bwd",
      .nargs = 9,
@@ -480,8 +476,7 @@ static const tu_op_spec ops[] = {
      .syms = "B2 H4 G2 M5 N7 D32 m0",
      .bound = "D",
      .call = att_bwd,
-     .sets = {"B2 H4 G2 M5 N7 D32 m0-2", "B2 G2 H2,8,16 M37 N45 D64 m0-2",
-              "B1 H4 G2 M50 N61 D32,64,80,96,128,256 m2"},
+     .sets = {"B2 H4 G2 M5 N7 D32 m0-2", "B2 G2 H2,8,16 M37 N45 D64 m0-2"},
      .valid = att_valid,
      .prepare = att_bwd_prepare},
 #endif
@@ -494,7 +489,9 @@ static const tu_op_spec ops[] = {
      .state_same = moe_same,
      .teardown = moe_teardown,
      .host_only = 1,
-     .sets = MOE_SETS,
+     /* every format; expert rows past the 32-row blocks, H and I not multiples of any k-tile */
+     .sets = {"E6 H40 I24 T5 k2 R4 f0", "E5 H72 I100 T37 k3 R0,8 f0,1",
+              "E5 H136 I100 T37 k3 R8 f2,3"},
      .valid = moe_valid},
     {.name = "ompk_moe_fwd_train",
      .variant = "moe",
@@ -504,7 +501,8 @@ static const tu_op_spec ops[] = {
      .state_same = moe_same,
      .teardown = moe_teardown,
      .host_only = 1,
-     .sets = MOE_SETS,
+     /* with a LoRA adapter the forward above runs the training path too, less the cache push */
+     .sets = {"E6 H40 I24 T5 k2 R4 f0", "E5 H72 I100 T37 k3 R0,8 f0,1"},
      .valid = moe_valid},
     {.name = "ompk_moe_combine",
      .variant = "moe",
