@@ -167,8 +167,7 @@ static int att_bwd_prepare(tu_op_case *c) {
 #endif
 
 /* ---- MoE: a layer of format f with LoRA rank R (none at R0), weights and adapters from the
- * case's host data; o: the backward's grad operands ----------------------------------------------
- */
+ * case's host data ----------------------------------------------------------------------------- */
 #if OMPK_HAVE_MOE
 typedef struct moe_state {
     ompk_moe *m;
@@ -194,7 +193,6 @@ static int moe_setup_push(tu_op_case *c, int push) {
     cfg.experts = E, cfg.hidden = H, cfg.intermediate = I, cfg.top_k = (int)k;
     cfg.max_tokens = T, cfg.format = (ompk_moe_format)c->sym['f'], cfg.threads = 2;
     cfg.cache_depth = 2, cfg.lora_max_rank = (int)R;
-    cfg.grad_operands = (ompk_moe_grad_operands)c->sym['o'];
     if (ompk_moe_create(&cfg, &s->m) != OMPK_OK) return 0;
     tu_rng r = tu_rng_make(5);
     const int64_t ws[3][3] = {{E, I, H}, {E, I, H}, {E, H, I}};
@@ -306,7 +304,7 @@ static int moe_valid(const int64_t *sym) {
              {"expert_ids", IN, "Tk", IDX(-1, "E")},                                               \
              {"weights", IN, "Tk", F32},                                                           \
              {"y", OUT, "TH", GRP(2, 0)}},                                                         \
-    .syms = "E6 H40 I24 T5 k2 R4 f0 o0", .bound = "EHIk"
+    .syms = "E6 H40 I24 T5 k2 R4 f0", .bound = "EHIk"
 #endif
 
 static const tu_op_spec ops[] = {
@@ -353,7 +351,7 @@ static const tu_op_spec ops[] = {
      .syms = "B2 S3 n4 D16",
      .bound = "",
      .call = post_fwd,
-     /* every n with D below, at and past the vector widths; the streaming kernels' D */
+     /* every n with D below, at and past the vector widths */
      .sets = {"B2 S3 n4 D16", "B2 S3 n1-8 D1,7,8,24,130,1000"}},
     {.name = "ompk_mhc_post_bwd",
      .variant = "mhc_post_bwd",
@@ -536,7 +534,7 @@ static const tu_op_spec ops[] = {
               {"gate_dw", HOST_OUT, "EIH", F32},
               {"up_dw", HOST_OUT, "EIH", F32},
               {"down_dw", HOST_OUT, "EHI", F32}},
-     .syms = "E6 H40 I24 T5 k2 R4 f0 o0",
+     .syms = "E6 H40 I24 T5 k2 R4 f0",
      .bound = "EHIkRT",
      .setup = moe_setup_saved,
      .call = moe_bwd,

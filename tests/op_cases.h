@@ -21,7 +21,7 @@ typedef struct tu_op_arg {
     int optional;     /* NULL is a valid value */
     int host;         /* a host tensor whatever the case's device (MoE parameter gradients) */
     const char *dims; /* one symbol per dim */
-    ompk_dtype dtype; /* the dtype of group 0; a grouped argument's default */
+    ompk_dtype dtype; /* a grouped argument's where the case sets none for its group */
     /* index_hi != NULL: integer data, valid in [index_lo, product of index_hi's symbols) */
     int64_t index_lo;
     const char *index_hi;
