@@ -9,6 +9,7 @@
 #include "gpu_wait.h"
 #include "scratch.h"
 #include "test_util.h"
+#include "verify.h"
 
 Test(core, status_strings_are_distinct) {
     for (int a = 0; a <= OMPK_ERR_RUNTIME; a++)
@@ -205,4 +206,28 @@ Test(core, scratch_cache) {
         ompk_scratch_free(devs[i], r);
     }
     ompk_scratch_trim();
+}
+
+/* verify's flip allowance: a few elements within flip_mult bands pass, one beyond it or too many
+ * do not, and without the allowance any element beyond the band is a mismatch */
+Test(core, verify_flip_allowance) {
+    enum { N = 400 };
+    float o[N];
+    double r[N];
+    for (int i = 0; i < N; i++) o[i] = (float)(r[i] = 1.0 + i);
+    const int64_t sh[1] = {N};
+    const ompk_tensor t = ompk_tensor_make(o, OMPK_F32, 1, sh, ompk_device_host());
+    const ompk_tol plain = {.atol = 0.5, .rtol = 0.0};
+    const ompk_tol flips = {.atol = 0.5, .rtol = 0.0, .flip_mult = 8.0, .flip_div = 200};
+    cr_expect_eq(ompk_verify_report("t", "o", NULL, &t, r, 0, -1, flips), 0);
+    o[3] += 3.0f; /* 6 bands */
+    cr_expect_eq(ompk_verify_report("t", "o", NULL, &t, r, 0, -1, plain), 1);
+    cr_expect_eq(ompk_verify_report("t", "o", NULL, &t, r, 0, -1, flips), 0);
+    o[9] += 1.0f; /* a second flip: max(2, 400 / 200) allowed */
+    cr_expect_eq(ompk_verify_report("t", "o", NULL, &t, r, 0, -1, flips), 0);
+    o[20] += 1.0f; /* a third: too many */
+    cr_expect_eq(ompk_verify_report("t", "o", NULL, &t, r, 0, -1, flips), 3);
+    o[20] -= 1.0f;
+    o[9] += 4.0f; /* 10 bands: beyond the allowance */
+    cr_expect_eq(ompk_verify_report("t", "o", NULL, &t, r, 0, -1, flips), 2);
 }

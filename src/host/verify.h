@@ -15,6 +15,11 @@
 typedef struct ompk_tol {
     double atol;
     double rtol;
+    /* isolated quantisation flips (an operand within fp32 noise of a rounding boundary rounds the
+     * other way in the reference): up to max(2, n / flip_div) elements may reach flip_mult times
+     * the band; 0 allows none */
+    double flip_mult;
+    int64_t flip_div;
 } ompk_tol;
 
 int ompk_verify_enabled(void); /* OMPK_VERIFY=1 */

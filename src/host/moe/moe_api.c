@@ -633,7 +633,8 @@ static ompk_tol moe_verify_tol(const ompk_verify_io *io, int i) {
     double s2 = 0;
     for (int64_t e = 0; e < n; e++) s2 += ref[e] * ref[e];
     double scale = n > 0 ? sqrt(s2 / (double)n) : 1.0;
-    return ompk_tol_for(OMPK_BF16, scale > 0 ? scale : 1.0);
+    const ompk_tol t = ompk_tol_for(OMPK_BF16, scale > 0 ? scale : 1.0);
+    return ((const ompk_moe *)io->ctx)->fmt != OMPK_MOE_BF16 ? ompk_tol_int_flips(t) : t;
 }
 
 static void moe_verify(const ompk_moe *m, const ompk_tensor *x, const ompk_tensor *ids,

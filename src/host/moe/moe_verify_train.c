@@ -26,7 +26,8 @@ static ompk_tol grad_tol(const ompk_verify_io *io, int i) {
     const int64_t n = io->ref_n[i];
     double s = 0.0;
     for (int64_t e = 0; e < n; e++) s += v[e] * v[e];
-    return ompk_tol_moe_grad(m->grad_bf16, n > 0 && s > 0 ? sqrt(s / (double)n) : 1.0);
+    return ompk_tol_moe_grad(m->grad_bf16, m->fmt != OMPK_MOE_BF16,
+                             n > 0 && s > 0 ? sqrt(s / (double)n) : 1.0);
 }
 
 static int lora_f32(const ompk_moe *m, int64_t r, float *la[3], float *lb[3]) {

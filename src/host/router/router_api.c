@@ -36,7 +36,7 @@ static int fwd_ref(const ompk_verify_io *io) {
 /* the kernel forms the same fp32 sums, so both outputs must match exactly */
 static ompk_tol fwd_tol(const ompk_verify_io *io, int i) {
     (void)io, (void)i;
-    const ompk_tol exact = {0.0, 0.0};
+    const ompk_tol exact = {.atol = 0.0, .rtol = 0.0};
     return exact;
 }
 
@@ -128,7 +128,7 @@ static int bwd_ref(const ompk_verify_io *io) {
 /* same fp32 sums in the same order: exact for f32, one rounding for bf16 */
 static ompk_tol bwd_tol(const ompk_verify_io *io, int i) {
     (void)i;
-    const ompk_tol tol = {0.0, io->h[2].dtype == OMPK_BF16 ? 4e-3 : 0.0};
+    const ompk_tol tol = {.rtol = io->h[2].dtype == OMPK_BF16 ? 4e-3 : 0.0};
     return tol;
 }
 
