@@ -12,14 +12,15 @@
 #              baseline library)
 #   peer       bench/peers/moe_sft_peer.py --filter S --reps N with the machine's PyTorch
 #   gemm       bench/peers/amx_gemm_peer.py: PyTorch's own bf16 GEMM per core (the practical ceiling)
-# Options apply to the steps after them.
+# Options apply to the steps after them. Repeated bench and peer steps (interleaved pairs, so a
+# ratio compares the same minutes) number their files: bench-TAG-N.json, peer-N.json.
 set -uo pipefail
 B=$(cd "$1" && pwd)
 shift
 d=/tmp/ompk-host
 [ -f "$d/env.sh" ] || bash "$B/run_host.sh" "$d"
 . "$d/env.sh"
-filter=moe_sft_step reps=3 warmup=2
+filter=moe_sft_step reps=3 warmup=2 nb=0 np=0
 sum=$OUT/summary.txt
 lscpu | grep -E 'Model name|^CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|L2 cache|L3 cache|MHz|Hypervisor' >>"$sum"
 while [ $# -gt 0 ]; do
@@ -49,7 +50,8 @@ while [ $# -gt 0 ]; do
     bench*)
         lib=${s#bench}
         lib=${lib#=}
-        tag=${lib:-new}
+        nb=$((nb + 1))
+        tag=${lib:-new}-$nb
         if [ -n "$lib" ]; then
             mkdir -p "$d/alt" && cp "$d/extra/$lib" "$d/alt/libompk.so.0.1"
             pre="$d/alt:"
@@ -63,10 +65,12 @@ while [ $# -gt 0 ]; do
         grep -E '^ +moe_sft' "$OUT/bench-$tag.log" >>"$sum"
         ;;
     peer)
+        np=$((np + 1))
+        echo "== peer $np (reps $reps) $(date -u +%T)" >>"$sum"
         (cd /tmp && env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 "$d/peers/moe_sft_peer.py" \
-            --filter "$filter" --reps "$reps" --json "$OUT/peer.json") >"$OUT/peer.log" 2>&1
+            --filter "$filter" --reps "$reps" --json "$OUT/peer-$np.json") >"$OUT/peer-$np.log" 2>&1
         echo "peer exit $?" >>"$sum"
-        tail -12 "$OUT/peer.log" >>"$sum"
+        tail -12 "$OUT/peer-$np.log" >>"$sum"
         ;;
     gemm)
         (cd /tmp && env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 "$d/peers/amx_gemm_peer.py" \
