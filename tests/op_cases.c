@@ -455,9 +455,10 @@ static const tu_op_spec ops[] = {
      .syms = "B2 H4 G2 M5 N7 D32 m0",
      .bound = "D",
      .call = att_fwd,
-     /* every mask with GQA groups 1, 4, 8 at lengths of no tile's multiple; every head dim */
+     /* every mask with GQA groups 1, 4, 8 at lengths of no tile's multiple; every head dim;
+      * decode-sized queries against keys the GPU's split-KV forward cuts into several splits */
      .sets = {"B2 H4 G2 M5 N7 D32 m0-2", "B2 G2 H2,8,16 M37 N45 D64 m0-2",
-              "B1 H2 G1 M70 N70 D32,64,80,96,128,256 m1"},
+              "B1 H2 G1 M70 N70 D32,64,80,96,128,256 m1", "B1 G2 H8 M1,3,16 N600 D64,128 m0-2"},
      .valid = att_valid},
     {.name = "ompk_attention_bwd",
      .variant = "attention_bwd",

@@ -56,11 +56,55 @@ static int emu_run(att_case *c) {
     return 1;
 }
 
-static void check(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int64_t dh,
-                  ompk_attention_mask mask, int bshd, double qk_std, uint64_t seed) {
+/* The split-KV forward: every team of (b, kv head, row block, split) emulated, then the merge
+ * of the splits element by element on the host, as the GPU's combine loop runs it. */
+static emu_args dec_args;
+static float *dec_ws;
+static int64_t dec_S, dec_chunk;
+
+static void dec_thread(void *p) {
+    const emu_args *a = p;
+#define EMU_DEC(D)                                                                                 \
+    attf_dec_team(a->g, a->q, a->k, a->v, dec_ws, dec_S, dec_chunk, attf_emu_sk, attf_emu_sv, D)
+    ATT_SWITCH_DH_TC(a->g->dh, EMU_DEC)
+#undef EMU_DEC
+}
+
+static int emu_run_dec(att_case *c) {
+    ompk_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
+    const ompk_tensor *ts[5] = {&c->tq, &c->tk, &c->tv, &c->tout, &c->tlse};
+    int64_t *ss[5] = {g.qs, g.ks, g.vs, g.os, g.ls};
+    for (int i = 0; i < 5; i++)
+        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
+    g.scale = (float)c->scale;
+    g.mask = (int)c->p.mask;
+    g.bf16 = 1;
+    memset(&dec_args, 0, sizeof dec_args);
+    dec_args.g = &g, dec_args.q = c->q.host, dec_args.k = c->k.host, dec_args.v = c->v.host;
+    dec_S = attf_dec_splits(&g, &dec_chunk);
+    const int64_t rows = g.B * g.Hq * g.N, R = (g.Hq / g.Hkv) * g.N;
+    dec_ws = malloc(sizeof(float) * (size_t)(rows * dec_S * (g.dh + 2) + 1));
+    cr_assert(dec_ws);
+    const int64_t teams = g.B * g.Hkv * ((R + ATTF_BQ - 1) / ATTF_BQ) * dec_S;
+    int ok = 1;
+    for (int64_t t = 0; t < teams && ok; t++) {
+        ompk_emu_block = (int)t;
+        ok = emu_team_run(128, dec_thread, &dec_args) == 0;
+    }
+    for (int64_t t = 0; t < rows * g.dh && ok; t++)
+        attf_dec_merge(&g, dec_ws, dec_S, t, c->out.host, c->lse.host);
+    free(dec_ws);
+    return ok;
+}
+
+static void check_with(int (*run)(att_case *), int64_t B, int64_t Hq, int64_t Hkv, int64_t N,
+                       int64_t M, int64_t dh, ompk_attention_mask mask, int bshd, double qk_std,
+                       uint64_t seed) {
     att_case c;
     att_case_new(&c, ompk_device_host(), OMPK_BF16, B, Hq, Hkv, N, M, dh, mask, seed, qk_std, bshd);
-    cr_assert(emu_run(&c), "an emulated team of 128 threads diverged");
+    cr_assert(run(&c), "an emulated team of 128 threads diverged");
     ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk), hv = att_host(&c.v, &c.tv);
     double *ro = malloc(sizeof(double) * (size_t)(c.out.numel + 1));
     double *rl = malloc(sizeof(double) * (size_t)(c.lse.numel + 1));
@@ -84,6 +128,11 @@ static void check(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int6
  * return the GPU's NaN, so NaN handling on bit patterns is checked as the GPU runs it. v runs
  * unmasked only: in a tile that a causal mask cuts, a masked P = 0 still meets it in the mma,
  * and the entry points send such calls to the portable kernel (tc_fwd_safe). */
+static void check(int64_t B, int64_t Hq, int64_t Hkv, int64_t N, int64_t M, int64_t dh,
+                  ompk_attention_mask mask, int bshd, double qk_std, uint64_t seed) {
+    check_with(emu_run, B, Hq, Hkv, N, M, dh, mask, bshd, qk_std, seed);
+}
+
 Test(attention_fast_emu, nonfinite_rows) {
     att_emu_nonfinite(OMPK_BF16, emu_run);
 }
@@ -107,6 +156,24 @@ Test(attention_fast_emu, masks_gqa_odd_lengths) {
 Test(attention_fast_emu, fully_masked_rows_and_large_logits) {
     check(1, 1, 1, 100, 20, 64, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 31);
     check(1, 1, 1, 64, 64, 128, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 30.0, 32);
+}
+
+/* the split-KV forward: several splits (M > 256), a split past a causal limit, GQA groups of
+ * more than one row block, N = 1, fully masked rows, large logits, non-finite inputs */
+Test(attention_fast_emu, splitkv_shapes) {
+    const int64_t dhs[5] = {32, 64, 80, 96, 128};
+    for (int i = 0; i < 5; i++)
+        check_with(emu_run_dec, 1, 2, 1, 3, 300 + 37 * i, dhs[i], OMPK_ATTN_MASK_NONE, i & 1, 1.0,
+                   40 + i);
+    check_with(emu_run_dec, 1, 16, 1, 5, 700, 64, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 46);
+    check_with(emu_run_dec, 2, 4, 2, 1, 530, 128, OMPK_ATTN_MASK_NONE, 1, 1.0, 47);
+    check_with(emu_run_dec, 1, 2, 1, 16, 600, 64, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 1.0, 48);
+    check_with(emu_run_dec, 1, 1, 1, 12, 5, 32, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 49);
+    check_with(emu_run_dec, 1, 2, 1, 4, 520, 128, OMPK_ATTN_MASK_NONE, 0, 30.0, 50);
+}
+
+Test(attention_fast_emu, splitkv_nonfinite) {
+    att_emu_nonfinite(OMPK_BF16, emu_run_dec);
 }
 
 /* ---- backward ------------------------------------------------------------------------- */

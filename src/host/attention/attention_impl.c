@@ -1,6 +1,7 @@
 /* Attention forward and backward: the implementation lists (variant.h). Defaults: on the host
  * the AVX-512 kernels where the CPU has them; on a GPU the tensor-core kernels (bf16 forward and
- * backward, the 3xTF32 forward for f32); the portable kernels everywhere else. */
+ * backward, its split-KV form for N <= 16, the 3xTF32 forward for f32); the portable kernels
+ * everywhere else. */
 #include "attention_impl.h"
 
 #include "cpu.h"
@@ -52,6 +53,20 @@ static ompk_status fwd_tc_run(const void *p, void *ws) {
     return OMPK_OK;
 }
 
+static int fwd_dec_ok(const void *p) {
+    const attention_fwd_call *c = p;
+    return ompk_attn_fwd_decode_ok(c->ex, c->g, c->q, c->k, c->v, c->out) &&
+           tc_fwd_safe(c->ex, c->g, c->v);
+}
+static int64_t fwd_dec_ws(const void *p) {
+    return ompk_attn_fwd_decode_ws(((const attention_fwd_call *)p)->g);
+}
+static ompk_status fwd_dec_run(const void *p, void *ws) {
+    const attention_fwd_call *c = p;
+    ompk_attn_fwd_decode(c->ex, c->g, c->q, c->k, c->v, c->out, c->lse, ws);
+    return OMPK_OK;
+}
+
 static int fwd_tf32_ok(const void *p) {
     const attention_fwd_call *c = p;
     return ompk_attn_fwd_f32tc_ok(c->ex, c->g, c->q, c->k, c->v, c->out) &&
@@ -73,6 +88,7 @@ static ompk_status fwd_portable_run(const void *p, void *ws) {
 
 static const ompk_impl fwd[] = {
     {"host-avx512", 0, cpu_avx512, fwd_host_ok, NULL, fwd_host_run},
+    {"tc-bf16-splitkv", 0, ompk_gpu_kernels_built, fwd_dec_ok, fwd_dec_ws, fwd_dec_run},
     {"tc-bf16", 0, ompk_gpu_kernels_built, fwd_tc_ok, NULL, fwd_tc_run},
     {"tc-3xtf32", 0, ompk_gpu_kernels_built, fwd_tf32_ok, NULL, fwd_tf32_run},
     {"portable", 0, NULL, NULL, NULL, fwd_portable_run},
@@ -131,5 +147,5 @@ const ompk_impl_list ompk_impls_attention_bwd = {bwd, (int)(sizeof bwd / sizeof 
 int attention_impl_bf16_p(const ompk_impl *ran, const ompk_attn_geom *g) {
     if (!ran) return 0;
     if (ran->run == fwd_host_run || ran->run == bwd_host_run) return g->bf16;
-    return ran->run == fwd_tc_run || ran->run == bwd_tc_run;
+    return ran->run == fwd_tc_run || ran->run == fwd_dec_run || ran->run == bwd_tc_run;
 }

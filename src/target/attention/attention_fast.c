@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "attention_kernels.h"
+#include "bf16.h"
 
 /* Register arrays must be indexed by constants only (a run-time index puts them in local
  * memory): their loops are unrolled completely. */
@@ -92,56 +93,27 @@ ATTF_INLINE void attf_load_tile(uint16_t *tile, const uint16_t *base, int64_t rs
     }
 }
 
-/* One team: 64 query rows (block qb of head (b, h)), DH a compile-time constant. */
-ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const uint16_t *k,
-                               const uint16_t *v, uint16_t *out, float *lse, uint16_t *sk,
-                               uint16_t *sv, const int DH) {
-    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
+/* The key loop of a team: keys kb .. ke-1 (kb a multiple of ATTF_BK) of kv head (kh, vh)
+ * against the warp's two rows, whose visible keys end at lim0 / lim1 (already clipped to ke):
+ * the O accumulator and the running maxima m and sums l (per lane, log2 domain) move over them. */
+ATTF_INLINE void attf_fwd_keys(const ompk_attn_geom *g, const uint16_t *kh, const uint16_t *vh,
+                               int64_t kb, int64_t ke, int64_t lim0, int64_t lim1,
+                               uint32_t qa[8][4], float o[16][4], float *m0, float *m1, float *l0,
+                               float *l1, uint16_t *sk, uint16_t *sv, const int DH) {
+    const int tid = OMPK_TID(), lane = tid & 31;
     const int gq = lane >> 2, t4 = lane & 3;
-    const int64_t N = g->N, M = g->M;
-    const int64_t nqb = (N + ATTF_BQ - 1) / ATTF_BQ;
-    const int64_t blk = OMPK_BID();
-    const int64_t bh = blk / nqb;
-    /* heaviest (last, under a causal mask) query blocks first */
-    const int64_t qb = nqb - 1 - (blk - bh * nqb);
-    const int64_t b = bh / g->Hq, h = bh - b * g->Hq, hk = h / (g->Hq / g->Hkv);
-    const int64_t row0 = qb * ATTF_BQ + warp * 16;
-    const int64_t r0 = row0 + gq, r1 = row0 + gq + 8;
+    const int64_t M = g->M;
     const float sl2 = g->scale * ATTF_LOG2E;
-
-    uint32_t qa[8][4];
-    const uint16_t *q0 = q + b * g->qs[0] + h * g->qs[1] + r0 * g->qs[2];
-    const uint16_t *q1 = q + b * g->qs[0] + h * g->qs[1] + r1 * g->qs[2];
-    ATTF_UNROLL
-    for (int ks = 0; ks < DH / 16; ks++) {
-        const int c = ks * 16 + t4 * 2;
-        qa[ks][0] = r0 < N ? *(const uint32_t *)(q0 + c) : 0u;
-        qa[ks][1] = r1 < N ? *(const uint32_t *)(q1 + c) : 0u;
-        qa[ks][2] = r0 < N ? *(const uint32_t *)(q0 + c + 8) : 0u;
-        qa[ks][3] = r1 < N ? *(const uint32_t *)(q1 + c + 8) : 0u;
-    }
-    const int64_t lim0 = r0 < N ? attf_limit(g->mask, r0, N, M) : 0;
-    const int64_t lim1 = r1 < N ? attf_limit(g->mask, r1, N, M) : 0;
-    const int64_t last = (qb + 1) * ATTF_BQ - 1 < N - 1 ? (qb + 1) * ATTF_BQ - 1 : N - 1;
-    const int64_t jmax = attf_limit(g->mask, last, N, M);
-
-    float o[16][4];
-    ATTF_UNROLL
-    for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-
-    const uint16_t *kh = k + b * g->ks[0] + hk * g->ks[1];
-    const uint16_t *vh = v + b * g->vs[0] + hk * g->vs[1];
     /* K and V tiles stream through one shared buffer each: a tile's V is still landing while
      * its S runs on the tensor cores, and the next K lands while P*V runs (cp.async groups,
      * committed K0 V0 K1 V1 ..., so "all but the newest group" is always the one needed). */
-    if (jmax > 0) {
-        attf_load_tile(sk, kh, g->ks[2], 0, M, tid, DH);
+    if (ke > kb) {
+        attf_load_tile(sk, kh, g->ks[2], kb, M, tid, DH);
         attf_cp_commit();
-        attf_load_tile(sv, vh, g->vs[2], 0, M, tid, DH);
+        attf_load_tile(sv, vh, g->vs[2], kb, M, tid, DH);
         attf_cp_commit();
     }
-    for (int64_t kt = 0; kt < jmax; kt += ATTF_BK) {
+    for (int64_t kt = kb; kt < ke; kt += ATTF_BK) {
         attf_cp_wait1();
         OMPK_SYNC();
 
@@ -156,13 +128,13 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
                          *(const uint32_t *)(kr + ks * 16 + 8));
         }
         OMPK_SYNC(); /* every warp is done with this K tile */
-        if (kt + ATTF_BK < jmax) attf_load_tile(sk, kh, g->ks[2], kt + ATTF_BK, M, tid, DH);
+        if (kt + ATTF_BK < ke) attf_load_tile(sk, kh, g->ks[2], kt + ATTF_BK, M, tid, DH);
         attf_cp_commit();
 
         /* visible keys of this tile for rows r0 and r1, as tile-relative counts */
         const int c0 = (int)(lim0 - kt < ATTF_BK ? lim0 - kt : ATTF_BK);
         const int c1 = (int)(lim1 - kt < ATTF_BK ? lim1 - kt : ATTF_BK);
-        att_softmax_tile(s, 8, o, DH, t4, c0, c1, sl2, &m0, &m1, &l0, &l1);
+        att_softmax_tile(s, 8, o, DH, t4, c0, c1, sl2, m0, m1, l0, l1);
         attf_cp_wait1();
         OMPK_SYNC(); /* this V tile has landed */
         ATTF_UNROLL
@@ -183,13 +155,58 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
             }
         }
         OMPK_SYNC(); /* every warp is done with this V tile */
-        if (kt + ATTF_BK < jmax) attf_load_tile(sv, vh, g->vs[2], kt + ATTF_BK, M, tid, DH);
+        if (kt + ATTF_BK < ke) attf_load_tile(sv, vh, g->vs[2], kt + ATTF_BK, M, tid, DH);
         attf_cp_commit();
     }
-    l0 += attf_xor(l0, 1);
-    l0 += attf_xor(l0, 2);
-    l1 += attf_xor(l1, 1);
-    l1 += attf_xor(l1, 2);
+    *l0 += attf_xor(*l0, 1);
+    *l0 += attf_xor(*l0, 2);
+    *l1 += attf_xor(*l1, 1);
+    *l1 += attf_xor(*l1, 2);
+}
+
+/* The A fragments of the warp's two query rows (q0, q1; NULL: a row past the end, zeros). */
+ATTF_INLINE void attf_load_q(uint32_t qa[8][4], const uint16_t *q0, const uint16_t *q1, int t4,
+                             const int DH) {
+    ATTF_UNROLL
+    for (int ks = 0; ks < DH / 16; ks++) {
+        const int c = ks * 16 + t4 * 2;
+        qa[ks][0] = q0 ? *(const uint32_t *)(q0 + c) : 0u;
+        qa[ks][1] = q1 ? *(const uint32_t *)(q1 + c) : 0u;
+        qa[ks][2] = q0 ? *(const uint32_t *)(q0 + c + 8) : 0u;
+        qa[ks][3] = q1 ? *(const uint32_t *)(q1 + c + 8) : 0u;
+    }
+}
+
+/* One team: 64 query rows (block qb of head (b, h)), DH a compile-time constant. */
+ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, uint16_t *out, float *lse, uint16_t *sk,
+                               uint16_t *sv, const int DH) {
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, t4 = lane & 3;
+    const int64_t N = g->N, M = g->M;
+    const int64_t nqb = (N + ATTF_BQ - 1) / ATTF_BQ;
+    const int64_t blk = OMPK_BID();
+    const int64_t bh = blk / nqb;
+    /* heaviest (last, under a causal mask) query blocks first */
+    const int64_t qb = nqb - 1 - (blk - bh * nqb);
+    const int64_t b = bh / g->Hq, h = bh - b * g->Hq, hk = h / (g->Hq / g->Hkv);
+    const int64_t row0 = qb * ATTF_BQ + warp * 16;
+    const int64_t r0 = row0 + gq, r1 = row0 + gq + 8;
+
+    uint32_t qa[8][4];
+    const uint16_t *qh = q + b * g->qs[0] + h * g->qs[1];
+    attf_load_q(qa, r0 < N ? qh + r0 * g->qs[2] : NULL, r1 < N ? qh + r1 * g->qs[2] : NULL, t4, DH);
+    const int64_t lim0 = r0 < N ? attf_limit(g->mask, r0, N, M) : 0;
+    const int64_t lim1 = r1 < N ? attf_limit(g->mask, r1, N, M) : 0;
+    const int64_t last = (qb + 1) * ATTF_BQ - 1 < N - 1 ? (qb + 1) * ATTF_BQ - 1 : N - 1;
+    const int64_t jmax = attf_limit(g->mask, last, N, M);
+
+    float o[16][4];
+    ATTF_UNROLL
+    for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    attf_fwd_keys(g, k + b * g->ks[0] + hk * g->ks[1], v + b * g->vs[0] + hk * g->vs[1], 0, jmax,
+                  lim0, lim1, qa, o, &m0, &m1, &l0, &l1, sk, sv, DH);
     /* 0 / -inf only for a row that sees no key; a NaN sum (a NaN score) stays NaN */
     const float i0 = lim0 > 0 ? 1.f / l0 : 0.f, i1 = lim1 > 0 ? 1.f / l1 : 0.f;
     uint16_t *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
@@ -211,6 +228,111 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
                                       : l1 > 0.f ? (m1 + log2f(l1)) * ATTF_LN2
                                                  : NAN;
     }
+}
+
+/* ---- split-KV forward for few queries (decode) ----------------------------------------------
+ * With N <= ATTF_DEC_NMAX the team's 64 rows are the (query head of the group, query) pairs of
+ * one kv head, so K and V are read once per group, and the keys are cut into S splits of a
+ * whole number of tiles, one team per (b, kv head, row block, split): enough teams to fill the
+ * GPU at any M. A team leaves its split's unnormalised O, running max and sum per row in a
+ * workspace; attf_dec_combine merges the splits in order (deterministic). */
+#define ATTF_DEC_NMAX 16
+
+/* Row rho of the group's G*N rows: query head and query. */
+ATTF_INLINE void attf_dec_row(const ompk_attn_geom *g, int64_t hk, int64_t rho, int64_t *h,
+                              int64_t *i) {
+    *h = hk * (g->Hq / g->Hkv) + rho / g->N;
+    *i = rho % g->N;
+}
+
+/* ws: o [B*Hq*N][S][DH] then m, l [B*Hq*N][S] (log2 domain) */
+ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, float *ws, int64_t S, int64_t chunk, uint16_t *sk,
+                               uint16_t *sv, const int DH) {
+    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, t4 = lane & 3;
+    const int64_t N = g->N, M = g->M, R = (g->Hq / g->Hkv) * N, nrb = (R + ATTF_BQ - 1) / ATTF_BQ;
+    const int64_t blk = OMPK_BID();
+    const int64_t sp = blk % S, rest = blk / S, rb = rest % nrb, bk = rest / nrb;
+    const int64_t b = bk / g->Hkv, hk = bk - b * g->Hkv;
+    const int64_t rho0 = rb * ATTF_BQ + warp * 16 + gq, rho1 = rho0 + 8;
+    int64_t h0 = 0, i0 = 0, h1 = 0, i1 = 0;
+    if (rho0 < R) attf_dec_row(g, hk, rho0, &h0, &i0);
+    if (rho1 < R) attf_dec_row(g, hk, rho1, &h1, &i1);
+
+    uint32_t qa[8][4];
+    attf_load_q(qa, rho0 < R ? q + b * g->qs[0] + h0 * g->qs[1] + i0 * g->qs[2] : NULL,
+                rho1 < R ? q + b * g->qs[0] + h1 * g->qs[1] + i1 * g->qs[2] : NULL, t4, DH);
+    const int64_t kb = sp * chunk, ke = kb + chunk < M ? kb + chunk : M;
+    int64_t lim0 = rho0 < R ? attf_limit(g->mask, i0, N, M) : 0;
+    int64_t lim1 = rho1 < R ? attf_limit(g->mask, i1, N, M) : 0;
+    lim0 = lim0 < ke ? lim0 : ke;
+    lim1 = lim1 < ke ? lim1 : ke;
+    /* the keys any row of the group sees end at the last query's limit */
+    const int64_t jmax = attf_limit(g->mask, N - 1, N, M);
+    const int64_t kend = ke < jmax ? ke : jmax;
+
+    float o[16][4];
+    ATTF_UNROLL
+    for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    attf_fwd_keys(g, k + b * g->ks[0] + hk * g->ks[1], v + b * g->vs[0] + hk * g->vs[1], kb, kend,
+                  lim0, lim1, qa, o, &m0, &m1, &l0, &l1, sk, sv, DH);
+    const int64_t rows = g->B * g->Hq * N;
+    const int64_t row0 = (b * g->Hq + h0) * N + i0, row1 = (b * g->Hq + h1) * N + i1;
+    float *wo0 = ws + (row0 * S + sp) * DH, *wo1 = ws + (row1 * S + sp) * DH;
+    ATTF_UNROLL
+    for (int n = 0; n < DH / 8; n++) {
+        const int c = n * 8 + t4 * 2;
+        if (rho0 < R) wo0[c] = o[n][0], wo0[c + 1] = o[n][1];
+        if (rho1 < R) wo1[c] = o[n][2], wo1[c + 1] = o[n][3];
+    }
+    if (t4 == 0) {
+        float *wm = ws + rows * S * DH, *wl = wm + rows * S;
+        if (rho0 < R) wm[row0 * S + sp] = m0, wl[row0 * S + sp] = l0;
+        if (rho1 < R) wm[row1 * S + sp] = m1, wl[row1 * S + sp] = l1;
+    }
+}
+
+/* Split-KV forward: the keys any row sees cut into chunks of whole tiles, at least 256 keys,
+ * so that groups x splits gives about 1024 teams. A function of the shape only: a call's result
+ * does not depend on the GPU it runs on. */
+ATTF_INLINE int64_t attf_dec_splits(const ompk_attn_geom *g, int64_t *chunk) {
+    const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + ATTF_BQ - 1) / ATTF_BQ;
+    const int64_t groups = g->B * g->Hkv * nrb;
+    const int64_t jmax = g->N > 0 ? attf_limit(g->mask, g->N - 1, g->N, g->M) : 0;
+    const int64_t want = groups >= 1024 ? 1 : (1024 + groups - 1) / groups;
+    int64_t c = (jmax + want - 1) / want;
+    c = (c + ATTF_BK - 1) / ATTF_BK * ATTF_BK;
+    *chunk = c < 256 ? 256 : c;
+    return jmax > 0 ? (jmax + *chunk - 1) / *chunk : 1;
+}
+
+/* Element t of out (row-major over b, h, i, d) from the splits, merged in split order against
+ * their largest maximum: a split that saw no key (m = -inf, l = 0) weighs 0; NaN in a split's sum
+ * or O reaches the row. d == 0 also writes the row's lse. */
+ATTF_INLINE void attf_dec_merge(const ompk_attn_geom *g, const float *ws, int64_t S, int64_t t,
+                                uint16_t *out, float *lse) {
+    const int64_t DH = g->dh, rows = g->B * g->Hq * g->N;
+    const int64_t row = t / DH, d = t - row * DH, i = row % g->N, bh = row / g->N;
+    const int64_t b = bh / g->Hq, h = bh - b * g->Hq;
+    const float *wm = ws + rows * S * DH + row * S, *wl = wm + rows * S;
+    float mx = -INFINITY;
+    for (int64_t sp = 0; sp < S; sp++) mx = wm[sp] > mx ? wm[sp] : mx;
+    const float base = mx == -INFINITY ? 0.f : mx;
+    float L = 0.f, O = 0.f;
+    for (int64_t sp = 0; sp < S; sp++) {
+        const float w = exp2f(wm[sp] - base);
+        L += wl[sp] * w;
+        O += ws[(row * S + sp) * DH + d] * w;
+    }
+    const int sees = attf_limit(g->mask, i, g->N, g->M) > 0;
+    out[b * g->os[0] + h * g->os[1] + i * g->os[2] + d] =
+        ompk_f32_to_bf16(sees ? O * (1.f / L) : 0.f);
+    if (lse && d == 0)
+        lse[b * g->ls[0] + h * g->ls[1] + i * g->ls[2]] = !sees     ? -INFINITY
+                                                          : L > 0.f ? (mx + log2f(L)) * ATTF_LN2
+                                                                    : NAN;
 }
 
 /* ---- backward (FlashAttention-2 recompute, two kernels, no atomics) ---------------------
@@ -519,6 +641,62 @@ void ompk_attn_bwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *dout,
 #undef ATTF_BWD
 }
 
+int64_t ompk_attn_fwd_decode_ws(const ompk_attn_geom *g) {
+    int64_t chunk;
+    const int64_t S = attf_dec_splits(g, &chunk);
+    return (int64_t)sizeof(float) * g->B * g->Hq * g->N * S * (g->dh + 2);
+}
+
+int ompk_attn_fwd_decode_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                            const void *v, const void *out) {
+    if (g->N > ATTF_DEC_NMAX || g->N < 1 || !ompk_attn_fwd_fast_ok(ex, g, q, k, v, out)) return 0;
+    int64_t chunk;
+    const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + ATTF_BQ - 1) / ATTF_BQ;
+    return g->B * g->Hkv * nrb * attf_dec_splits(g, &chunk) <= 0x7fffffff;
+}
+
+// clang-format off
+#define ATTF_LAUNCH_DEC(DH)                                                                        \
+    static void attf_dec_##DH(ompk_exec ex, const ompk_attn_geom *gp, const uint16_t *q,           \
+                              const uint16_t *k, const uint16_t *v, float *ws, int64_t S,          \
+                              int64_t chunk) {                                                     \
+        const ompk_attn_geom g = *gp;                                                              \
+        const int64_t R = (g.Hq / g.Hkv) * g.N;                                                    \
+        const int teams = (int)(g.B * g.Hkv * ((R + ATTF_BQ - 1) / ATTF_BQ) * S);                  \
+        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(128) device(ex.device) is_device_ptr(q, k, v, ws) firstprivate(g, S, chunk)") \
+        {                                                                                          \
+            static uint16_t sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
+            static uint16_t sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
+            _Pragma("omp allocate(sk, sv) allocator(omp_pteam_mem_alloc)")                         \
+            attf_dec_team(&g, q, k, v, ws, S, chunk, sk, sv, DH);                                  \
+        }                                                                                          \
+    }
+ATTF_LAUNCH_DEC(32)
+ATTF_LAUNCH_DEC(64)
+ATTF_LAUNCH_DEC(80)
+ATTF_LAUNCH_DEC(96)
+ATTF_LAUNCH_DEC(128)
+// clang-format on
+
+static void attf_dec_combine(ompk_exec ex, const ompk_attn_geom *gp, const float *ws, int64_t S,
+                             uint16_t *out, float *lse) {
+    const ompk_attn_geom g = *gp;
+    const int64_t n = g.B * g.Hq * g.N * g.dh;
+#pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
+    is_device_ptr(ws, out, lse) firstprivate(g, S)
+    for (int64_t t = 0; t < n; t++) attf_dec_merge(&g, ws, S, t, out, lse);
+}
+
+void ompk_attn_fwd_decode(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                          const void *v, void *out, float *lse, float *ws) {
+    int64_t chunk;
+    const int64_t S = attf_dec_splits(g, &chunk);
+#define ATTF_DEC(D) attf_dec_##D(ex, g, q, k, v, ws, S, chunk)
+    ATT_SWITCH_DH_TC(g->dh, ATTF_DEC)
+#undef ATTF_DEC
+    attf_dec_combine(ex, g, ws, S, out, lse);
+}
+
 void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                         const void *v, void *out, float *lse) {
 #define ATTF_FWD(D) attf_launch_##D(ex, g, q, k, v, out, lse)
@@ -539,6 +717,23 @@ int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, 
 
 void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                         const void *v, void *out, float *lse) {
+    ompk_attn_fwd_portable(ex, g, q, k, v, out, lse);
+}
+
+int ompk_attn_fwd_decode_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                            const void *v, const void *out) {
+    (void)ex, (void)g, (void)q, (void)k, (void)v, (void)out;
+    return 0;
+}
+
+int64_t ompk_attn_fwd_decode_ws(const ompk_attn_geom *g) {
+    (void)g;
+    return 0;
+}
+
+void ompk_attn_fwd_decode(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                          const void *v, void *out, float *lse, float *ws) {
+    (void)ws;
     ompk_attn_fwd_portable(ex, g, q, k, v, out, lse);
 }
 

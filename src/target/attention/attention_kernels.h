@@ -50,6 +50,14 @@ int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, 
                           const void *v, const void *out);
 void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                         const void *v, void *out, float *lse);
+/* GPU split-KV forward for few queries (decode, N <= 16; attention_fast.c): the group's query
+ * heads share the K/V tiles and the keys are split over teams; the same conditions as the
+ * tensor-core forward otherwise. ws: ompk_attn_fwd_decode_ws(g) bytes on ex's device. */
+int ompk_attn_fwd_decode_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                            const void *v, const void *out);
+int64_t ompk_attn_fwd_decode_ws(const ompk_attn_geom *g);
+void ompk_attn_fwd_decode(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                          const void *v, void *out, float *lse, float *ws);
 /* GPU forward for f32 on the tensor cores through 3xTF32 (attention_f32tc.c): whether it can
  * serve this call (target tensors, f32, dh in {32, 64, 80, 96, 128}, 16-byte aligned rows),
  * and the kernel. */
