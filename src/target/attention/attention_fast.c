@@ -294,14 +294,14 @@ ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const
     }
 }
 
-/* Split-KV forward: the keys any row sees cut into chunks of whole tiles, at least 256 keys,
- * so that groups x splits gives about 1024 teams. A function of the shape only: a call's result
- * does not depend on the GPU it runs on. */
+/* Split-KV forward: the keys any row sees cut into chunks of whole tiles, at least 256 keys, so
+ * that groups x splits gives about 2048 teams (several waves of resident teams, a short tail).
+ * A function of the shape only: a call's result does not depend on the GPU it runs on. */
 ATTF_INLINE int64_t attf_dec_splits(const ompk_attn_geom *g, int64_t *chunk) {
     const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + ATTF_BQ - 1) / ATTF_BQ;
     const int64_t groups = g->B * g->Hkv * nrb;
     const int64_t jmax = g->N > 0 ? attf_limit(g->mask, g->N - 1, g->N, g->M) : 0;
-    const int64_t want = groups >= 1024 ? 1 : (1024 + groups - 1) / groups;
+    const int64_t want = groups >= 2048 ? 1 : (2048 + groups - 1) / groups;
     int64_t c = (jmax + want - 1) / want;
     c = (c + ATTF_BK - 1) / ATTF_BK * ATTF_BK;
     *chunk = c < 256 ? 256 : c;
