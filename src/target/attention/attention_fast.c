@@ -78,10 +78,11 @@ ATTF_INLINE int64_t attf_limit(int mask, int64_t i, int64_t n, int64_t m) {
     return lim < 0 ? 0 : lim;
 }
 
-/* Rows kt .. kt+63 of one head's K or V into a shared tile (zeros past M). */
-ATTF_INLINE void attf_load_tile(uint16_t *tile, const uint16_t *base, int64_t rs, int64_t kt,
-                                int64_t M, int tid, const int DH) {
-    for (int c = tid; c < ATTF_BK * DH / 8; c += 128) {
+/* Rows kt .. kt+63 of one head's K or V into a shared tile (zeros past M), by the team's nthr
+ * threads. */
+ATTF_INLINE void attf_load_tile_n(uint16_t *tile, const uint16_t *base, int64_t rs, int64_t kt,
+                                  int64_t M, int tid, const int DH, const int nthr) {
+    for (int c = tid; c < ATTF_BK * DH / 8; c += nthr) {
         const int rr = c / (DH / 8), cc = (c - rr * (DH / 8)) * 8;
         uint16_t *d = tile + rr * ATTF_LD + cc;
         if (kt + rr < M) {
@@ -93,13 +94,19 @@ ATTF_INLINE void attf_load_tile(uint16_t *tile, const uint16_t *base, int64_t rs
     }
 }
 
+ATTF_INLINE void attf_load_tile(uint16_t *tile, const uint16_t *base, int64_t rs, int64_t kt,
+                                int64_t M, int tid, const int DH) {
+    attf_load_tile_n(tile, base, rs, kt, M, tid, DH, 128);
+}
+
 /* The key loop of a team: keys kb .. ke-1 (kb a multiple of ATTF_BK) of kv head (kh, vh)
  * against the warp's two rows, whose visible keys end at lim0 / lim1 (already clipped to ke):
  * the O accumulator and the running maxima m and sums l (per lane, log2 domain) move over them. */
 ATTF_INLINE void attf_fwd_keys(const ompk_attn_geom *g, const uint16_t *kh, const uint16_t *vh,
                                int64_t kb, int64_t ke, int64_t lim0, int64_t lim1,
                                uint32_t qa[8][4], float o[16][4], float *m0, float *m1, float *l0,
-                               float *l1, uint16_t *sk, uint16_t *sv, const int DH) {
+                               float *l1, uint16_t *sk, uint16_t *sv, const int DH,
+                               const int nthr) {
     const int tid = OMPK_TID(), lane = tid & 31;
     const int gq = lane >> 2, t4 = lane & 3;
     const int64_t M = g->M;
@@ -108,9 +115,9 @@ ATTF_INLINE void attf_fwd_keys(const ompk_attn_geom *g, const uint16_t *kh, cons
      * its S runs on the tensor cores, and the next K lands while P*V runs (cp.async groups,
      * committed K0 V0 K1 V1 ..., so "all but the newest group" is always the one needed). */
     if (ke > kb) {
-        attf_load_tile(sk, kh, g->ks[2], kb, M, tid, DH);
+        attf_load_tile_n(sk, kh, g->ks[2], kb, M, tid, DH, nthr);
         attf_cp_commit();
-        attf_load_tile(sv, vh, g->vs[2], kb, M, tid, DH);
+        attf_load_tile_n(sv, vh, g->vs[2], kb, M, tid, DH, nthr);
         attf_cp_commit();
     }
     for (int64_t kt = kb; kt < ke; kt += ATTF_BK) {
@@ -128,7 +135,7 @@ ATTF_INLINE void attf_fwd_keys(const ompk_attn_geom *g, const uint16_t *kh, cons
                          *(const uint32_t *)(kr + ks * 16 + 8));
         }
         OMPK_SYNC(); /* every warp is done with this K tile */
-        if (kt + ATTF_BK < ke) attf_load_tile(sk, kh, g->ks[2], kt + ATTF_BK, M, tid, DH);
+        if (kt + ATTF_BK < ke) attf_load_tile_n(sk, kh, g->ks[2], kt + ATTF_BK, M, tid, DH, nthr);
         attf_cp_commit();
 
         /* visible keys of this tile for rows r0 and r1, as tile-relative counts */
@@ -155,7 +162,7 @@ ATTF_INLINE void attf_fwd_keys(const ompk_attn_geom *g, const uint16_t *kh, cons
             }
         }
         OMPK_SYNC(); /* every warp is done with this V tile */
-        if (kt + ATTF_BK < ke) attf_load_tile(sv, vh, g->vs[2], kt + ATTF_BK, M, tid, DH);
+        if (kt + ATTF_BK < ke) attf_load_tile_n(sv, vh, g->vs[2], kt + ATTF_BK, M, tid, DH, nthr);
         attf_cp_commit();
     }
     *l0 += attf_xor(*l0, 1);
@@ -206,7 +213,7 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     attf_fwd_keys(g, k + b * g->ks[0] + hk * g->ks[1], v + b * g->vs[0] + hk * g->vs[1], 0, jmax,
-                  lim0, lim1, qa, o, &m0, &m1, &l0, &l1, sk, sv, DH);
+                  lim0, lim1, qa, o, &m0, &m1, &l0, &l1, sk, sv, DH, 128);
     /* 0 / -inf only for a row that sees no key; a NaN sum (a NaN score) stays NaN */
     const float i0 = lim0 > 0 ? 1.f / l0 : 0.f, i1 = lim1 > 0 ? 1.f / l1 : 0.f;
     uint16_t *o0 = out + b * g->os[0] + h * g->os[1] + r0 * g->os[2];
@@ -231,12 +238,16 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
 }
 
 /* ---- split-KV forward for few queries (decode) ----------------------------------------------
- * With N <= ATTF_DEC_NMAX the team's 64 rows are the (query head of the group, query) pairs of
- * one kv head, so K and V are read once per group, and the keys are cut into S splits of a
+ * With N <= ATTF_DEC_NMAX the team's rows are the (query head of the group, query) pairs of one
+ * kv head, so K and V are read once per group, and the keys are cut into S splits of a
  * whole number of tiles, one team per (b, kv head, row block, split): enough teams to fill the
  * GPU at any M. A team leaves its split's unnormalised O, running max and sum per row in a
  * workspace; attf_dec_combine merges the splits in order (deterministic). */
 #define ATTF_DEC_NMAX 16
+/* one warp per team: few rows per kv head, and small teams keep more of them (and their tile
+ * loads) resident per SM */
+#define ATTF_DEC_THREADS 32
+#define ATTF_DEC_ROWS (ATTF_DEC_THREADS / 32 * 16)
 
 /* Row rho of the group's G*N rows: query head and query. */
 ATTF_INLINE void attf_dec_row(const ompk_attn_geom *g, int64_t hk, int64_t rho, int64_t *h,
@@ -251,11 +262,12 @@ ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const
                                uint16_t *sv, const int DH) {
     const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
-    const int64_t N = g->N, M = g->M, R = (g->Hq / g->Hkv) * N, nrb = (R + ATTF_BQ - 1) / ATTF_BQ;
+    const int64_t N = g->N, M = g->M, R = (g->Hq / g->Hkv) * N,
+                  nrb = (R + ATTF_DEC_ROWS - 1) / ATTF_DEC_ROWS;
     const int64_t blk = OMPK_BID();
     const int64_t sp = blk % S, rest = blk / S, rb = rest % nrb, bk = rest / nrb;
     const int64_t b = bk / g->Hkv, hk = bk - b * g->Hkv;
-    const int64_t rho0 = rb * ATTF_BQ + warp * 16 + gq, rho1 = rho0 + 8;
+    const int64_t rho0 = rb * ATTF_DEC_ROWS + warp * 16 + gq, rho1 = rho0 + 8;
     int64_t h0 = 0, i0 = 0, h1 = 0, i1 = 0;
     if (rho0 < R) attf_dec_row(g, hk, rho0, &h0, &i0);
     if (rho1 < R) attf_dec_row(g, hk, rho1, &h1, &i1);
@@ -277,7 +289,7 @@ ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const
     for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     attf_fwd_keys(g, k + b * g->ks[0] + hk * g->ks[1], v + b * g->vs[0] + hk * g->vs[1], kb, kend,
-                  lim0, lim1, qa, o, &m0, &m1, &l0, &l1, sk, sv, DH);
+                  lim0, lim1, qa, o, &m0, &m1, &l0, &l1, sk, sv, DH, ATTF_DEC_THREADS);
     const int64_t rows = g->B * g->Hq * N;
     const int64_t row0 = (b * g->Hq + h0) * N + i0, row1 = (b * g->Hq + h1) * N + i1;
     float *wo0 = ws + (row0 * S + sp) * DH, *wo1 = ws + (row1 * S + sp) * DH;
@@ -298,7 +310,7 @@ ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const
  * that groups x splits gives about 2048 teams (several waves of resident teams, a short tail).
  * A function of the shape only: a call's result does not depend on the GPU it runs on. */
 ATTF_INLINE int64_t attf_dec_splits(const ompk_attn_geom *g, int64_t *chunk) {
-    const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + ATTF_BQ - 1) / ATTF_BQ;
+    const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + ATTF_DEC_ROWS - 1) / ATTF_DEC_ROWS;
     const int64_t groups = g->B * g->Hkv * nrb;
     const int64_t jmax = g->N > 0 ? attf_limit(g->mask, g->N - 1, g->N, g->M) : 0;
     const int64_t want = groups >= 2048 ? 1 : (2048 + groups - 1) / groups;
@@ -651,7 +663,7 @@ int ompk_attn_fwd_decode_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q
                             const void *v, const void *out) {
     if (g->N > ATTF_DEC_NMAX || g->N < 1 || !ompk_attn_fwd_fast_ok(ex, g, q, k, v, out)) return 0;
     int64_t chunk;
-    const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + ATTF_BQ - 1) / ATTF_BQ;
+    const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + ATTF_DEC_ROWS - 1) / ATTF_DEC_ROWS;
     return g->B * g->Hkv * nrb * attf_dec_splits(g, &chunk) <= 0x7fffffff;
 }
 
@@ -662,8 +674,8 @@ int ompk_attn_fwd_decode_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q
                               int64_t chunk) {                                                     \
         const ompk_attn_geom g = *gp;                                                              \
         const int64_t R = (g.Hq / g.Hkv) * g.N;                                                    \
-        const int teams = (int)(g.B * g.Hkv * ((R + ATTF_BQ - 1) / ATTF_BQ) * S);                  \
-        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(128) device(ex.device) is_device_ptr(q, k, v, ws) firstprivate(g, S, chunk)") \
+        const int teams = (int)(g.B * g.Hkv * ((R + ATTF_DEC_ROWS - 1) / ATTF_DEC_ROWS) * S);                  \
+        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(ATTF_DEC_THREADS) device(ex.device) is_device_ptr(q, k, v, ws) firstprivate(g, S, chunk)") \
         {                                                                                          \
             static uint16_t sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
             static uint16_t sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
