@@ -74,7 +74,8 @@ static int bench_decode(ompk_bench_ctx *ctx) {
     for (int fast = 0; fast < 2; fast++) {
         ompk_variant_force("attention_fwd", fast ? "tc-bf16" : NULL);
         for (int s = 0; s < 6; s++)
-            rc |= dec_shape(ctx, shapes[s][0], shapes[s][1], shapes[s][2], fast ? "tc-bf16" : NULL);
+            rc |= dec_shape(ctx, shapes[s][0], shapes[s][1], shapes[s][2],
+                            fast ? "tc-bf16" : "tc-bf16-splitkv");
     }
     ompk_variant_force("attention_fwd", NULL);
     return rc;
