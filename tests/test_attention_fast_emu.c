@@ -87,11 +87,11 @@ static int emu_run_dec(att_case *c) {
     const int64_t rows = g.B * g.Hq * g.N, R = (g.Hq / g.Hkv) * g.N;
     dec_ws = malloc(sizeof(float) * (size_t)(rows * dec_S * (g.dh + 2) + 1));
     cr_assert(dec_ws);
-    const int64_t teams = g.B * g.Hkv * ((R + ATTF_DEC_ROWS - 1) / ATTF_DEC_ROWS) * dec_S;
+    const int64_t teams = g.B * g.Hkv * ((R + attf_dec_rows(&g) - 1) / attf_dec_rows(&g)) * dec_S;
     int ok = 1;
     for (int64_t t = 0; t < teams && ok; t++) {
         ompk_emu_block = (int)t;
-        ok = emu_team_run(ATTF_DEC_THREADS, dec_thread, &dec_args) == 0;
+        ok = emu_team_run(128, dec_thread, &dec_args) == 0;
     }
     for (int64_t t = 0; t < rows * g.dh && ok; t++)
         attf_dec_merge(&g, dec_ws, dec_S, t, c->out.host, c->lse.host);
