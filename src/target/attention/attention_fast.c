@@ -789,7 +789,7 @@ int ompk_attn_fwd_decode_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q
                               int64_t chunk) {                                                     \
         const ompk_attn_geom g = *gp;                                                              \
         const int64_t R = (g.Hq / g.Hkv) * g.N;                                                    \
-        const int teams = (int)(g.B * g.Hkv * ((R + attf_dec_rows(g) - 1) / attf_dec_rows(g)) * S);                  \
+        const int teams = (int)(g.B * g.Hkv * ((R + attf_dec_rows(&g) - 1) / attf_dec_rows(&g)) * S);                  \
         _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(128) device(ex.device) is_device_ptr(q, k, v, ws) firstprivate(g, S, chunk)") \
         {                                                                                          \
             static uint16_t sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
