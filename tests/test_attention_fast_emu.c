@@ -65,7 +65,8 @@ static int64_t dec_S, dec_chunk;
 static void dec_thread(void *p) {
     const emu_args *a = p;
 #define EMU_DEC(D)                                                                                 \
-    attf_dec_team(a->g, a->q, a->k, a->v, dec_ws, dec_S, dec_chunk, attf_emu_sk, attf_emu_sv, D)
+    attf_dec_team(a->g, a->q, a->k, a->v, dec_ws, dec_S, dec_chunk, attf_emu_sk, attf_emu_sv, D,   \
+                  attf_dec_warps(a->g))
     ATT_SWITCH_DH_TC(a->g->dh, EMU_DEC)
 #undef EMU_DEC
 }
@@ -87,11 +88,12 @@ static int emu_run_dec(att_case *c) {
     const int64_t rows = g.B * g.Hq * g.N, R = (g.Hq / g.Hkv) * g.N;
     dec_ws = malloc(sizeof(float) * (size_t)(rows * dec_S * (g.dh + 2) + 1));
     cr_assert(dec_ws);
-    const int64_t teams = g.B * g.Hkv * ((R + attf_dec_rows(&g) - 1) / attf_dec_rows(&g)) * dec_S;
+    const int64_t rpt = 16 * attf_dec_warps(&g),
+                  teams = g.B * g.Hkv * ((R + rpt - 1) / rpt) * dec_S;
     int ok = 1;
     for (int64_t t = 0; t < teams && ok; t++) {
         ompk_emu_block = (int)t;
-        ok = emu_team_run(128, dec_thread, &dec_args) == 0;
+        ok = emu_team_run(32 * attf_dec_warps(&g), dec_thread, &dec_args) == 0;
     }
     for (int64_t t = 0; t < rows * g.dh && ok; t++)
         attf_dec_merge(&g, dec_ws, dec_S, t, c->out.host, c->lse.host);
@@ -158,8 +160,9 @@ Test(attention_fast_emu, fully_masked_rows_and_large_logits) {
     check(1, 1, 1, 64, 64, 128, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 30.0, 32);
 }
 
-/* the split-KV forward: several splits (M > 256), a split past a causal limit, GQA groups of
- * more than one row block, N = 1, fully masked rows, large logits, non-finite inputs */
+/* the split-KV forward: one-warp (up to 16 rows per kv head) and four-warp teams, several
+ * splits (M > 256), a split past a causal limit, GQA groups of more than one row block, N = 1,
+ * fully masked rows, large logits, non-finite inputs */
 Test(attention_fast_emu, splitkv_shapes) {
     const int64_t dhs[5] = {32, 64, 80, 96, 128};
     for (int i = 0; i < 5; i++)
@@ -168,6 +171,7 @@ Test(attention_fast_emu, splitkv_shapes) {
     check_with(emu_run_dec, 1, 16, 1, 5, 700, 64, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 46);
     check_with(emu_run_dec, 2, 4, 2, 1, 530, 128, OMPK_ATTN_MASK_NONE, 1, 1.0, 47);
     check_with(emu_run_dec, 1, 2, 1, 16, 600, 64, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 1.0, 48);
+    check_with(emu_run_dec, 1, 8, 1, 3, 1200, 64, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 1, 1.0, 51);
     check_with(emu_run_dec, 1, 1, 1, 12, 5, 32, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 49);
     check_with(emu_run_dec, 1, 2, 1, 4, 520, 128, OMPK_ATTN_MASK_NONE, 0, 30.0, 50);
 }

@@ -241,16 +241,15 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
  * With N <= ATTF_DEC_NMAX a team's rows are (query head of the group, query) pairs of one kv
  * head, so K and V are read once per group, and the keys are cut into S splits of a whole number
  * of tiles, one team per (b, kv head, row block, split): enough teams to fill the GPU at any M.
- * More than 16 rows per kv head: blocks of 64 rows, a warp's 16 rows against every key of a tile
- * (the forward's loop). Up to 16: one block of 16 rows, and the 4 warps split each tile's keys
- * (16 each) and merge their running max, sum and O through shared memory at the end. A team
- * leaves its split's unnormalised O, max and sum per row in a workspace; attf_dec_merge merges
- * the splits in order (deterministic). */
+ * Up to 16 rows per kv head a team is one warp (16 rows): small teams keep more of them, and more
+ * tile loads, resident per SM; more rows: 4 warps, 64 rows, as the forward. A team leaves its
+ * split's unnormalised O, running max and sum per row in a workspace; attf_dec_merge merges the
+ * splits in order (deterministic). */
 #define ATTF_DEC_NMAX 16
 
-/* rows per team: 64 (row split over warps) or 16 (key split) */
-ATTF_INLINE int64_t attf_dec_rows(const ompk_attn_geom *g) {
-    return (g->Hq / g->Hkv) * g->N > 16 ? ATTF_BQ : 16;
+/* warps per team */
+ATTF_INLINE int attf_dec_warps(const ompk_attn_geom *g) {
+    return (g->Hq / g->Hkv) * g->N > 16 ? 4 : 1;
 }
 
 /* Row rho of the group's G*N rows: query head and query. */
@@ -260,102 +259,17 @@ ATTF_INLINE void attf_dec_row(const ompk_attn_geom *g, int64_t hk, int64_t rho, 
     *i = rho % g->N;
 }
 
-/* Warp w's state after the key-split loop: O [16][DH], max [16], sum [16] floats, two warps in
- * each tile buffer (2 x 16 x (DH + 2) floats fit one for DH <= 128). */
-ATTF_INLINE float *attf_dec_state(uint16_t *sk, uint16_t *sv, int w, const int DH) {
-    return (float *)(w < 2 ? sk : sv) + (w & 1) * 16 * (DH + 2);
-}
-
-/* The key-split loop: warp w takes keys 16w .. 16w+15 of each tile for the team's 16 rows; at the
- * end each warp leaves its O, running max and sum (log2 domain) in shared memory
- * (attf_dec_state). */
-ATTF_INLINE void attf_dec_keys_split(const ompk_attn_geom *g, const uint16_t *kh,
-                                     const uint16_t *vh, int64_t kb, int64_t ke, int64_t lim0,
-                                     int64_t lim1, uint32_t qa[8][4], uint16_t *sk, uint16_t *sv,
-                                     const int DH) {
-    const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
-    const int gq = lane >> 2, t4 = lane & 3;
-    const int64_t M = g->M;
-    const float sl2 = g->scale * ATTF_LOG2E;
-    float o[16][4];
-    ATTF_UNROLL
-    for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    if (ke > kb) {
-        attf_load_tile(sk, kh, g->ks[2], kb, M, tid, DH);
-        attf_cp_commit();
-        attf_load_tile(sv, vh, g->vs[2], kb, M, tid, DH);
-        attf_cp_commit();
-    }
-    for (int64_t kt = kb; kt < ke; kt += ATTF_BK) {
-        attf_cp_wait1();
-        OMPK_SYNC();
-        float s[2][4];
-        ATTF_UNROLL
-        for (int nt = 0; nt < 2; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-            const uint16_t *kr = sk + ((2 * warp + nt) * 8 + gq) * ATTF_LD + t4 * 2;
-            ATTF_UNROLL
-            for (int ks = 0; ks < DH / 16; ks++)
-                attf_mma(s[nt], qa[ks], *(const uint32_t *)(kr + ks * 16),
-                         *(const uint32_t *)(kr + ks * 16 + 8));
-        }
-        OMPK_SYNC();
-        if (kt + ATTF_BK < ke) attf_load_tile(sk, kh, g->ks[2], kt + ATTF_BK, M, tid, DH);
-        attf_cp_commit();
-        const int64_t w0 = kt + 16 * warp;
-        const int c0 = (int)(lim0 - w0 < 16 ? lim0 - w0 : 16);
-        const int c1 = (int)(lim1 - w0 < 16 ? lim1 - w0 : 16);
-        att_softmax_tile(s, 2, o, DH, t4, c0, c1, sl2, &m0, &m1, &l0, &l1);
-        attf_cp_wait1();
-        OMPK_SYNC();
-        uint32_t pa[4];
-        pa[0] = attf_pack(s[0][0], s[0][1]);
-        pa[1] = attf_pack(s[0][2], s[0][3]);
-        pa[2] = attf_pack(s[1][0], s[1][1]);
-        pa[3] = attf_pack(s[1][2], s[1][3]);
-        const int mi = lane >> 3, rr = lane & 7;
-        const uint16_t *vp = sv + (warp * 16 + (mi & 1) * 8 + rr) * ATTF_LD + (mi >> 1) * 8;
-        ATTF_UNROLL
-        for (int nd = 0; nd < DH / 16; nd++) {
-            uint32_t vb[4];
-            attf_ldsm_x4_t(vb, vp + nd * 16);
-            attf_mma(o[2 * nd], pa, vb[0], vb[1]);
-            attf_mma(o[2 * nd + 1], pa, vb[2], vb[3]);
-        }
-        OMPK_SYNC();
-        if (kt + ATTF_BK < ke) attf_load_tile(sv, vh, g->vs[2], kt + ATTF_BK, M, tid, DH);
-        attf_cp_commit();
-    }
-    l0 += attf_xor(l0, 1);
-    l0 += attf_xor(l0, 2);
-    l1 += attf_xor(l1, 1);
-    l1 += attf_xor(l1, 2);
-    attf_cp_wait0();
-    OMPK_SYNC(); /* the tiles' memory is free: warps 0-1 leave their state in sk, 2-3 in sv */
-    float *wo = attf_dec_state(sk, sv, warp, DH), *wm = wo + 16 * DH, *wl = wm + 16;
-    ATTF_UNROLL
-    for (int n = 0; n < DH / 8; n++) {
-        const int c = n * 8 + t4 * 2;
-        wo[gq * DH + c] = o[n][0], wo[gq * DH + c + 1] = o[n][1];
-        wo[(gq + 8) * DH + c] = o[n][2], wo[(gq + 8) * DH + c + 1] = o[n][3];
-    }
-    if (t4 == 0) wm[gq] = m0, wl[gq] = l0, wm[gq + 8] = m1, wl[gq + 8] = l1;
-    OMPK_SYNC();
-}
-
 /* ws: o [B*Hq*N][S][DH] then m, l [B*Hq*N][S] (log2 domain) */
 ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const uint16_t *k,
                                const uint16_t *v, float *ws, int64_t S, int64_t chunk, uint16_t *sk,
-                               uint16_t *sv, const int DH) {
+                               uint16_t *sv, const int DH, const int NW) {
     const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
-    const int64_t N = g->N, M = g->M, R = (g->Hq / g->Hkv) * N, RPT = attf_dec_rows(g);
-    const int split = RPT == 16, nrb = (int)((R + RPT - 1) / RPT);
+    const int64_t N = g->N, M = g->M, R = (g->Hq / g->Hkv) * N, nrb = (R + 16 * NW - 1) / (16 * NW);
     const int64_t blk = OMPK_BID();
     const int64_t sp = blk % S, rest = blk / S, rb = rest % nrb, bk = rest / nrb;
     const int64_t b = bk / g->Hkv, hk = bk - b * g->Hkv;
-    const int64_t rho0 = rb * RPT + (split ? 0 : warp * 16) + gq, rho1 = rho0 + 8;
+    const int64_t rho0 = rb * 16 * NW + warp * 16 + gq, rho1 = rho0 + 8;
     int64_t h0 = 0, i0 = 0, h1 = 0, i1 = 0;
     if (rho0 < R) attf_dec_row(g, hk, rho0, &h0, &i0);
     if (rho1 < R) attf_dec_row(g, hk, rho1, &h1, &i1);
@@ -371,42 +285,14 @@ ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const
     /* the keys any row of the group sees end at the last query's limit */
     const int64_t jmax = attf_limit(g->mask, N - 1, N, M);
     const int64_t kend = ke < jmax ? ke : jmax;
-    const uint16_t *kh = k + b * g->ks[0] + hk * g->ks[1], *vh = v + b * g->vs[0] + hk * g->vs[1];
-    const int64_t rows = g->B * g->Hq * N;
-    float *wm = ws + rows * S * DH, *wl = wm + rows * S;
 
-    if (split) {
-        attf_dec_keys_split(g, kh, vh, kb, kend, lim0, lim1, qa, sk, sv, DH);
-        /* the four warps' states merged against their largest max, as the splits are later */
-        for (int e = tid; e < 16 * DH; e += 128) {
-            const int r = e / DH, d = e - r * DH;
-            if (rb * 16 + r >= R) continue;
-            float mx = -INFINITY;
-            for (int w = 0; w < 4; w++) {
-                const float mw = attf_dec_state(sk, sv, w, DH)[16 * DH + r];
-                mx = mw > mx ? mw : mx;
-            }
-            const float base = mx == -INFINITY ? 0.f : mx;
-            float acc = 0.f, l = 0.f;
-            for (int w = 0; w < 4; w++) {
-                const float *st = attf_dec_state(sk, sv, w, DH);
-                const float f = exp2f(st[16 * DH + r] - base);
-                acc += st[e] * f;
-                l += st[16 * DH + 16 + r] * f;
-            }
-            int64_t h, i;
-            attf_dec_row(g, hk, rb * 16 + r, &h, &i);
-            const int64_t row = (b * g->Hq + h) * N + i;
-            ws[(row * S + sp) * DH + d] = acc;
-            if (d == 0) wm[row * S + sp] = mx, wl[row * S + sp] = l;
-        }
-        return;
-    }
     float o[16][4];
     ATTF_UNROLL
     for (int n = 0; n < DH / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    attf_fwd_keys(g, kh, vh, kb, kend, lim0, lim1, qa, o, &m0, &m1, &l0, &l1, sk, sv, DH, 128);
+    attf_fwd_keys(g, k + b * g->ks[0] + hk * g->ks[1], v + b * g->vs[0] + hk * g->vs[1], kb, kend,
+                  lim0, lim1, qa, o, &m0, &m1, &l0, &l1, sk, sv, DH, 32 * NW);
+    const int64_t rows = g->B * g->Hq * N;
     const int64_t row0 = (b * g->Hq + h0) * N + i0, row1 = (b * g->Hq + h1) * N + i1;
     float *wo0 = ws + (row0 * S + sp) * DH, *wo1 = ws + (row1 * S + sp) * DH;
     ATTF_UNROLL
@@ -416,19 +302,23 @@ ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const
         if (rho1 < R) wo1[c] = o[n][2], wo1[c + 1] = o[n][3];
     }
     if (t4 == 0) {
+        float *wm = ws + rows * S * DH, *wl = wm + rows * S;
         if (rho0 < R) wm[row0 * S + sp] = m0, wl[row0 * S + sp] = l0;
         if (rho1 < R) wm[row1 * S + sp] = m1, wl[row1 * S + sp] = l1;
     }
 }
 
 /* Split-KV forward: the keys any row sees cut into chunks of whole tiles, at least 256 keys, so
- * that groups x splits gives about 2048 teams (several waves of resident teams, a short tail).
- * A function of the shape only: a call's result does not depend on the GPU it runs on. */
+ * that groups x splits gives about 2048 teams (several waves of resident teams, a short tail),
+ * with the splits' partial O (written and read once more) held to about a tenth of the K and V
+ * bytes. A function of the shape only: a call's result does not depend on the GPU it runs on. */
 ATTF_INLINE int64_t attf_dec_splits(const ompk_attn_geom *g, int64_t *chunk) {
-    const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + attf_dec_rows(g) - 1) / attf_dec_rows(g);
-    const int64_t groups = g->B * g->Hkv * nrb;
+    const int64_t R = (g->Hq / g->Hkv) * g->N, rpt = 16 * attf_dec_warps(g);
+    const int64_t groups = g->B * g->Hkv * ((R + rpt - 1) / rpt);
     const int64_t jmax = g->N > 0 ? attf_limit(g->mask, g->N - 1, g->N, g->M) : 0;
-    const int64_t want = groups >= 2048 ? 1 : (2048 + groups - 1) / groups;
+    int64_t want = groups >= 2048 ? 1 : (2048 + groups - 1) / groups;
+    const int64_t cap = jmax / (20 * R > 0 ? 20 * R : 1);
+    want = want < cap ? want : cap > 1 ? cap : 1;
     int64_t c = (jmax + want - 1) / want;
     c = (c + ATTF_BK - 1) / ATTF_BK * ATTF_BK;
     *chunk = c < 256 ? 256 : c;
@@ -778,31 +668,33 @@ int ompk_attn_fwd_decode_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q
                             const void *v, const void *out) {
     if (g->N > ATTF_DEC_NMAX || g->N < 1 || !ompk_attn_fwd_fast_ok(ex, g, q, k, v, out)) return 0;
     int64_t chunk;
-    const int64_t R = (g->Hq / g->Hkv) * g->N, nrb = (R + attf_dec_rows(g) - 1) / attf_dec_rows(g);
+    const int64_t R = (g->Hq / g->Hkv) * g->N, rpt = 16 * attf_dec_warps(g),
+                  nrb = (R + rpt - 1) / rpt;
     return g->B * g->Hkv * nrb * attf_dec_splits(g, &chunk) <= 0x7fffffff;
 }
 
 // clang-format off
-#define ATTF_LAUNCH_DEC(DH)                                                                        \
-    static void attf_dec_##DH(ompk_exec ex, const ompk_attn_geom *gp, const uint16_t *q,           \
-                              const uint16_t *k, const uint16_t *v, float *ws, int64_t S,          \
-                              int64_t chunk) {                                                     \
+#define ATTF_LAUNCH_DEC(DH, NW)                                                                    \
+    static void attf_dec_##DH##_##NW(ompk_exec ex, const ompk_attn_geom *gp, const uint16_t *q,    \
+                                     const uint16_t *k, const uint16_t *v, float *ws, int64_t S,   \
+                                     int64_t chunk) {                                              \
         const ompk_attn_geom g = *gp;                                                              \
-        const int64_t R = (g.Hq / g.Hkv) * g.N;                                                    \
-        const int teams = (int)(g.B * g.Hkv * ((R + attf_dec_rows(&g) - 1) / attf_dec_rows(&g)) * S);                  \
-        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(128) device(ex.device) is_device_ptr(q, k, v, ws) firstprivate(g, S, chunk)") \
+        const int64_t R = (g.Hq / g.Hkv) * g.N, nrb = (R + 16 * NW - 1) / (16 * NW);               \
+        const int teams = (int)(g.B * g.Hkv * nrb * S);                                            \
+        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(32 * NW) device(ex.device) is_device_ptr(q, k, v, ws) firstprivate(g, S, chunk)") \
         {                                                                                          \
             static uint16_t sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
             static uint16_t sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
             _Pragma("omp allocate(sk, sv) allocator(omp_pteam_mem_alloc)")                         \
-            attf_dec_team(&g, q, k, v, ws, S, chunk, sk, sv, DH);                                  \
+            attf_dec_team(&g, q, k, v, ws, S, chunk, sk, sv, DH, NW);                              \
         }                                                                                          \
     }
-ATTF_LAUNCH_DEC(32)
-ATTF_LAUNCH_DEC(64)
-ATTF_LAUNCH_DEC(80)
-ATTF_LAUNCH_DEC(96)
-ATTF_LAUNCH_DEC(128)
+#define ATTF_LAUNCH_DEC_NW(DH) ATTF_LAUNCH_DEC(DH, 1) ATTF_LAUNCH_DEC(DH, 4)
+ATTF_LAUNCH_DEC_NW(32)
+ATTF_LAUNCH_DEC_NW(64)
+ATTF_LAUNCH_DEC_NW(80)
+ATTF_LAUNCH_DEC_NW(96)
+ATTF_LAUNCH_DEC_NW(128)
 // clang-format on
 
 static void attf_dec_combine(ompk_exec ex, const ompk_attn_geom *gp, const float *ws, int64_t S,
@@ -818,9 +710,15 @@ void ompk_attn_fwd_decode(ompk_exec ex, const ompk_attn_geom *g, const void *q, 
                           const void *v, void *out, float *lse, float *ws) {
     int64_t chunk;
     const int64_t S = attf_dec_splits(g, &chunk);
-#define ATTF_DEC(D) attf_dec_##D(ex, g, q, k, v, ws, S, chunk)
-    ATT_SWITCH_DH_TC(g->dh, ATTF_DEC)
-#undef ATTF_DEC
+#define ATTF_DEC1(D) attf_dec_##D##_1(ex, g, q, k, v, ws, S, chunk)
+#define ATTF_DEC4(D) attf_dec_##D##_4(ex, g, q, k, v, ws, S, chunk)
+    if (attf_dec_warps(g) == 1) {
+        ATT_SWITCH_DH_TC(g->dh, ATTF_DEC1)
+    } else {
+        ATT_SWITCH_DH_TC(g->dh, ATTF_DEC4)
+    }
+#undef ATTF_DEC1
+#undef ATTF_DEC4
     attf_dec_combine(ex, g, ws, S, out, lse);
 }
 
