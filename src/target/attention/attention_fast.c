@@ -680,8 +680,8 @@ int ompk_attn_fwd_decode_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q
                                      int64_t chunk) {                                              \
         const ompk_attn_geom g = *gp;                                                              \
         const int64_t R = (g.Hq / g.Hkv) * g.N, nrb = (R + 16 * NW - 1) / (16 * NW);               \
-        const int teams = (int)(g.B * g.Hkv * nrb * S);                                            \
-        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(32 * NW) device(ex.device) is_device_ptr(q, k, v, ws) firstprivate(g, S, chunk)") \
+        const int teams = (int)(g.B * g.Hkv * nrb * S), nthr = 32 * NW;                            \
+        _Pragma("omp target teams ompx_bare num_teams(teams) thread_limit(nthr) device(ex.device) is_device_ptr(q, k, v, ws) firstprivate(g, S, chunk)") \
         {                                                                                          \
             static uint16_t sk[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
             static uint16_t sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));                    \
