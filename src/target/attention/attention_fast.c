@@ -309,15 +309,17 @@ ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const
 }
 
 /* Split-KV forward: the keys any row sees cut into chunks of whole tiles, at least 256 keys, so
- * that groups x splits gives about 2048 teams (several waves of resident teams, a short tail),
- * with the splits' partial O (written and read once more) held to about a tenth of the K and V
- * bytes. A function of the shape only: a call's result does not depend on the GPU it runs on. */
+ * that groups x splits gives about 2048 one-warp or 1024 four-warp teams (several waves of resident
+ * teams, a short tail), with the splits' partial O (written, then read by the merge) held to
+ * about half the K and V bytes. A function of the shape only: a call's result does not depend on
+ * the GPU it runs on. */
 ATTF_INLINE int64_t attf_dec_splits(const ompk_attn_geom *g, int64_t *chunk) {
-    const int64_t R = (g->Hq / g->Hkv) * g->N, rpt = 16 * attf_dec_warps(g);
+    const int nw = attf_dec_warps(g);
+    const int64_t R = (g->Hq / g->Hkv) * g->N, rpt = 16 * nw, teams = nw == 1 ? 2048 : 1024;
     const int64_t groups = g->B * g->Hkv * ((R + rpt - 1) / rpt);
     const int64_t jmax = g->N > 0 ? attf_limit(g->mask, g->N - 1, g->N, g->M) : 0;
-    int64_t want = groups >= 2048 ? 1 : (2048 + groups - 1) / groups;
-    const int64_t cap = jmax / (20 * R > 0 ? 20 * R : 1);
+    int64_t want = groups >= teams ? 1 : (teams + groups - 1) / groups;
+    const int64_t cap = jmax / (4 * R > 0 ? 4 * R : 1);
     want = want < cap ? want : cap > 1 ? cap : 1;
     int64_t c = (jmax + want - 1) / want;
     c = (c + ATTF_BK - 1) / ATTF_BK * ATTF_BK;
