@@ -31,9 +31,8 @@ static void fwd_thread(void *p) {
 #undef EMU_FWD
 }
 
-/* Every team of the grid in turn, its threads as one emulated team of 128; 0 when a team
- * diverged (emu_team_run). */
-static int emu_run(att_case *c) {
+/* The forward's geometry of a case (bf16). */
+static ompk_attn_geom fwd_geom(const att_case *c) {
     ompk_attn_geom g;
     memset(&g, 0, sizeof g);
     g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
@@ -44,6 +43,13 @@ static int emu_run(att_case *c) {
     g.scale = (float)c->scale;
     g.mask = (int)c->p.mask;
     g.bf16 = 1;
+    return g;
+}
+
+/* Every team of the grid in turn, its threads as one emulated team of 128; 0 when a team
+ * diverged (emu_team_run). */
+static int emu_run(att_case *c) {
+    const ompk_attn_geom g = fwd_geom(c);
     emu_args a;
     memset(&a, 0, sizeof a);
     a.g = &g, a.q = c->q.host, a.k = c->k.host, a.v = c->v.host;
@@ -72,16 +78,7 @@ static void dec_thread(void *p) {
 }
 
 static int emu_run_dec(att_case *c) {
-    ompk_attn_geom g;
-    memset(&g, 0, sizeof g);
-    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
-    const ompk_tensor *ts[5] = {&c->tq, &c->tk, &c->tv, &c->tout, &c->tlse};
-    int64_t *ss[5] = {g.qs, g.ks, g.vs, g.os, g.ls};
-    for (int i = 0; i < 5; i++)
-        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
-    g.scale = (float)c->scale;
-    g.mask = (int)c->p.mask;
-    g.bf16 = 1;
+    const ompk_attn_geom g = fwd_geom(c);
     memset(&dec_args, 0, sizeof dec_args);
     dec_args.g = &g, dec_args.q = c->q.host, dec_args.k = c->k.host, dec_args.v = c->v.host;
     dec_S = attf_dec_splits(&g, &dec_chunk);
