@@ -114,40 +114,53 @@ static uint32_t *atx_head(const atx_pack *x, int64_t bh) {
     return x->p + bh * x->per;
 }
 
-/* Head bh's "T" tiles of the [L][dh] rows at src (row stride rs). */
+/* Head bh's "T" tiles of the [L][dh] rows at src (row stride rs): tile row kp gathers pair kp
+ * of the 16 rows (indices in bf16 units, so any stride works). */
 ATX_TARGET static void atx_pack_T(uint32_t *dst, const atx_bf *src, int64_t rs, int64_t L,
                                   int64_t Lp, int dh, int DP) {
     const int dc = DP / 32;
-    for (int64_t nb = 0; nb < Lp / 16; nb++)
+    const __m512i rows =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32((int)rs));
+    for (int64_t nb = 0; nb < Lp / 16; nb++) {
+        const __mmask16 valid = atx_first(L - nb * 16);
+        const atx_bf *base = src + (valid ? nb * 16 * rs : 0);
         for (int c = 0; c < dc; c++) {
             uint32_t *t = dst + (nb * dc + c) * 256;
-            for (int n = 0; n < 16; n++) {
-                const int64_t r = nb * 16 + n;
-                for (int kp = 0; kp < 16; kp++) {
-                    const int d = 32 * c + 2 * kp;
-                    uint32_t u = 0;
-                    if (r < L && d < dh) memcpy(&u, src + r * rs + d, 4);
-                    t[kp * 16 + n] = u;
-                }
+            for (int kp = 0; kp < 16; kp++) {
+                const int d = 32 * c + 2 * kp;
+                const __m512i x = d < dh
+                                      ? _mm512_mask_i32gather_epi32(
+                                            _mm512_setzero_si512(), valid,
+                                            _mm512_add_epi32(rows, _mm512_set1_epi32(d)), base, 2)
+                                      : _mm512_setzero_si512();
+                _mm512_storeu_si512(t + kp * 16, x);
             }
         }
+    }
 }
 
-/* Head bh's "P" tiles of the [L][dh] rows at src. */
+/* Head bh's "P" tiles of the [L][dh] rows at src: tile row kp interleaves rows 2kp and 2kp + 1,
+ * 16 head-dim elements at a time (dh is a multiple of 16). */
 ATX_TARGET static void atx_pack_P(uint32_t *dst, const atx_bf *src, int64_t rs, int64_t L,
                                   int64_t Lp, int dh, int DP) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const int d16 = DP / 16;
     for (int64_t s = 0; s < Lp / 32; s++)
-        for (int dd = 0; dd < d16; dd++) {
-            uint32_t *t = dst + (s * d16 + dd) * 256;
-            for (int kp = 0; kp < 16; kp++) {
-                const int64_t r0 = 32 * s + 2 * kp, r1 = r0 + 1;
-                for (int n = 0; n < 16; n++) {
-                    const int d = 16 * dd + n;
-                    uint32_t lo = r0 < L && d < dh ? src[r0 * rs + d] : 0;
-                    uint32_t hi = r1 < L && d < dh ? src[r1 * rs + d] : 0;
-                    t[kp * 16 + n] = lo | hi << 16;
-                }
+        for (int kp = 0; kp < 16; kp++) {
+            const int64_t r0 = 32 * s + 2 * kp, r1 = r0 + 1;
+            for (int dd = 0; dd < d16; dd++) {
+                const int d = 16 * dd;
+                const __m256i a = r0 < L && d < dh
+                                      ? _mm256_loadu_si256((const __m256i *)(src + r0 * rs + d))
+                                      : _mm256_setzero_si256();
+                const __m256i b = r1 < L && d < dh
+                                      ? _mm256_loadu_si256((const __m256i *)(src + r1 * rs + d))
+                                      : _mm256_setzero_si256();
+                const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+                _mm512_storeu_si512(dst + (s * d16 + dd) * 256 + kp * 16,
+                                    _mm512_permutexvar_epi16(idx, ab));
             }
         }
 }
@@ -234,10 +247,12 @@ ATX_TARGET static void atx_fwd_item(const atx_ops *ops, const ompk_attn_geom *g,
             }
             l[r] = fmaf(l[r], alpha, _mm512_reduce_add_ps(sum));
             m[r] = live ? mx : -INFINITY;
-            const __m512 av = _mm512_set1_ps(alpha);
-            float *orow = o + r * DP;
-            for (int d = 0; d < DP; d += 16)
-                _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), av));
+            if (alpha != 1.f) { /* skipped at 1: x * 1 is x */
+                const __m512 av = _mm512_set1_ps(alpha);
+                float *orow = o + r * DP;
+                for (int d = 0; d < DP; d += 16)
+                    _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), av));
+            }
         }
         ops->acc(o, 4 * DP, &pb[0][0], 2 * ATX_W, vh + (j0 / 32) * (DP / 16) * 256, 2, DP / 16);
     }
@@ -382,6 +397,9 @@ int ompk_attn_amx_ok(ompk_exec ex, const ompk_attn_geom *g, int emulated) {
      * tensors' data, which may be NULL when empty */
     if (ex.on_target || !g->bf16 || g->dh % 16 != 0 || g->dh > ATX_DMAX || g->N == 0 || g->M == 0)
         return 0;
+    /* the packing gathers 16 rows with 32-bit indices in bf16 units */
+    const int64_t big = INT32_MAX / 16;
+    if (g->qs[2] > big || g->ks[2] > big || g->vs[2] > big || g->dos[2] > big) return 0;
     const ompk_cpu_features *f = ompk_cpu_get();
     const int avx = f->avx512f && f->avx512bw && f->avx512vl && f->avx512_bf16;
     return avx && (emulated || (ompk_cpu_amx_usable() && f->amx_bf16));
