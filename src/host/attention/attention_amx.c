@@ -27,6 +27,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "attention_x86.h"
+
 #define ATX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 #define ATX_NAME(x) ompk_atx_amx_##x
 #define T_CFG(c) _tile_loadconfig(c)
@@ -37,67 +39,15 @@
 #define T_DPBF16(c, a, b) _tile_dpbf16ps(c, a, b)
 #include "attention_amx_tmpl.h"
 
-#define ATX_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
-#define ATX_INLINE static inline __attribute__((always_inline)) ATX_TARGET
-
 enum { ATX_R = 32, ATX_W = 64, ATX_DMAX = 256 };
-#define ATX_LOG2E 1.4426950408889634f
-#define ATX_LN2 0.6931471805599453f
 
-typedef uint16_t atx_bf;
-
-/* 2^x as in attention_host.c (NaN stays NaN, underflow to 0 below -126). */
-ATX_INLINE __m512 atx_exp2(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-150.f), x);
-    x = _mm512_min_ps(_mm512_set1_ps(127.f), x);
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5403530e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-/* p = exp(s * scale - lse), the score rounded as the forward rounds it (attention_host.c). */
-ATX_INLINE __m512 atx_p_of(__m512 s, __m512 scale, __m512 lse) {
-    const __m512 x = ATT_ROUNDED(_mm512_mul_ps(s, scale));
-    return atx_exp2(_mm512_mul_ps(_mm512_sub_ps(x, lse), _mm512_set1_ps(ATX_LOG2E)));
-}
-
-ATX_INLINE void atx_store_bf(atx_bf *dst, __m512 x) {
+ATH_INLINE void atx_store_bf(ath_bf *dst, __m512 x) {
     _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(x));
 }
 
 /* The first n of 16 lanes. */
 static inline __mmask16 atx_first(int64_t n) {
     return (__mmask16)(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1u);
-}
-
-static inline int64_t atx_row(const int64_t s[3], int64_t b, int64_t h, int64_t n) {
-    return b * s[0] + h * s[1] + n * s[2];
-}
-
-static inline int64_t atx_key_limit(int mask, int64_t i, int64_t n, int64_t m) {
-    int64_t lim = m;
-    if (mask == 1)
-        lim = i + 1;
-    else if (mask == 2)
-        lim = i + 1 + m - n;
-    lim = lim > m ? m : lim;
-    return lim < 0 ? 0 : lim;
-}
-
-static inline int64_t atx_first_row(int mask, int64_t j, int64_t n, int64_t m) {
-    int64_t i0 = 0;
-    if (mask == 1)
-        i0 = j;
-    else if (mask == 2)
-        i0 = j - (m - n);
-    return i0 < 0 ? 0 : i0;
 }
 
 static inline int64_t atx_pad(int64_t n) {
@@ -116,7 +66,7 @@ static uint32_t *atx_head(const atx_pack *x, int64_t bh) {
 
 /* Head bh's "T" tiles of the [L][dh] rows at src (row stride rs): tile row kp gathers pair kp
  * of the 16 rows (indices in bf16 units, so any stride works). */
-ATX_TARGET static void atx_pack_T(uint32_t *dst, const atx_bf *src, int64_t rs, int64_t L,
+ATH_TARGET static void atx_pack_T(uint32_t *dst, const ath_bf *src, int64_t rs, int64_t L,
                                   int64_t Lp, int dh, int DP) {
     const int dc = DP / 32;
     const __m512i rows =
@@ -124,7 +74,7 @@ ATX_TARGET static void atx_pack_T(uint32_t *dst, const atx_bf *src, int64_t rs, 
                            _mm512_set1_epi32((int)rs));
     for (int64_t nb = 0; nb < Lp / 16; nb++) {
         const __mmask16 valid = atx_first(L - nb * 16);
-        const atx_bf *base = src + (valid ? nb * 16 * rs : 0);
+        const ath_bf *base = src + (valid ? nb * 16 * rs : 0);
         for (int c = 0; c < dc; c++) {
             uint32_t *t = dst + (nb * dc + c) * 256;
             for (int kp = 0; kp < 16; kp++) {
@@ -142,7 +92,7 @@ ATX_TARGET static void atx_pack_T(uint32_t *dst, const atx_bf *src, int64_t rs, 
 
 /* Head bh's "P" tiles of the [L][dh] rows at src: tile row kp interleaves rows 2kp and 2kp + 1,
  * 16 head-dim elements at a time (dh is a multiple of 16). */
-ATX_TARGET static void atx_pack_P(uint32_t *dst, const atx_bf *src, int64_t rs, int64_t L,
+ATH_TARGET static void atx_pack_P(uint32_t *dst, const ath_bf *src, int64_t rs, int64_t L,
                                   int64_t Lp, int dh, int DP) {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
                                          8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -166,7 +116,7 @@ ATX_TARGET static void atx_pack_P(uint32_t *dst, const atx_bf *src, int64_t rs, 
 }
 
 /* Packs every head of a [B,H,L,dh] operand (strides s) as T or P; 0 when out of memory. */
-static int atx_pack_all(atx_pack *x, const atx_bf *src, const int64_t s[3], int64_t B, int64_t H,
+static int atx_pack_all(atx_pack *x, const ath_bf *src, const int64_t s[3], int64_t B, int64_t H,
                         int64_t L, int dh, int DP, int pairs) {
     x->L = L;
     x->Lp = atx_pad(L);
@@ -175,7 +125,7 @@ static int atx_pack_all(atx_pack *x, const atx_bf *src, const int64_t s[3], int6
     if (!x->p) return 0;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
-        const atx_bf *base = src + atx_row(s, bh / H, bh % H, 0);
+        const ath_bf *base = src + ath_row(s, bh / H, bh % H, 0);
         if (pairs)
             atx_pack_P(atx_head(x, bh), base, s[2], L, x->Lp, dh, DP);
         else
@@ -185,37 +135,37 @@ static int atx_pack_all(atx_pack *x, const atx_bf *src, const int64_t s[3], int6
 }
 
 /* a[32][DP] = rows r0.. of src (n of them valid), the rest zero. */
-static void atx_rows(atx_bf *a, const atx_bf *src, int64_t rs, int64_t r0, int n, int dh, int DP) {
+static void atx_rows(ath_bf *a, const ath_bf *src, int64_t rs, int64_t r0, int n, int dh, int DP) {
     for (int r = 0; r < ATX_R; r++) {
-        if (r < n) memcpy(a + r * DP, src + (r0 + r) * rs, sizeof(atx_bf) * (size_t)dh);
-        memset(a + r * DP + (r < n ? dh : 0), 0, sizeof(atx_bf) * (size_t)(r < n ? DP - dh : DP));
+        if (r < n) memcpy(a + r * DP, src + (r0 + r) * rs, sizeof(ath_bf) * (size_t)dh);
+        memset(a + r * DP + (r < n ? dh : 0), 0, sizeof(ath_bf) * (size_t)(r < n ? DP - dh : DP));
     }
 }
 
 /* ---- forward: 32 query rows of head (b, h) ------------------------------------------------ */
-ATX_TARGET static void atx_fwd_item(const atx_ops *ops, const ompk_attn_geom *g, const atx_bf *q,
-                                    const atx_pack *kt, const atx_pack *vp, atx_bf *out, float *lse,
+ATH_TARGET static void atx_fwd_item(const atx_ops *ops, const ompk_attn_geom *g, const ath_bf *q,
+                                    const atx_pack *kt, const atx_pack *vp, ath_bf *out, float *lse,
                                     int64_t b, int64_t h, int64_t i0) {
     const int64_t N = g->N, M = g->M, hk = h / (g->Hq / g->Hkv);
     const int dh = (int)g->dh, DP = (dh + 31) / 32 * 32, dc = DP / 32;
     const int rb = (int)(N - i0 < ATX_R ? N - i0 : ATX_R);
-    atx_bf qa[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
-    atx_bf pb[ATX_R][ATX_W] __attribute__((aligned(64)));
+    ath_bf qa[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
+    ath_bf pb[ATX_R][ATX_W] __attribute__((aligned(64)));
     float s[ATX_R][ATX_W] __attribute__((aligned(64)));
     float o[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
     float m[ATX_R], l[ATX_R];
     int64_t lim[ATX_R], jmax = 0;
     for (int r = 0; r < ATX_R; r++) {
-        lim[r] = r < rb ? atx_key_limit(g->mask, i0 + r, N, M) : 0;
+        lim[r] = r < rb ? ath_key_limit(g->mask, i0 + r, N, M) : 0;
         jmax = lim[r] > jmax ? lim[r] : jmax;
         m[r] = -INFINITY;
         l[r] = 0.f;
     }
-    atx_rows(qa, q + atx_row(g->qs, b, h, 0), g->qs[2], i0, rb, dh, DP);
+    atx_rows(qa, q + ath_row(g->qs, b, h, 0), g->qs[2], i0, rb, dh, DP);
     memset(o, 0, sizeof(float) * ATX_R * (size_t)DP);
     const uint32_t *kh = atx_head(kt, b * g->Hkv + hk), *vh = atx_head(vp, b * g->Hkv + hk);
     const __m512 sc = _mm512_set1_ps(g->scale), ninf = _mm512_set1_ps(-INFINITY);
-    const __m512 l2e = _mm512_set1_ps(ATX_LOG2E);
+    const __m512 l2e = _mm512_set1_ps(ATH_LOG2E);
     for (int64_t j0 = 0; j0 < jmax; j0 += ATX_W) {
         ops->nt(&s[0][0], qa, 2 * DP, kh + (j0 / 16) * dc * 256, dc);
         for (int r = 0; r < ATX_R; r++) {
@@ -237,10 +187,10 @@ ATX_TARGET static void atx_fwd_item(const atx_ops *ops, const ompk_attn_geom *g,
                 mo == -INFINITY
                     ? 0.f
                     : _mm512_cvtss_f32(
-                          atx_exp2(_mm512_mul_ps(_mm512_sub_ps(_mm512_set1_ps(mo), msafe), l2e)));
+                          ath_exp2(_mm512_mul_ps(_mm512_sub_ps(_mm512_set1_ps(mo), msafe), l2e)));
             __m512 sum = _mm512_setzero_ps();
             for (int u = 0; u < 4; u++) {
-                __m512 p = atx_exp2(_mm512_mul_ps(_mm512_sub_ps(x[u], msafe), l2e));
+                __m512 p = ath_exp2(_mm512_mul_ps(_mm512_sub_ps(x[u], msafe), l2e));
                 p = _mm512_maskz_mov_ps(vk[u], p);
                 sum = _mm512_add_ps(sum, p);
                 atx_store_bf(&pb[r][16 * u], p);
@@ -257,41 +207,38 @@ ATX_TARGET static void atx_fwd_item(const atx_ops *ops, const ompk_attn_geom *g,
         ops->acc(o, 4 * DP, &pb[0][0], 2 * ATX_W, vh + (j0 / 32) * (DP / 16) * 256, 2, DP / 16);
     }
     for (int r = 0; r < rb; r++) {
-        const float inv = lim[r] > 0 ? 1.f / l[r] : 0.f;
-        atx_bf *orow = out + atx_row(g->os, b, h, i0 + r);
+        const float inv = ath_inv_l(lim[r] > 0, l[r]);
+        ath_bf *orow = out + ath_row(g->os, b, h, i0 + r);
         for (int d = 0; d < dh; d++) orow[d] = ompk_f32_to_bf16(o[r * DP + d] * inv);
-        if (lse)
-            lse[atx_row(g->ls, b, h, i0 + r)] = lim[r] == 0  ? -INFINITY
-                                                : l[r] > 0.f ? m[r] + log2f(l[r]) * ATX_LN2
-                                                             : NAN;
+        if (lse) lse[ath_row(g->ls, b, h, i0 + r)] = ath_lse(lim[r] > 0, m[r], l[r]);
     }
 }
 
 /* ---- dq: 32 query rows of head (b, h) ----------------------------------------------------- */
-ATX_TARGET static void atx_dq_item(const atx_ops *ops, const ompk_attn_geom *g, const atx_bf *dout,
-                                   const atx_bf *q, const atx_pack *kt, const atx_pack *vt,
+ATH_TARGET static void atx_dq_item(const atx_ops *ops, const ompk_attn_geom *g, const ath_bf *dout,
+                                   const ath_bf *q, const atx_pack *kt, const atx_pack *vt,
                                    const atx_pack *kp, const float *lse, const float *dsum,
-                                   atx_bf *dq, int64_t b, int64_t h, int64_t i0) {
+                                   ath_bf *dq, int64_t b, int64_t h, int64_t i0) {
     const int64_t N = g->N, M = g->M, hk = h / (g->Hq / g->Hkv);
     const int dh = (int)g->dh, DP = (dh + 31) / 32 * 32, dc = DP / 32;
     const int rb = (int)(N - i0 < ATX_R ? N - i0 : ATX_R);
-    atx_bf qa[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
-    atx_bf da[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
-    atx_bf wb[ATX_R][ATX_W] __attribute__((aligned(64)));
+    ath_bf qa[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
+    ath_bf da[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
+    ath_bf wb[ATX_R][ATX_W] __attribute__((aligned(64)));
     float s[ATX_R][ATX_W] __attribute__((aligned(64)));
     float dp[ATX_R][ATX_W] __attribute__((aligned(64)));
     float acc[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
     float l2[ATX_R], di[ATX_R];
     int64_t lim[ATX_R], jmax = 0;
     for (int r = 0; r < ATX_R; r++) {
-        const float lv = r < rb ? lse[atx_row(g->ls, b, h, i0 + r)] : -INFINITY;
-        lim[r] = lv == -INFINITY ? 0 : atx_key_limit(g->mask, i0 + r, N, M);
+        const float lv = r < rb ? lse[ath_row(g->ls, b, h, i0 + r)] : -INFINITY;
+        lim[r] = lv == -INFINITY ? 0 : ath_key_limit(g->mask, i0 + r, N, M);
         jmax = lim[r] > jmax ? lim[r] : jmax;
         l2[r] = lv == -INFINITY ? 0.f : lv;
         di[r] = r < rb ? dsum[(b * g->Hq + h) * N + i0 + r] : 0.f;
     }
-    atx_rows(qa, q + atx_row(g->qs, b, h, 0), g->qs[2], i0, rb, dh, DP);
-    atx_rows(da, dout + atx_row(g->dos, b, h, 0), g->dos[2], i0, rb, dh, DP);
+    atx_rows(qa, q + ath_row(g->qs, b, h, 0), g->qs[2], i0, rb, dh, DP);
+    atx_rows(da, dout + ath_row(g->dos, b, h, 0), g->dos[2], i0, rb, dh, DP);
     memset(acc, 0, sizeof(float) * ATX_R * (size_t)DP);
     const int64_t kv = b * g->Hkv + hk;
     const uint32_t *kth = atx_head(kt, kv), *vth = atx_head(vt, kv), *kph = atx_head(kp, kv);
@@ -303,7 +250,7 @@ ATX_TARGET static void atx_dq_item(const atx_ops *ops, const ompk_attn_geom *g, 
             const __m512 lv = _mm512_set1_ps(l2[r]), dv = _mm512_set1_ps(di[r]);
             for (int u = 0; u < 4; u++) {
                 const __mmask16 vis = atx_first(lim[r] - j0 - 16 * u);
-                const __m512 p = atx_p_of(_mm512_loadu_ps(&s[r][16 * u]), sc, lv);
+                const __m512 p = ath_p_of(_mm512_loadu_ps(&s[r][16 * u]), sc, lv);
                 const __m512 ds =
                     _mm512_maskz_mul_ps(vis, p, _mm512_sub_ps(_mm512_loadu_ps(&dp[r][16 * u]), dv));
                 atx_store_bf(&wb[r][16 * u], ds);
@@ -312,36 +259,36 @@ ATX_TARGET static void atx_dq_item(const atx_ops *ops, const ompk_attn_geom *g, 
         ops->acc(acc, 4 * DP, &wb[0][0], 2 * ATX_W, kph + (j0 / 32) * (DP / 16) * 256, 2, DP / 16);
     }
     for (int r = 0; r < rb; r++) {
-        atx_bf *row = dq + atx_row(g->dqs, b, h, i0 + r);
+        ath_bf *row = dq + ath_row(g->dqs, b, h, i0 + r);
         for (int d = 0; d < dh; d++) row[d] = ompk_f32_to_bf16(acc[r * DP + d] * g->scale);
     }
 }
 
 /* ---- dk, dv: 32 keys of kv head (b, hk); the group's query heads in increasing order, their
  * rows in increasing order ----------------------------------------------------------------- */
-ATX_TARGET static void atx_dkdv_item(const atx_ops *ops, const ompk_attn_geom *g, const atx_bf *k,
-                                     const atx_bf *v, const atx_pack *qt, const atx_pack *dot,
+ATH_TARGET static void atx_dkdv_item(const atx_ops *ops, const ompk_attn_geom *g, const ath_bf *k,
+                                     const ath_bf *v, const atx_pack *qt, const atx_pack *dot,
                                      const atx_pack *qp, const atx_pack *dop, const float *lse,
-                                     const float *dsum, atx_bf *dk, atx_bf *dv, int64_t b,
+                                     const float *dsum, ath_bf *dk, ath_bf *dv, int64_t b,
                                      int64_t hk, int64_t j0) {
     const int64_t N = g->N, M = g->M, G = g->Hq / g->Hkv;
     const int dh = (int)g->dh, DP = (dh + 31) / 32 * 32, dc = DP / 32;
     const int cb = (int)(M - j0 < ATX_R ? M - j0 : ATX_R);
-    atx_bf ka[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
-    atx_bf va[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
-    atx_bf pw[ATX_R][ATX_W] __attribute__((aligned(64)));
-    atx_bf dw[ATX_R][ATX_W] __attribute__((aligned(64)));
+    ath_bf ka[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
+    ath_bf va[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
+    ath_bf pw[ATX_R][ATX_W] __attribute__((aligned(64)));
+    ath_bf dw[ATX_R][ATX_W] __attribute__((aligned(64)));
     float st[ATX_R][ATX_W] __attribute__((aligned(64)));
     float dpt[ATX_R][ATX_W] __attribute__((aligned(64)));
     float dka[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
     float dva[ATX_R * ATX_DMAX] __attribute__((aligned(64)));
     float limf[ATX_W], l2[ATX_W], di[ATX_W];
-    atx_rows(ka, k + atx_row(g->ks, b, hk, 0), g->ks[2], j0, cb, dh, DP);
-    atx_rows(va, v + atx_row(g->vs, b, hk, 0), g->vs[2], j0, cb, dh, DP);
+    atx_rows(ka, k + ath_row(g->ks, b, hk, 0), g->ks[2], j0, cb, dh, DP);
+    atx_rows(va, v + ath_row(g->vs, b, hk, 0), g->vs[2], j0, cb, dh, DP);
     memset(dka, 0, sizeof(float) * ATX_R * (size_t)DP);
     memset(dva, 0, sizeof(float) * ATX_R * (size_t)DP);
     const __m512 sc = _mm512_set1_ps(g->scale);
-    const int64_t ifirst = atx_first_row(g->mask, j0, N, M) / ATX_W * ATX_W;
+    const int64_t ifirst = ath_first_row(g->mask, j0, N, M) / ATX_W * ATX_W;
     for (int64_t hh = 0; hh < G; hh++) {
         const int64_t h = hk * G + hh, bh = b * g->Hq + h;
         const uint32_t *qth = atx_head(qt, bh), *doth = atx_head(dot, bh);
@@ -352,8 +299,8 @@ ATX_TARGET static void atx_dkdv_item(const atx_ops *ops, const ompk_attn_geom *g
             /* per query row: the keys it sees (none past the last row) and its lse and D */
             for (int t = 0; t < ATX_W; t++) {
                 const int64_t i = i0 + t;
-                const float lv = i < N ? lse[atx_row(g->ls, b, h, i)] : -INFINITY;
-                limf[t] = lv == -INFINITY ? 0.f : (float)atx_key_limit(g->mask, i, N, M);
+                const float lv = i < N ? lse[ath_row(g->ls, b, h, i)] : -INFINITY;
+                limf[t] = lv == -INFINITY ? 0.f : (float)ath_key_limit(g->mask, i, N, M);
                 l2[t] = lv == -INFINITY ? 0.f : lv;
                 di[t] = i < N ? dsum[bh * N + i] : 0.f;
             }
@@ -364,7 +311,7 @@ ATX_TARGET static void atx_dkdv_item(const atx_ops *ops, const ompk_attn_geom *g
                     const __mmask16 vis =
                         _mm512_cmp_ps_mask(jf, _mm512_loadu_ps(limf + 16 * u), _CMP_LT_OQ);
                     const __m512 p =
-                        atx_p_of(_mm512_loadu_ps(&st[c][16 * u]), sc, _mm512_loadu_ps(l2 + 16 * u));
+                        ath_p_of(_mm512_loadu_ps(&st[c][16 * u]), sc, _mm512_loadu_ps(l2 + 16 * u));
                     const __m512 ds =
                         _mm512_maskz_mul_ps(vis, p,
                                             _mm512_sub_ps(_mm512_loadu_ps(&dpt[c][16 * u]),
@@ -380,7 +327,7 @@ ATX_TARGET static void atx_dkdv_item(const atx_ops *ops, const ompk_attn_geom *g
         }
     }
     for (int c = 0; c < cb; c++) {
-        atx_bf *ko = dk + atx_row(g->dks, b, hk, j0 + c), *vo = dv + atx_row(g->dvs, b, hk, j0 + c);
+        ath_bf *ko = dk + ath_row(g->dks, b, hk, j0 + c), *vo = dv + ath_row(g->dvs, b, hk, j0 + c);
         for (int d = 0; d < dh; d++) {
             ko[d] = ompk_f32_to_bf16(dka[c * DP + d] * g->scale);
             vo[d] = ompk_f32_to_bf16(dva[c * DP + d]);
