@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
         grep -o -w -E 'amx_(tile|bf16|int8)|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ' >>"$sum"
         echo >>"$sum"
         "$d/bin/ompk-info" --variants >"$OUT/ompk-info.txt" 2>&1
-        grep -E 'attention|host-amx|amx-emulated' "$OUT/ompk-info.txt" >>"$sum"
+        grep -A7 -E '^attention_(fwd|bwd):' "$OUT/ompk-info.txt" >>"$sum"
         ;;
     tests)
         one() { # label cmd...: one line in the summary, the whole log appended to tests.log
