@@ -57,7 +57,7 @@ static inline int64_t atx_pad(int64_t n) {
 /* One call's packed operands: per head, pad(L) x DP bf16 in a layout of attention_amx.h. */
 typedef struct atx_pack {
     uint32_t *p;
-    int64_t L, Lp, per; /* valid rows, padded rows, uint32 per head */
+    int64_t Lp, per; /* padded rows, uint32 per head */
 } atx_pack;
 
 static uint32_t *atx_head(const atx_pack *x, int64_t bh) {
@@ -118,7 +118,6 @@ ATH_TARGET static void atx_pack_P(uint32_t *dst, const ath_bf *src, int64_t rs, 
 /* Packs every head of a [B,H,L,dh] operand (strides s) as T or P; 0 when out of memory. */
 static int atx_pack_all(atx_pack *x, const ath_bf *src, const int64_t s[3], int64_t B, int64_t H,
                         int64_t L, int dh, int DP, int pairs) {
-    x->L = L;
     x->Lp = atx_pad(L);
     x->per = x->Lp * DP / 2;
     x->p = malloc(sizeof(uint32_t) * (size_t)(B * H * x->per));
