@@ -1,6 +1,6 @@
 /* ompk-bench entries for attention forward and backward (f32, bf16; no mask and causal).
- * bf16 shapes on a GPU and every shape on the host run with both variants
- * (OMPK_ATTN_VARIANT=fast|portable). FLOPs follow
+ * bf16 shapes on a GPU and every shape on the host run with each variant (fast, the default
+ * order; portable; on an AMX host also host-avx512 for bf16). FLOPs follow
  * the FlashAttention convention: forward 4*B*Hq*N*M*dh (half under a causal mask), backward
  * 2.5x the forward. */
 #include <stdio.h>
@@ -90,6 +90,15 @@ done:
     return rc;
 }
 
+/* Whether op's host-amx entry runs on this machine (then the AVX-512 kernels get a record of
+ * their own: the default order takes AMX for bf16). */
+static int host_amx(const char *op) {
+    const ompk_impl *e;
+    for (int i = 0; (e = ompk_variant_list(op, i)) != NULL; i++)
+        if (strcmp(e->name, "host-amx") == 0) return ompk_impl_available(e);
+    return 0;
+}
+
 static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
     int rc = 0;
     const ompk_dtype dts[2] = {OMPK_BF16, OMPK_F32};
@@ -97,15 +106,20 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
     int gpu = ctx->dev.type == OMPK_TARGET;
     const char *op = bwd ? "attention_bwd" : "attention_fwd";
     /* "fast", the default order: on the GPU the tensor-core kernels (bf16 forward and backward,
-     * f32 forward through 3xTF32); on the host the AVX-512 kernels (f32 and bf16). Everything
-     * else (and every call with the portable entry named) runs the portable kernel, so each
-     * record names what ran. */
-    for (int fast = 1; fast >= 0; fast--) {
-        ompk_variant_force(op, fast ? NULL : "portable");
+     * f32 forward through 3xTF32); on the host the AMX kernels (bf16, where the CPU has AMX) and
+     * the AVX-512 kernels (f32, and bf16 without AMX); "host-avx512" the AVX-512 kernels named,
+     * for bf16 on an AMX host. Everything else (and every call with the portable entry named)
+     * runs the portable kernel, so each record names what ran. */
+    const char *const vars[3] = {"fast", "host-avx512", "portable"};
+    for (int vi = 0; vi < 3; vi++) {
+        if (vi == 1 && (gpu || !host_amx(op))) continue;
+        ompk_variant_force(op, vi == 0 ? NULL : vars[vi]);
+        const int fast = vi < 2;
         for (int d = 0; d < 2; d++)
             for (int m = 0; m < 2; m++) {
                 if (fast && gpu && dts[d] != OMPK_BF16 && bwd) continue;
-                const char *var = fast ? "fast" : "portable";
+                if (vi == 1 && dts[d] != OMPK_BF16) continue;
+                const char *var = vars[vi];
                 if (ctx->quick && !gpu)
                     rc |= bench_shape(ctx, bwd, dts[d], masks[m], 1, 4, 1024, 64, var);
                 else if (!gpu)

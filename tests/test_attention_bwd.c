@@ -4,6 +4,9 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 
+#include <omp.h>
+
+#include "attention_kernels.h"
 #include "test_attention_common.h"
 #include "verify.h"
 
@@ -112,13 +115,81 @@ Test(attention_bwd, deterministic_repeats) {
         }
 }
 
-/* Both variants (att_variant: the default order or portable) against the reference on every device:
- * on a GPU "fast" runs the tensor-core backward for bf16, where P and dS enter the tensor cores as
- * bf16 (twice the band, as in test_attention_fast_emu). */
+/* The geometry the entry points give the kernels for host case c (contiguous BHSD). */
+static ompk_attn_geom host_geom(const att_case *c) {
+    ompk_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
+    const int64_t qs[3] = {c->Hq * c->N * c->dh, c->N * c->dh, c->dh};
+    const int64_t ks[3] = {c->Hkv * c->M * c->dh, c->M * c->dh, c->dh};
+    const int64_t ls[3] = {c->Hq * c->N, c->N, 1};
+    for (int d = 0; d < 3; d++) {
+        g.qs[d] = g.os[d] = g.dos[d] = g.dqs[d] = qs[d];
+        g.ks[d] = g.vs[d] = g.dks[d] = g.dvs[d] = ks[d];
+        g.ls[d] = ls[d];
+    }
+    g.scale = (float)c->scale;
+    g.mask = (int)c->p.mask;
+    g.bf16 = c->dt == OMPK_BF16;
+    return g;
+}
+
+/* amx-emulated, bf16, every mask with GQA: the API runs the AMX kernels (its forward equals a
+ * direct call of the kernel bit for bit), and the forward and backward give the same bits on 1, 2
+ * and 3 threads (each work item owns its outputs and sums in a fixed order). */
+Test(attention_bwd, amx_emulated_runs_and_is_thread_count_invariant) {
+    const ompk_device host = ompk_device_host();
+    const int max_threads = omp_get_max_threads();
+    for (int m = 0; m < 3; m++) {
+        att_case c;
+        att_case_new(&c, host, OMPK_BF16, 2, 4, 2, 77, 93, 80, att_mask(m), (uint64_t)(3100 + m),
+                     1.0, 0);
+        const ompk_attn_geom g = host_geom(&c);
+        if (!ompk_attn_amx_ok(ompk_exec_for(host), &g, 1)) {
+            att_case_free(&c);
+            cr_skip_test("no AVX-512 BF16: the AMX kernels' emulation does not run here");
+        }
+        att_variant("amx-emulated");
+        tu_buf *o[5] = {&c.out, &c.lse, &c.dq, &c.dk, &c.dv};
+        void *first[5];
+        const int threads[3] = {1, 2, 3};
+        for (int th = 0; th < 3; th++) {
+            omp_set_num_threads(threads[th]);
+            for (int i = 0; i < 5; i++) tu_buf_fill_bytes(o[i], 0x5A);
+            cr_assert_eq(att_fwd(&c), OMPK_OK, "%s", ompk_last_error());
+            cr_assert_eq(att_bwd(&c), OMPK_OK, "%s", ompk_last_error());
+            for (int i = 0; i < 5; i++) {
+                tu_buf_download(o[i]);
+                if (th == 0) {
+                    first[i] = malloc(o[i]->bytes);
+                    memcpy(first[i], o[i]->host, o[i]->bytes);
+                }
+                cr_expect(memcmp(first[i], o[i]->host, o[i]->bytes) == 0,
+                          "mask %d output %d differs on %d threads", m, i, threads[th]);
+            }
+        }
+        omp_set_num_threads(max_threads);
+        att_variant(NULL);
+        tu_buf_fill_bytes(&c.out, 0x5A);
+        tu_buf_fill_bytes(&c.lse, 0x5A);
+        cr_assert_eq(ompk_attn_fwd_amx(&g, c.q.host, c.k.host, c.v.host, c.out.host, c.lse.host, 1),
+                     0);
+        cr_expect(memcmp(first[0], c.out.host, c.out.bytes) == 0 &&
+                      memcmp(first[1], c.lse.host, c.lse.bytes) == 0,
+                  "mask %d: the amx-emulated forward is not the AMX kernel's", m);
+        for (int i = 0; i < 5; i++) free(first[i]);
+        att_case_free(&c);
+    }
+}
+
+/* Every variant (att_variant: portable, the default order, amx-emulated) against the reference on
+ * every device: on a GPU "fast" runs the tensor-core backward for bf16, where P and dS enter the
+ * tensor cores as bf16 (twice the band, as in test_attention_fast_emu); on the host amx-emulated
+ * runs the AMX kernels on the tile emulation. */
 Test(attention_bwd, variants_match_reference) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
-    const char *variants[2] = {"portable", "fast"};
+    const char *variants[3] = {"portable", "fast", "amx-emulated"};
     const struct {
         int64_t B, Hq, Hkv, N, M, dh;
         int bshd;
@@ -128,7 +199,7 @@ Test(attention_bwd, variants_match_reference) {
                   {1, 2, 1, 129, 31, 80, 0},
                   {1, 2, 2, 100, 64, 32, 0}};
     for (int di = 0; di < nd; di++)
-        for (int vi = 0; vi < 2; vi++) {
+        for (int vi = 0; vi < 3; vi++) {
             att_variant(variants[vi]);
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 for (int m = 0; m < 3; m++) {

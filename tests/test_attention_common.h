@@ -156,16 +156,19 @@ static inline ompk_tol att_tol(ompk_dtype dt, ompk_tol_att what, int64_t group, 
 static _Thread_local int att_portable;
 
 /* "portable": the portable kernels for the attention forward and backward on this thread's later
- * calls; "fast" or NULL: the default order (GPU tensor cores, host AVX-512, where they serve). */
+ * calls; "amx-emulated": the AMX kernels on the tile emulation where they serve (bf16 on a CPU
+ * with AVX-512 BF16), else the default order; "fast" or NULL: the default order (GPU tensor
+ * cores, host AMX or AVX-512, where they serve). */
 static inline void att_variant(const char *v) {
     att_portable = v && strcmp(v, "portable") == 0;
     const char *name = att_portable ? "portable" : NULL;
+    if (v && strcmp(v, "amx-emulated") == 0) name = v;
     cr_assert_eq(ompk_variant_force("attention_fwd", name), OMPK_OK);
     cr_assert_eq(ompk_variant_force("attention_bwd", name), OMPK_OK);
 }
 
 /* Whether the kernels c runs may round P and dS to bf16: every bf16 variant but the portable
- * one (the GPU tensor-core kernels, the host AVX-512 BF16 kernels). */
+ * one (the GPU tensor-core kernels, the host AMX and AVX-512 BF16 kernels). */
 static inline int att_bf16_p(const att_case *c) {
     return c->dt == OMPK_BF16 && !att_portable;
 }

@@ -1,5 +1,6 @@
 /* ompk_attention_fwd / _bwd against PyTorch SDPA fixtures (tests/fixtures/gen_attention.py):
- * out, lse, dq, dk, dv for each mask, GQA, bf16. Runs on the host and on every GPU. */
+ * out, lse, dq, dk, dv for each mask, GQA, bf16 (also on amx-emulated). Runs on the host and on
+ * every GPU. */
 #include <criterion/criterion.h>
 
 #include "test_attention_common.h"
@@ -45,36 +46,42 @@ static void run_fixture(const char *name) {
     ompk_dtype dt = fx.hdr[1] ? OMPK_BF16 : OMPK_F32;
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
-    for (int di = 0; di < nd; di++) {
-        att_case c;
-        att_case_new(&c, devs[di], dt, fx.hdr[3], fx.hdr[4], fx.hdr[5], fx.hdr[6], fx.hdr[7],
-                     fx.hdr[8], (ompk_attention_mask)fx.hdr[2], 1, 1.0, 0);
-        tu_buf *in[4] = {&c.q, &c.k, &c.v, &c.dout};
-        for (int i = 0; i < 4; i++) {
-            for (int64_t e = 0; e < fx.n[i]; e++) tu_buf_set(in[i], e, fx.a[i][e]);
-            tu_buf_upload(in[i]);
+    /* bf16 also through amx-emulated (the AMX kernels on the tile emulation, on the host) */
+    for (int vi = 0; vi < (dt == OMPK_BF16 ? 2 : 1); vi++)
+        for (int di = 0; di < nd; di++) {
+            att_variant(vi ? "amx-emulated" : NULL);
+            att_case c;
+            att_case_new(&c, devs[di], dt, fx.hdr[3], fx.hdr[4], fx.hdr[5], fx.hdr[6], fx.hdr[7],
+                         fx.hdr[8], (ompk_attention_mask)fx.hdr[2], 1, 1.0, 0);
+            tu_buf *in[4] = {&c.q, &c.k, &c.v, &c.dout};
+            for (int i = 0; i < 4; i++) {
+                for (int64_t e = 0; e < fx.n[i]; e++) tu_buf_set(in[i], e, fx.a[i][e]);
+                tu_buf_upload(in[i]);
+            }
+            cr_assert_eq(att_fwd(&c), OMPK_OK, "%s", ompk_last_error());
+            cr_assert_eq(att_bwd(&c), OMPK_OK, "%s", ompk_last_error());
+            tu_buf *outs[5] = {&c.out, &c.lse, &c.dq, &c.dk, &c.dv};
+            ompk_tensor *views[5] = {&c.tout, &c.tlse, &c.tdq, &c.tdk, &c.tdv};
+            const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+            /* PyTorch's own fp32 arithmetic is on the other side: twice the usual band. bf16
+             * gradients get four times: the fixtures' float32 SDPA uses the unrounded out in
+             * D = rowsum(dout * out), the backward contract here the stored bf16 out (as
+             * FlashAttention does); the double reference given that out agrees at 1x (bwd suite).
+             */
+            for (int i = 0; i < 5; i++) {
+                double *ref = to_double(fx.a[4 + i], fx.n[4 + i]);
+                double mult = dt == OMPK_BF16 && i >= 2 ? 4.0 : 2.0;
+                ompk_tol tol = att_tol_m(i == 1 ? OMPK_F32 : dt, 1.0, mult);
+                char what[160];
+                snprintf(what, sizeof what, "%s %s%s %s", name, tu_device_name(devs[di]),
+                         vi ? " amx-emulated" : "", names[i]);
+                double w = att_worst(what, outs[i], views[i], ref, tol);
+                cr_expect(w <= 1.0, "%s: worst ratio %g vs PyTorch", what, w);
+                free(ref);
+            }
+            att_case_free(&c);
+            att_variant(NULL);
         }
-        cr_assert_eq(att_fwd(&c), OMPK_OK, "%s", ompk_last_error());
-        cr_assert_eq(att_bwd(&c), OMPK_OK, "%s", ompk_last_error());
-        tu_buf *outs[5] = {&c.out, &c.lse, &c.dq, &c.dk, &c.dv};
-        ompk_tensor *views[5] = {&c.tout, &c.tlse, &c.tdq, &c.tdk, &c.tdv};
-        const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
-        /* PyTorch's own fp32 arithmetic is on the other side: twice the usual band. bf16
-         * gradients get four times: the fixtures' float32 SDPA uses the unrounded out in
-         * D = rowsum(dout * out), the backward contract here the stored bf16 out (as
-         * FlashAttention does); the double reference given that out agrees at 1x (bwd suite). */
-        for (int i = 0; i < 5; i++) {
-            double *ref = to_double(fx.a[4 + i], fx.n[4 + i]);
-            double mult = dt == OMPK_BF16 && i >= 2 ? 4.0 : 2.0;
-            ompk_tol tol = att_tol_m(i == 1 ? OMPK_F32 : dt, 1.0, mult);
-            char what[160];
-            snprintf(what, sizeof what, "%s %s %s", name, tu_device_name(devs[di]), names[i]);
-            double w = att_worst(what, outs[i], views[i], ref, tol);
-            cr_expect(w <= 1.0, "%s: worst ratio %g vs PyTorch", what, w);
-            free(ref);
-        }
-        att_case_free(&c);
-    }
     fixture_free(&fx);
 }
 

@@ -1,6 +1,6 @@
 /* ompk_attention_fwd against the double reference: odd and unequal N/M, strided (BSHD) views,
  * rows not 16-byte aligned, fully masked rows, large logits, optional lse, empty shapes, verify
- * mode; both variants, bf16 and f32 (every mask with GQA 1/4/8 and every dh: test_ops). Runs on
+ * mode; every variant, bf16 and f32 (every mask with GQA 1/4/8 and every dh: test_ops). Runs on
  * the host and on every GPU. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
@@ -176,13 +176,14 @@ Test(attention_fwd, verify_mode_reports, .init = cr_redirect_stderr) {
     att_case_free(&c);
 }
 
-/* Both variants (att_variant: the default order or portable) against the reference on every device,
- * bf16 and f32: on a GPU "fast" takes the calls it can serve (bf16 tensor cores, f32 through
- * 3xTF32), the rest and "portable" run the portable kernel. */
+/* Every variant (att_variant: portable, the default order, amx-emulated) against the reference on
+ * every device, bf16 and f32: on a GPU "fast" takes the calls it can serve (bf16 tensor cores, f32
+ * through 3xTF32), the rest and "portable" run the portable kernel; on the host amx-emulated runs
+ * bf16 on the AMX kernels' tile emulation. */
 Test(attention_fwd, variants_match_reference) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
-    const char *variants[2] = {"portable", "fast"};
+    const char *variants[3] = {"portable", "fast", "amx-emulated"};
     const struct {
         int64_t B, Hq, Hkv, N, M, dh;
         int bshd;
@@ -193,18 +194,18 @@ Test(attention_fwd, variants_match_reference) {
                   {1, 2, 2, 100, 64, 32, 0}};
     const ompk_dtype dts[2] = {OMPK_BF16, OMPK_F32};
     for (int di = 0; di < nd; di++)
-        for (int vi = 0; vi < 4; vi++) {
-            att_variant(variants[vi % 2]);
+        for (int vi = 0; vi < 6; vi++) {
+            att_variant(variants[vi % 3]);
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 for (int m = 0; m < 3; m++) {
                     att_case c;
-                    att_case_new(&c, devs[di], dts[vi / 2], shapes[si].B, shapes[si].Hq,
+                    att_case_new(&c, devs[di], dts[vi / 3], shapes[si].B, shapes[si].Hq,
                                  shapes[si].Hkv, shapes[si].N, shapes[si].M, shapes[si].dh,
                                  att_mask(m), (uint64_t)(900 + si * 3 + (size_t)m), 1.0,
                                  shapes[si].bshd);
                     char label[160];
                     snprintf(label, sizeof label, "%s %s %s shape %zu mask=%s",
-                             tu_device_name(devs[di]), variants[vi % 2], ompk_dtype_name(c.dt), si,
+                             tu_device_name(devs[di]), variants[vi % 3], ompk_dtype_name(c.dt), si,
                              att_mask_name(att_mask(m)));
                     double w = att_check_fwd(&c, label);
                     cr_expect(w <= 1.0, "%s: worst ratio %g", label, w);

@@ -1,8 +1,9 @@
 /* Non-finite inputs, extreme logits and empty sizes in ompk_attention_fwd / _bwd (docs/KERNELS.md
- * section 2 and its conventions), on every device and both variants, f32 and bf16: a NaN or inf
- * in one q row, k row or v element makes exactly the outputs the float64 math makes non-finite
- * non-finite (a masked pair never carries it), a huge scale gives NaN or the right value, large
- * logits keep f32 gradients at fp32 accuracy, and verify mode agrees with the default kernels. */
+ * section 2 and its conventions), on every device and every variant (att_variant), f32 and bf16: a
+ * NaN or inf in one q row, k row or v element makes exactly the outputs the float64 math makes
+ * non-finite non-finite (a masked pair never carries it), a huge scale gives NaN or the right
+ * value, large logits keep f32 gradients at fp32 accuracy, and verify mode agrees with the default
+ * kernels. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 
@@ -12,7 +13,7 @@
 #include "test_attention_common.h"
 #include "verify.h"
 
-static const char *const variants[2] = {"fast", "portable"};
+static const char *const variants[3] = {"fast", "portable", "amx-emulated"};
 
 typedef enum { CMP_NAN, CMP_NONFINITE, CMP_NAN_OK } cmp_mode;
 
@@ -125,7 +126,7 @@ static void poke_sweep(double val, cmp_mode mode, int scalar) {
     if (scalar) devs[0] = ompk_device_host();
     const int64_t nm[2][2] = {{37, 45}, {45, 37}};
     for (int di = 0; di < nd; di++)
-        for (int vi = 0; vi < (scalar ? 1 : 2); vi++) {
+        for (int vi = 0; vi < (scalar ? 1 : 3); vi++) {
             att_variant(variants[vi]);
             for (int bf = 0; bf < 2; bf++)
                 for (int s = 0; s < 2; s++)
@@ -176,7 +177,7 @@ Test(attention_nonfinite, huge_scale) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
-        for (int vi = 0; vi < 2; vi++) {
+        for (int vi = 0; vi < 3; vi++) {
             att_variant(variants[vi]);
             for (int bf = 0; bf < 2; bf++)
                 for (int m = 0; m < 3; m++) {
@@ -324,7 +325,7 @@ Test(attention_nonfinite, large_logits_f32_accuracy) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
-        for (int vi = 0; vi < 2; vi++) {
+        for (int vi = 0; vi < 3; vi++) {
             att_variant(variants[vi]);
             large_logits(run_api, devs[di], variants[vi]);
         }
@@ -348,7 +349,7 @@ Test(attention_nonfinite, empty_sizes_null_data) {
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
-        for (int vi = 0; vi < 2; vi++) {
+        for (int vi = 0; vi < 3; vi++) {
             att_variant(variants[vi]);
             for (int bf = 0; bf < 2; bf++) {
                 att_case c;

@@ -7,7 +7,10 @@ Backward is timed alone: one forward with autograd, then torch.autograd.grad(out
 dout, retain_graph=True) per repetition. FLOPs follow the FlashAttention convention (forward
 4*B*H*N*M*dh, half under a causal mask; backward 2.5x forward), as ompk-bench does.
 
-usage: attention_peer.py [--json FILE] [--filter S] [--quick] [--reps N]
+usage: attention_peer.py [--json FILE] [--filter S] [--quick] [--reps N] [--device cpu|cuda]
+                         [--threads N]
+--device runs one device only (the host measurement on a machine that also has a GPU); --threads
+sets torch.set_num_threads (default: PyTorch's own choice).
 """
 import argparse
 import json
@@ -25,10 +28,16 @@ def main():
     ap.add_argument("--filter")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=0)
+    ap.add_argument("--device", choices=("cpu", "cuda"))
+    ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     records = []
     torch.manual_seed(0)
     devs = (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
+    if args.device:
+        devs = [d for d in devs if d == args.device]
     for dev in devs:
         if dev == "cuda":
             B, H, N, dh = 4, 16, 4096, 128

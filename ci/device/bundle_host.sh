@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # ci/device/bundle_host.sh BUILD_DIR OUT_DIR [EXTRA_FILE...]
 # Host-only bundle for the Xeon of the device machine (a host-clang or host-gcc build: no offload
-# runtime, a few MB): ompk-bench, the MoE suites, libompk, the bench peers, the test fixtures and
-# every non-system library they load (found by ldd: libomp, hwloc, Criterion's closure), plus
-# any EXTRA_FILE (say bench/amx's amx_peak, or a second libompk under another name), packed into
-# OUT_DIR/host.tar.xz. Unpack on the device with run_host.sh (same folder). Carry OUT_DIR.
+# runtime, a few MB): ompk-bench, ompk-info, the MoE and attention suites and test_ops, libompk,
+# the bench peers, the test fixtures and every non-system library they load (found by ldd:
+# libomp, hwloc, Criterion's closure), plus any EXTRA_FILE (say bench/amx's amx_peak, or a second
+# libompk under another name), packed into OUT_DIR/host.tar.xz. Unpack on the device with
+# run_host.sh (same folder). Carry OUT_DIR.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -15,8 +16,10 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib" "$stage/extra"
-cp "$build/ompk-bench" "$stage/bin/"
-for t in "$build"/tests/test_moe*; do [ -x "$t" ] && cp "$t" "$stage/bin/"; done
+cp "$build/ompk-bench" "$build/ompk-info" "$stage/bin/"
+for t in "$build"/tests/test_moe* "$build"/tests/test_attention* "$build"/tests/test_ops; do
+    [ -x "$t" ] && cp "$t" "$stage/bin/"
+done
 soname=$(readelf -d "$build/libompk.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 cp -L "$build/libompk.so" "$stage/lib/$soname"
 for f in "$@"; do cp -L "$f" "$stage/extra/"; done

@@ -83,6 +83,17 @@ int ompk_attn_bwd_host(const ompk_attn_geom *g, const void *dout, const void *q,
                        const void *v, const float *lse, void *dq, void *dk, void *dv,
                        const float *dsum);
 
+/* Host kernels on AMX tiles for bf16 (src/host/attention/attention_amx.c), on the instructions
+ * or, with emulated, on the tile emulation (tests): whether they can serve this call, the
+ * forward and the backward (given dsum from ompk_attn_rowsum); both return nonzero, having
+ * written nothing, when their packed operands cannot be allocated. */
+int ompk_attn_amx_ok(ompk_exec ex, const ompk_attn_geom *g, int emulated);
+int ompk_attn_fwd_amx(const ompk_attn_geom *g, const void *q, const void *k, const void *v,
+                      void *out, float *lse, int emulated);
+int ompk_attn_bwd_amx(const ompk_attn_geom *g, const void *dout, const void *q, const void *k,
+                      const void *v, const float *lse, void *dq, void *dk, void *dv,
+                      const float *dsum, int emulated);
+
 /* The head dims of the tensor-core kernels (attention_fast.c, attention_f32tc.c and their host
  * emulation tests); callers check dh first, so 128 is the remaining case. */
 #define ATT_SWITCH_DH_TC(dh, CALL)                                                                 \
