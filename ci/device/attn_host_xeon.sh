@@ -77,7 +77,7 @@ peer = {key(r): r["ms"] for r in json.load(open(sys.argv[2]))["records"] if r.ge
 for r in json.load(open(sys.argv[1]))["records"]:
     p = peer.get(key(r))
     x = f"{p / r['ms']:.2f}x" if p and r.get("ms") else "-"
-    print(f"ratio {r['kernel']:14s} {r['dtype']:4s} {r['shape']:28s} {r['variant']:12s} "
+    print(f"ratio {r['kernel']:14s} {r['dtype']:4s} {r['shape']:28s} {r['variant'] or '-':12s} "
           f"ompk {r['ms']:9.3f} ms  sdpa {p or 0:9.3f} ms  {x}")
 PY
         cat "$OUT/ratio-$round.txt" >>"$sum"
