@@ -73,8 +73,8 @@ static ompk_status fwd_portable_run(const void *p, void *ws) {
 
 static const ompk_impl fwd[] = {
     {"host-avx512", 0, cpu_avx512, fwd_host_ok, NULL, fwd_host_run},
-    {"tc-bf16", 0, ompk_gpu_kernels_built, fwd_tc_ok, NULL, fwd_tc_run},
-    {"tc-3xtf32", 0, ompk_gpu_kernels_built, fwd_tf32_ok, NULL, fwd_tf32_run},
+    {"tc-bf16", 0, ompk_nv_kernels_built, fwd_tc_ok, NULL, fwd_tc_run},
+    {"tc-3xtf32", 0, ompk_nv_kernels_built, fwd_tf32_ok, NULL, fwd_tf32_run},
     {"portable", 0, NULL, NULL, NULL, fwd_portable_run},
 };
 const ompk_impl_list ompk_impls_attention_fwd = {fwd, (int)(sizeof fwd / sizeof fwd[0])};
@@ -123,7 +123,7 @@ static ompk_status bwd_portable_run(const void *p, void *ws) {
 
 static const ompk_impl bwd[] = {
     {"host-avx512", 0, cpu_avx512, bwd_host_ok, bwd_ws, bwd_host_run},
-    {"tc-bf16", 0, ompk_gpu_kernels_built, bwd_tc_ok, bwd_ws, bwd_tc_run},
+    {"tc-bf16", 0, ompk_nv_kernels_built, bwd_tc_ok, bwd_ws, bwd_tc_run},
     {"portable", 0, NULL, NULL, bwd_ws, bwd_portable_run},
 };
 const ompk_impl_list ompk_impls_attention_bwd = {bwd, (int)(sizeof bwd / sizeof bwd[0])};
