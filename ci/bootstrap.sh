@@ -3,10 +3,12 @@
 set -euo pipefail
 # clang-tools-19 carries the offload packager and linker wrappers of the GPU build, and
 # libclang-rt-19-dev the sanitizer runtimes of the asan preset and libFuzzer of the fuzz preset:
-# clang-19 pulls in neither. Open MPI builds libompk_mpi and runs its test (ci/mpi.sh).
+# clang-19 pulls in neither. Open MPI builds libompk_mpi and runs its test (ci/mpi.sh). The amdgpu
+# preset links AMD device code with lld-19 against rocm-device-libs; the gcc-offload preset needs
+# GCC's nvptx-none offload compiler (gcc-12-offload-nvptx, with libgomp's nvptx plugin).
 pkgs=(cmake ninja-build pkg-config clang-19 clang-tools-19 libomp-19-dev llvm-19 gcc-12
       libhwloc-dev hwloc libclang-rt-19-dev libcriterion-dev libdlpack-dev clang-format-19 xz-utils
-      python3 python3-venv openmpi-bin libopenmpi-dev)
+      python3 python3-venv openmpi-bin libopenmpi-dev lld-19 rocm-device-libs gcc-12-offload-nvptx)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ci/build.sh PRESET: configure and build one CMake preset (see CMakePresets.json). Prints the
+# ci/build.sh PRESET [TARGET...]: configure and build one CMake preset (see CMakePresets.json),
+# all of it or the given targets. Prints the
 # configure summary (the "-- ompk:" lines: compiler, offload on/off, archs, cubin patch) and
 # warnings; the whole configure output when it fails.
 set -euo pipefail
@@ -13,4 +14,7 @@ if ! cmake --preset "$preset" >"$log" 2>&1; then
 fi
 grep -E '^-- ompk:' "$log" || true
 grep -A4 '^CMake Warning' "$log" || true
-cmake --build --preset "$preset" -j "$(nproc)"
+shift || true
+targets=()
+[ $# -gt 0 ] && targets=(--target "$@")
+cmake --build --preset "$preset" -j "$(nproc)" "${targets[@]}"

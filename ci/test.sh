@@ -8,7 +8,9 @@
 # them) and the fuzz harnesses for a few seconds each
 # (ci/fuzz.sh; OMPK_FUZZ_IN_CI=0 skips them), the expert-parallel MPI test under mpirun
 # (ci/mpi.sh; OMPK_MPI_IN_CI=0 skips it), and the lab preset compiled, not run, so that the
-# benchmark-only variants keep compiling (OMPK_LAB_IN_CI=0 skips it). Prints
+# benchmark-only variants keep compiling (OMPK_LAB_IN_CI=0 skips it), the amdgpu preset's library
+# compiled (OMPK_AMDGPU_IN_CI=0 skips it), and the gcc-offload preset built with a few of its
+# suites run on the host (OMPK_GCC_OFFLOAD_IN_CI=0 skips it). Prints
 # "tests: N passed, N failed, N skipped" last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +86,52 @@ if [ "${OMPK_LAB_IN_CI:-1}" = 1 ]; then
     if ./ci/build.sh lab; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi
 else
     echo "=== lab build skipped (OMPK_LAB_IN_CI=0)"
+    total_s=$((total_s + 1))
+fi
+# the amdgpu preset's library (AMD GPU images for gfx90a and gfx942; no AMD hardware, so build
+# only; its other targets are host code the default build compiles too) builds or counts as a
+# failed test; OMPK_AMDGPU_IN_CI=0 skips it
+if [ "${OMPK_AMDGPU_IN_CI:-1}" = 1 ]; then
+    echo "=== build: amdgpu (libompk, compile only)"
+    start=$SECONDS
+    if ./ci/build.sh amdgpu ompk; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi
+    echo "=== amdgpu: $((SECONDS - start)) s"
+else
+    echo "=== amdgpu build skipped (OMPK_AMDGPU_IN_CI=0)"
+    total_s=$((total_s + 1))
+fi
+# the gcc-offload preset (GCC 12 with nvptx-none images: the portable kernels by a second offload
+# compiler) builds, and the suites of OMPK_GCC_OFFLOAD_SUITES run on the host fallback (default:
+# the reference driver over every op and the selector's; "all": every suite);
+# OMPK_GCC_OFFLOAD_IN_CI=0 skips it
+if [ "${OMPK_GCC_OFFLOAD_IN_CI:-1}" = 1 ]; then
+    echo "=== build: gcc-offload"
+    start=$SECONDS
+    suites=${OMPK_GCC_OFFLOAD_SUITES:-test_ops test_variant}
+    if ./ci/build.sh gcc-offload; then
+        total_p=$((total_p + 1))
+        echo "=== tests: gcc-offload ($suites)"
+        gdir=build-gcc-offload
+        if [ "$suites" != all ]; then
+            gdir=$(mktemp -d) && mkdir "$gdir/tests"
+            for t in $suites; do ln -s "$PWD/build-gcc-offload/tests/$t" "$gdir/tests/$t"; done
+        fi
+        log=$(mktemp)
+        ./ci/run-tests.sh "$gdir" gcc-offload 2>&1 | tee "$log"
+        read -r pp ff ss <<<"$(tail -1 "$log" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped.*/\1 \2 \3/')"
+        if [[ "$pp" =~ ^[0-9]+$ ]]; then
+            total_p=$((total_p + pp)) total_f=$((total_f + ff)) total_s=$((total_s + ss))
+        else
+            broken=1
+        fi
+        rm -f "$log"
+        [ "$gdir" = build-gcc-offload ] || rm -rf "$gdir"
+    else
+        total_f=$((total_f + 1))
+    fi
+    echo "=== gcc-offload: $((SECONDS - start)) s"
+else
+    echo "=== gcc-offload skipped (OMPK_GCC_OFFLOAD_IN_CI=0)"
     total_s=$((total_s + 1))
 fi
 [ $broken -ne 0 ] && total_f=$((total_f + 1))

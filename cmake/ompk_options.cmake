@@ -1,6 +1,6 @@
 option(OMPK_BUILD_TESTS "build the Criterion suites" ON)
 option(OMPK_FUZZ "build the libFuzzer harnesses of tests/fuzz (clang, host only)" OFF)
-option(OMPK_OFFLOAD "compile src/target for NVIDIA GPUs (clang >= 19 only)" ON)
+option(OMPK_OFFLOAD "compile src/target for the GPUs of OMPK_OFFLOAD_ARCHS (clang >= 19; GCC: NVIDIA only)" ON)
 # The lab build: the benchmark-only implementations and tuning knobs (the named-only entries of
 # the implementation lists that are not defaults: bench/results/INDEX.md, Decisions). Off, the
 # library carries the defaults, the portable kernels and what they need.
@@ -8,8 +8,10 @@ option(OMPK_LAB "build the benchmark-only variants and knobs" OFF)
 if(OMPK_LAB)
   add_compile_definitions(OMPK_LAB=1)
 endif()
-set(OMPK_OFFLOAD_ARCHS "sm_80;sm_90" CACHE STRING "GPU architectures, one image each")
+set(OMPK_OFFLOAD_ARCHS "sm_80;sm_90" CACHE STRING "GPU architectures, one image each: sm_* (NVIDIA) or gfx* (AMD)")
 set(OMPK_CUDA_PATH "/usr/local/cuda" CACHE PATH "CUDA toolkit used for ptxas/nvlink")
+set(OMPK_ROCM_DEVICE_LIB_PATH "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode" CACHE PATH
+    "ROCm device libraries (ocml.bc, ockl.bc, oclc_*.bc) for gfx* archs")
 set(OMPK_CUBIN_ABI_PATCH "AUTO" CACHE STRING
     "rewrite linked cubins from ELF ABI v8 to v7 for LLVM < 21.1.2 runtimes: AUTO, ON or OFF")
 set_property(CACHE OMPK_CUBIN_ABI_PATCH PROPERTY STRINGS AUTO ON OFF)

@@ -10,3 +10,11 @@ int ompk_gpu_kernels_built(void) {
     return 0;
 #endif
 }
+
+int ompk_nv_kernels_built(void) {
+#if defined(OMPK_OFFLOAD_BUILD) && defined(__clang__) && defined(OMPK_OFFLOAD_NVPTX)
+    return omp_get_num_devices() > 0;
+#else
+    return 0;
+#endif
+}

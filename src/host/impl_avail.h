@@ -4,5 +4,8 @@
 
 /* GPU kernels compiled into this build and an offload device present. */
 int ompk_gpu_kernels_built(void);
+/* The NVIDIA-only GPU kernels (bare.h: OMPK_NV_DEVICE) compiled into this build and an offload
+ * device present. */
+int ompk_nv_kernels_built(void);
 
 #endif

@@ -123,9 +123,9 @@ static const ompk_impl fwd[] = {
     {"host-amx", 0, cpu_amx, fwd_amx_ok, NULL, fwd_amx_run},
     {"amx-emulated", 1, cpu_avx512_bf16, fwd_amx_emu_ok, NULL, fwd_amx_emu_run},
     {"host-avx512", 0, cpu_avx512, fwd_host_ok, NULL, fwd_host_run},
-    {"tc-bf16-splitkv", 0, ompk_gpu_kernels_built, fwd_dec_ok, fwd_dec_ws, fwd_dec_run},
-    {"tc-bf16", 0, ompk_gpu_kernels_built, fwd_tc_ok, NULL, fwd_tc_run},
-    {"tc-3xtf32", 0, ompk_gpu_kernels_built, fwd_tf32_ok, NULL, fwd_tf32_run},
+    {"tc-bf16-splitkv", 0, ompk_nv_kernels_built, fwd_dec_ok, fwd_dec_ws, fwd_dec_run},
+    {"tc-bf16", 0, ompk_nv_kernels_built, fwd_tc_ok, NULL, fwd_tc_run},
+    {"tc-3xtf32", 0, ompk_nv_kernels_built, fwd_tf32_ok, NULL, fwd_tf32_run},
     {"portable", 0, NULL, NULL, NULL, fwd_portable_run},
 };
 const ompk_impl_list ompk_impls_attention_fwd = {fwd, (int)(sizeof fwd / sizeof fwd[0])};
@@ -198,7 +198,7 @@ static const ompk_impl bwd[] = {
     {"host-amx", 0, cpu_amx, bwd_amx_ok, bwd_ws, bwd_amx_run},
     {"amx-emulated", 1, cpu_avx512_bf16, bwd_amx_emu_ok, bwd_ws, bwd_amx_emu_run},
     {"host-avx512", 0, cpu_avx512, bwd_host_ok, bwd_ws, bwd_host_run},
-    {"tc-bf16", 0, ompk_gpu_kernels_built, bwd_tc_ok, bwd_ws, bwd_tc_run},
+    {"tc-bf16", 0, ompk_nv_kernels_built, bwd_tc_ok, bwd_ws, bwd_tc_run},
     {"portable", 0, NULL, NULL, bwd_ws, bwd_portable_run},
 };
 const ompk_impl_list ompk_impls_attention_bwd = {bwd, (int)(sizeof bwd / sizeof bwd[0])};

@@ -59,17 +59,18 @@ static ompk_status run_portable(const void *p, void *ws) {
     return OMPK_OK;
 }
 
-#define GPU(name, id, named) {name, named, ompk_gpu_kernels_built, ok_##id, NULL, run_##id}
+/* the streaming kernels load and store through PTX: NVIDIA-only (bare.h) */
+#define GPU(name, id, named, built) {name, named, built, ok_##id, NULL, run_##id}
 /* clang-format off */
 static const ompk_impl fwd[] = {
-    GPU("stream", stream, 0),
-    GPU("bare1", bare1, 0),
+    GPU("stream", stream, 0, ompk_nv_kernels_built),
+    GPU("bare1", bare1, 0, ompk_gpu_kernels_built),
 #ifdef OMPK_LAB
-    GPU("u1c", u1c, 1),
-    GPU("u2c", u2c, 1),
-    GPU("u4c", u4c, 1),
-    GPU("u4p", u4p, 1),
-    GPU("f32u1c", f32u1c, 1),
+    GPU("u1c", u1c, 1, ompk_nv_kernels_built),
+    GPU("u2c", u2c, 1, ompk_nv_kernels_built),
+    GPU("u4c", u4c, 1, ompk_nv_kernels_built),
+    GPU("u4p", u4p, 1, ompk_nv_kernels_built),
+    GPU("f32u1c", f32u1c, 1, ompk_nv_kernels_built),
 #endif
     {"portable", 0, NULL, NULL, NULL, run_portable},
 };

@@ -30,9 +30,9 @@ static ompk_status run_portable(const void *p, void *ws) {
 }
 
 static const ompk_impl impls[] = {
-    {"tc", 0, ompk_gpu_kernels_built, ok_tc, ws_bytes, run_tc},
+    {"tc", 0, ompk_nv_kernels_built, ok_tc, ws_bytes, run_tc},
 #ifdef OMPK_LAB
-    {"tc-r128", 1, ompk_gpu_kernels_built, ok_tc, ws_bytes, run_r128},
+    {"tc-r128", 1, ompk_nv_kernels_built, ok_tc, ws_bytes, run_r128},
 #endif
     {"portable", 0, NULL, NULL, ws_bytes, run_portable},
 };

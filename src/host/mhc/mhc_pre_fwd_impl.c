@@ -65,7 +65,7 @@ static ompk_status run_portable(const void *p, void *ws) {
     return pre_run_cfg(p, ws, c);
 }
 
-#define TC(name, id, named) {name, named, ompk_gpu_kernels_built, ok_##id, pre_ws, run_##id}
+#define TC(name, id, named) {name, named, ompk_nv_kernels_built, ok_##id, pre_ws, run_##id}
 static const ompk_impl impls[] = {
     TC("tc-wide", wide, 0),
     TC("tc-l2fill", l2fill, 0),

@@ -23,7 +23,7 @@ static int ok_lanes(const void *p) {
 }
 
 static ompk_status run_lanes(const void *p, void *ws) {
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD) && defined(OMPK_OFFLOAD_NVPTX)
     const mhc_sk_call *k = p;
     mhc_sk_bwd_lanes_kernel(k->ex, k->a, ws);
     return OMPK_OK;
@@ -40,7 +40,7 @@ static ompk_status run_bwd(const void *p, void *ws) {
 }
 
 static const ompk_impl bwd[] = {
-    {"lanes", 0, ompk_gpu_kernels_built, ok_lanes, bwd_ws, run_lanes},
+    {"lanes", 0, ompk_nv_kernels_built, ok_lanes, bwd_ws, run_lanes},
     {"portable", 0, NULL, NULL, bwd_ws, run_bwd},
 };
 const ompk_impl_list ompk_impls_mhc_sinkhorn_bwd = {bwd, (int)(sizeof bwd / sizeof bwd[0])};

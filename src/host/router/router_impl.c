@@ -35,10 +35,10 @@ static ompk_status run_portable(const void *p, void *ws) {
 }
 
 static const ompk_impl fwd[] = {
-    {"warp", 0, ompk_gpu_kernels_built, bare_ok, NULL, run_warp},
+    {"warp", 0, ompk_nv_kernels_built, bare_ok, NULL, run_warp},
 #ifdef OMPK_LAB
-    {"sort", 1, ompk_gpu_kernels_built, bare_ok, NULL, run_sort},
-    {"warp1", 1, ompk_gpu_kernels_built, bare_ok, NULL, run_warp1},
+    {"sort", 1, ompk_nv_kernels_built, bare_ok, NULL, run_sort},
+    {"warp1", 1, ompk_nv_kernels_built, bare_ok, NULL, run_warp1},
 #endif
     {"portable", 0, NULL, NULL, NULL, run_portable},
 };

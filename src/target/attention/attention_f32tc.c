@@ -59,7 +59,7 @@
  * instructions. */
 #include "bare.h"
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 #include <math.h>
 
 #include "attention_softmax.h"
@@ -95,7 +95,7 @@ ATTT_INLINE __attribute__((unused)) float attt_opaque(float x) {
 #endif
 #endif
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 
 typedef struct attt_f4 {
     float v[4];
@@ -324,7 +324,7 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
     }
 }
 
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 static int attt_aligned(const void *p, const int64_t s[3]) {
     return ((uintptr_t)p & 15) == 0 && s[0] % 4 == 0 && s[1] % 4 == 0 && s[2] % 4 == 0;
 }
@@ -367,11 +367,11 @@ void ompk_attn_fwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *q, c
     ATT_SWITCH_DH_TC(g->dh, ATTT_FWD)
 #undef ATTT_FWD
 }
-#endif /* OMPK_BARE_DEVICE */
+#endif /* OMPK_NV_DEVICE */
 
-#endif /* OMPK_BARE_KERNELS */
+#endif /* OMPK_NV_KERNELS */
 
-#if !defined(OMPK_BARE_KERNELS)
+#if !defined(OMPK_NV_KERNELS)
 int ompk_attn_fwd_f32tc_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                            const void *v, const void *out) {
     (void)ex, (void)g, (void)q, (void)k, (void)v, (void)out;

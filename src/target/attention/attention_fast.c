@@ -33,7 +33,7 @@
  * masking, online softmax) against the reference; the GPU run checks the real instructions. */
 #include "bare.h"
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 #include <math.h>
 
 #include "attention_softmax.h"
@@ -62,7 +62,7 @@ static uint16_t attf_emu_sv[ATTF_BK * ATTF_LD] __attribute__((aligned(16)));
 #endif
 #endif
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 
 typedef struct attf_u4 {
     uint32_t w[4];
@@ -567,7 +567,7 @@ ATTF_INLINE void attf_dq_team(const ompk_attn_geom *g, const uint16_t *q, const 
                     DH);
 }
 
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 static int attf_aligned(const void *p, const int64_t s[3]) {
     return ((uintptr_t)p & 15) == 0 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
 }
@@ -731,11 +731,11 @@ void ompk_attn_fwd_fast(ompk_exec ex, const ompk_attn_geom *g, const void *q, co
 #undef ATTF_FWD
 }
 
-#endif /* OMPK_BARE_DEVICE */
+#endif /* OMPK_NV_DEVICE */
 
-#endif /* OMPK_BARE_KERNELS */
+#endif /* OMPK_NV_KERNELS */
 
-#ifndef OMPK_BARE_KERNELS
+#ifndef OMPK_NV_KERNELS
 int ompk_attn_fwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                           const void *v, const void *out) {
     (void)ex, (void)g, (void)q, (void)k, (void)v, (void)out;

@@ -644,8 +644,11 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
 }
 
 /* Host work items: cloned for AVX-512 and baseline x86-64 (picked at load time), since the
- * library is built for baseline x86-64. The GPU image compiles them too but never calls them. */
-#if defined(__x86_64__) && !defined(__NVPTX__) && !defined(__AMDGCN__)
+ * library is built for baseline x86-64. The GPU image compiles them too but never calls them.
+ * GCC offload builds do not clone: GCC hands the host's declare-target functions to its offload
+ * compiler, which cannot take a clone's resolver. */
+#if defined(__x86_64__) && !defined(__NVPTX__) && !defined(__AMDGCN__) &&                          \
+    !(defined(OMPK_OFFLOAD_BUILD) && !defined(__clang__))
 #define ATT_HOST_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
 #else
 #define ATT_HOST_CLONES

@@ -2,6 +2,11 @@
  * their team by number and synchronise it themselves), one for every kernel source:
  *   OMPK_BARE_KERNELS  bare kernels are compiled: a clang offload build, or a host emulation;
  *   OMPK_BARE_DEVICE   for a real device (a clang offload build, not emulated);
+ *   OMPK_NV_KERNELS, OMPK_NV_DEVICE  the same for the NVIDIA-only kernels (inline PTX, nvvm
+ *                      builtins, 32-lane warp collectives, mma.sync): an emulation, or an offload
+ *                      build for NVPTX (OMPK_OFFLOAD_NVPTX, set by CMake for the host and the
+ *                      device compilation alike, so that the host's dispatch and the image agree);
+ *                      other targets (AMDGPU) build the portable kernels and bare ones only;
  *   OMPK_TID(), OMPK_BID(), OMPK_SYNC()  the thread's number in its team, the team's number,
  *                      the team barrier.
  * Host emulation (tests/test_*_emu.c, test_router_warp.c) runs a kernel's own code on the CI
@@ -17,6 +22,7 @@
 #endif
 #include <omp.h>
 #define OMPK_BARE_KERNELS 1
+#define OMPK_NV_KERNELS 1
 static int ompk_emu_block __attribute__((unused));
 #define OMPK_TID() OMPK_EMU_TID()
 #define OMPK_BID() ompk_emu_block
@@ -29,6 +35,13 @@ static int ompk_emu_block __attribute__((unused));
 #define OMPK_TID() ompx_thread_id_x()
 #define OMPK_BID() ompx_block_id_x()
 #define OMPK_SYNC() ompx_sync_block_acq_rel()
+#if defined(OMPK_OFFLOAD_NVPTX)
+#if defined(__AMDGCN__)
+#error "OMPK_OFFLOAD_NVPTX in a compilation for AMDGPU: one GPU vendor per build"
+#endif
+#define OMPK_NV_KERNELS 1
+#define OMPK_NV_DEVICE 1
+#endif
 #endif
 
 #endif

@@ -5,9 +5,9 @@
  * bare target region still needs one. Only ptx_pack_bf16x2 means the same thing on the host; the
  * warp-collective ones (mma, ldmatrix, shuffles, cp.async groups) have no single-thread meaning,
  * so their host bodies are placeholders and callers must launch such regions on devices only
- * (their dispatch checks ex.on_target). Available when OMPK_BARE_DEVICE is defined (bare.h): clang
- * offload builds; elsewhere only the host bodies exist. With OMPK_EMULATE (tests) the host bodies
- * emulate the warp collectives instead (below).
+ * (their dispatch checks ex.on_target). Available when OMPK_NV_DEVICE is defined (bare.h): clang
+ * NVPTX offload builds; elsewhere only the host bodies exist. With OMPK_EMULATE (tests) the host
+ * bodies emulate the warp collectives instead (below).
  *
  * Fragment layouts (m16n8k16, row.col; lane = 4 * g + t, g = lane / 4, t = lane % 4):
  *   A (16 x 16, two bf16 per register): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..2t+1],
@@ -199,7 +199,7 @@ PTX_INLINE void ptx_cp_async_commit(void) {}
 PTX_INLINE void ptx_cp_async_wait0(void) {}
 PTX_INLINE void ptx_cp_async_wait1(void) {}
 
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 PTX_INLINE uint32_t ptx_shared_addr(const void *p) {
     uint32_t addr;
@@ -259,7 +259,7 @@ PTX_INLINE void ptx_cp_async_wait2(void) {}
 PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
     return ptx_pack_bf16x2(lo, hi);
 }
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 PTX_INLINE void ptx_cp_async_wait2(void) {
     __asm__ volatile("cp.async.wait_group 2;" ::: "memory");
@@ -278,7 +278,7 @@ PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
 PTX_INLINE void ptx_ld16_l2fill(const void *p, uint32_t w[4]) {
     memcpy(w, p, 16);
 }
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 PTX_INLINE void ptx_ld16_l2fill(const void *p, uint32_t w[4]) {
     __asm__("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"

@@ -169,7 +169,7 @@ void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a);
 int64_t mhc_sk_bwd_batch(const mhc_sk_args *a);
 int64_t mhc_sk_bwd_workspace(const mhc_sk_args *a);
 void mhc_sk_bwd_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws);
-#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD)
+#if defined(__clang__) && defined(OMPK_OFFLOAD_BUILD) && defined(OMPK_OFFLOAD_NVPTX)
 /* GPU only: a token's rows over 4 or 8 lanes instead of one thread a token */
 void mhc_sk_bwd_lanes_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws);
 #endif

@@ -40,7 +40,9 @@ static inline __attribute__((always_inline)) float raw_elem(const ompk_u128 r[2]
         b.u = r[e >> 2].w[e & 3];
     return b.f;
 }
+#endif
 
+#ifdef OMPK_NV_DEVICE
 /* 16-byte global moves of the streaming variant, by hint level: 0 plain moves; 1 loads through
  * the non-coherent path without L1 allocation, evict-first stores (x and f are read once, out is
  * written once, and the API rejects an out that overlaps an input); 2 as 1, the loads also asking
@@ -231,7 +233,7 @@ PS_INLINE void post_token_stream(const int n, const int bf16, const int U, const
  * strides and bases would stay live in registers across it), its threads covering the token's
  * chunks U at a time (see post_token_stream). The team size is a launch argument: a team needs
  * no more threads than C/U. Callers keep T < 2^31. */
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 #define POST_STREAM_KERNEL(BF, U, H, NAME)                                                         \
     static void NAME(ompk_exec ex, const ompk_mhc_post_args *a, int threads) {                     \
         POST_UNPACK(a);                                                                            \

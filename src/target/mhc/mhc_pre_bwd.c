@@ -651,7 +651,7 @@ static int bwd_kc_vec_ok(const mhc_pre_bwd_args *a, int KC) {
 static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *bg, bwd_tc_geom *tg,
                        int want) {
     memset(tg, 0, sizeof *tg);
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
     if (!ex.on_target || a->n > BWD_TC_NMAX || !a->bf16 || !a->dh_bf16) return 0;
     if ((a->gxp && !a->gxp_bf16) || bg->T < 1 || bg->T > 0x7fffffff) return 0;
     if (a->D % 32 || bg->K % BWD_TC_KT) return 0;

@@ -131,7 +131,7 @@ MHC_INLINE void bwd_tc_frag_tok(const int N, uint16_t *frag, int64_t t, const fl
     for (int i = 0; i < N; i++) fw[WB + WA + 16 + i * 16 + r] = dhm ? hp[i * shp1] : 0.f;
 }
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 
 /* (b, s) of a token, stepped by 16 tokens without divisions (T < 2^31: 32-bit halves, fewer
  * registers) */
@@ -448,6 +448,6 @@ void mhc_pre_bwd_tc_stage4_r128(ompk_exec ex, int n, const bwd_tc_geom *g, const
                                 const char *dh, const char *gxp, char *dx, const float *phi,
                                 const float *gamma, const uint32_t *frag, const float *tok,
                                 float *pw, float *blk);
-#endif /* OMPK_BARE_KERNELS */
+#endif /* OMPK_NV_KERNELS */
 
 #endif

@@ -83,7 +83,7 @@ static int pre_vec_ok(const mhc_pre_fwd_args *a) {
     return 1;
 }
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 /* teams the wide-load GEMM aims at: c->teams when in 64 .. PRE_TCW_TEAMS_MAX, else PRE_TCW_TEAMS */
 static int pre_tcw_teams(const mhc_pre_fwd_cfg *c) {
     return c->teams >= 64 && c->teams <= PRE_TCW_TEAMS_MAX ? c->teams : PRE_TCW_TEAMS;
@@ -249,7 +249,7 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
     }
 }
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
  * lane's 8-element piece is either inside D or past it); the cp.async GEMM (tc = 3) n <= 6 and
  * the wide-load GEMM (tc = 4, mhc_pre_tcw.h) n <= 4, its ring of 2 n = 4 only. */
@@ -313,7 +313,7 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
     const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];
     const float *phi = a->phi, *gamma = a->gamma, *alpha = a->alpha, *bias = a->bias;
     const int64_t sphi = a->sphi;
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
     const int tc = var->tc;
     pre_tc_geom tg =
         tc == 4 ? pre_tcw_geometry(a, pre_tcw_teams(var)) : pre_tc_geometry(a, tc == 2, tc == 3);

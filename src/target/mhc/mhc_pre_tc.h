@@ -130,7 +130,7 @@ MHC_INLINE int pre_tc_chunk_off(const pre_tc_geom *g, int q, int q1, int e, int6
     return q < q1 && d < g->D;
 }
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 
 /* x of chunk q (zeros past the split or past D) for the lane's 2 * TM token rows */
 MHC_INLINE void pre_tc_loadx(const int TM, const int L2F, uint32_t xv[PRE_TC_TMMAX][2][4],
@@ -621,6 +621,6 @@ MHC_INLINE void pre_tc_hin(const int N, const pre_tc_geom *g, const char *x, con
     pre_tc_hin_load(N, g, x, t, d, v);
     pre_tc_hin_store(N, g, hp, h_in, t, d, v);
 }
-#endif /* OMPK_BARE_KERNELS */
+#endif /* OMPK_NV_KERNELS */
 
 #endif

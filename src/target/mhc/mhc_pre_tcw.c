@@ -4,7 +4,7 @@
  * alone. */
 #include "mhc_pre_tcw.h"
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 #define MHC_N_MAX PRE_TCW_NMAX
 #define MHC_N_INC "mhc_pre_tcw_n.inc"
 #include "mhc_each_n.inc"
@@ -12,7 +12,7 @@
 
 void mhc_pre_tcw_gemm(ompk_exec ex, const pre_tc_geom *g, int n, int ring, const char *x,
                       const float *phi, const float *gamma, uint16_t *wp, float *part) {
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
     const pre_tc_geom gg = *g;
     const int64_t items = (gg.NCH + PRE_TCW_SC - 1) / PRE_TCW_SC * (PRE_TC_NT(n) * 8) * 64;
 #pragma omp target teams distribute parallel for device(ex.device) is_device_ptr(phi, gamma, wp)   \

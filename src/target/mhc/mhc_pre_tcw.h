@@ -131,7 +131,7 @@ static inline void pre_tcw_wpair(int n, const pre_tc_geom *g, const float *phi, 
     memcpy(b + 2 * NT * 1024 + at, &lo, 4);
 }
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 /* f32 sum of squares of the two bf16 in a packed pair, added to s */
 MHC_INLINE float pre_tcw_sq2(uint32_t w, float s) {
     const float lo = ptx_bf16_half(w, 0), hi = ptx_bf16_half(w, 1);
@@ -270,6 +270,6 @@ MHC_INLINE void pre_tcw_team(const int N, const int NB, const pre_tc_geom *g, co
         part[((int64_t)c * T + t0) * MP + e] = ((rr[0] + rr[qs]) + rr[2 * qs]) + rr[3 * qs];
     }
 }
-#endif /* OMPK_BARE_KERNELS */
+#endif /* OMPK_NV_KERNELS */
 
 #endif

@@ -108,7 +108,7 @@ MHC_INLINE void sk_bwd_token(const int N, const float *lg, const int64_t *sl, co
     }
 }
 
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 #include "mhc_sinkhorn_lanes.h"
 #define SKL_THREADS 128
 #endif
@@ -122,7 +122,7 @@ void mhc_sk_fwd_kernel(ompk_exec ex, const mhc_sk_args *a) {
 #undef SK_FWD
 }
 
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 /* GPU: the token's rows over G lanes (mhc_sinkhorn_lanes.h) */
 void mhc_sk_bwd_lanes_kernel(ompk_exec ex, const mhc_sk_args *a, void *ws) {
 #define SK_BWD_LANES(N) sk_bwd_lanes_##N(ex, a, ws)

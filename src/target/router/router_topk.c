@@ -311,7 +311,7 @@ static inline unsigned rt_wballot(int pred) {
     for (int l = 0; l < 32; l++) m |= (unsigned)rt_emu_i[l] << l;
     return m;
 }
-#elif defined(OMPK_BARE_DEVICE)
+#elif defined(OMPK_NV_DEVICE)
 
 /* Host bodies only satisfy the host compilation of the region; the kernel launches on GPUs. */
 static inline unsigned rt_wmax(unsigned v) {
@@ -343,7 +343,7 @@ static inline __attribute__((unused)) unsigned rt_wballot(int pred) {
 #pragma omp end declare variant
 #endif
 
-#ifdef OMPK_BARE_KERNELS
+#ifdef OMPK_NV_KERNELS
 #define RT_BARE_KMAX 32
 #define RT_BARE_NMAX 256
 #define RT_WARPS 4
@@ -857,7 +857,7 @@ static inline void rt_warp_shape(int N, int k, int *S, int *CS) {
 
 #endif
 
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
 
 /* One kernel per (S, CS), so that each gets the registers of its own network sizes. */
 // clang-format off
@@ -927,7 +927,7 @@ static void rt_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, i
 
 #ifndef OMPK_EMULATE
 int ompk_router_bare_fits(ompk_exec ex, const ompk_router_fwd_args *a) {
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
     if (!ex.on_target || a->k > RT_BARE_KMAX || a->N > RT_BARE_NMAX) return 0;
     /* in-row offsets are int32 there (N <= 256) */
     const int64_t lim = INT32_MAX / RT_BARE_NMAX;
@@ -939,7 +939,7 @@ int ompk_router_bare_fits(ompk_exec ex, const ompk_router_fwd_args *a) {
 }
 
 void ompk_router_topk_fwd_bare(ompk_exec ex, const ompk_router_fwd_args *a, int sort, int warp1) {
-#ifdef OMPK_BARE_DEVICE
+#ifdef OMPK_NV_DEVICE
     rt_fwd_bare(ex, a, sort, warp1);
 #else
     (void)ex, (void)a, (void)sort, (void)warp1;
