@@ -155,7 +155,7 @@ ATH_TARGET static void atx_fwd_item(const atx_ops *ops, const ompk_attn_geom *g,
     float m[ATX_R], l[ATX_R];
     int64_t lim[ATX_R], jmax = 0;
     for (int r = 0; r < ATX_R; r++) {
-        lim[r] = r < rb ? ath_key_limit(g->mask, i0 + r, N, M) : 0;
+        lim[r] = r < rb ? ompk_attn_key_limit(g->mask, i0 + r, N, M) : 0;
         jmax = lim[r] > jmax ? lim[r] : jmax;
         m[r] = -INFINITY;
         l[r] = 0.f;
@@ -231,7 +231,7 @@ ATH_TARGET static void atx_dq_item(const atx_ops *ops, const ompk_attn_geom *g, 
     int64_t lim[ATX_R], jmax = 0;
     for (int r = 0; r < ATX_R; r++) {
         const float lv = r < rb ? lse[ath_row(g->ls, b, h, i0 + r)] : -INFINITY;
-        lim[r] = lv == -INFINITY ? 0 : ath_key_limit(g->mask, i0 + r, N, M);
+        lim[r] = lv == -INFINITY ? 0 : ompk_attn_key_limit(g->mask, i0 + r, N, M);
         jmax = lim[r] > jmax ? lim[r] : jmax;
         l2[r] = lv == -INFINITY ? 0.f : lv;
         di[r] = r < rb ? dsum[(b * g->Hq + h) * N + i0 + r] : 0.f;
@@ -287,7 +287,7 @@ ATH_TARGET static void atx_dkdv_item(const atx_ops *ops, const ompk_attn_geom *g
     memset(dka, 0, sizeof(float) * ATX_R * (size_t)DP);
     memset(dva, 0, sizeof(float) * ATX_R * (size_t)DP);
     const __m512 sc = _mm512_set1_ps(g->scale);
-    const int64_t ifirst = ath_first_row(g->mask, j0, N, M) / ATX_W * ATX_W;
+    const int64_t ifirst = ompk_attn_first_row(g->mask, j0, N, M) / ATX_W * ATX_W;
     for (int64_t hh = 0; hh < G; hh++) {
         const int64_t h = hk * G + hh, bh = b * g->Hq + h;
         const uint32_t *qth = atx_head(qt, bh), *doth = atx_head(dot, bh);
@@ -299,7 +299,7 @@ ATH_TARGET static void atx_dkdv_item(const atx_ops *ops, const ompk_attn_geom *g
             for (int t = 0; t < ATX_W; t++) {
                 const int64_t i = i0 + t;
                 const float lv = i < N ? lse[ath_row(g->ls, b, h, i)] : -INFINITY;
-                limf[t] = lv == -INFINITY ? 0.f : (float)ath_key_limit(g->mask, i, N, M);
+                limf[t] = lv == -INFINITY ? 0.f : (float)ompk_attn_key_limit(g->mask, i, N, M);
                 l2[t] = lv == -INFINITY ? 0.f : lv;
                 di[t] = i < N ? dsum[bh * N + i] : 0.f;
             }

@@ -170,7 +170,7 @@ ATH_INLINE void ath_fwd_block(const ompk_attn_geom *g, const ath_bf *q, const at
     float limf_a[L];
     int64_t jmax = 0;
     for (int r = 0; r < L; r++) {
-        int64_t lim = r < rb ? ath_key_limit(g->mask, i0 + r, N, M) : 0;
+        int64_t lim = r < rb ? ompk_attn_key_limit(g->mask, i0 + r, N, M) : 0;
         limf_a[r] = (float)lim;
         jmax = lim > jmax ? lim : jmax;
     }
@@ -247,7 +247,7 @@ ATH_INLINE void ath_dq_block(const ompk_attn_geom *g, const ath_bf *dout, const 
     for (int r = 0; r < L; r++) {
         int64_t i = i0 + (r < rb ? r : 0);
         float lv = r < rb ? lse[ath_row(g->ls, b, h, i)] : -INFINITY;
-        int64_t lim = lv == -INFINITY ? 0 : ath_key_limit(g->mask, i, N, M);
+        int64_t lim = lv == -INFINITY ? 0 : ompk_attn_key_limit(g->mask, i, N, M);
         limf_a[r] = (float)lim;
         jmax = lim > jmax ? lim : jmax;
         l2_a[r] = lv == -INFINITY ? 0.f : lv;
@@ -312,7 +312,7 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
     /* lanes past the last key get an index no row sees */
     for (int c = 0; c < L; c++) jf_a[c] = c < cb ? (float)(j0 + c) : (float)M + 1.f;
     const __m512 jf = _mm512_loadu_ps(jf_a), sc = _mm512_set1_ps(g->scale);
-    const int64_t ifirst = ath_first_row(g->mask, j0, N, M);
+    const int64_t ifirst = ompk_attn_first_row(g->mask, j0, N, M);
     for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
         const ath_bf *qb = q + ath_row(g->qs, b, h, 0), *ob = dout + ath_row(g->dos, b, h, 0);
         for (int64_t ii0 = ifirst; ii0 < N; ii0 += BQ) {
@@ -326,7 +326,8 @@ ATH_INLINE void ath_dkdv_block(const ompk_attn_geom *g, const ath_bf *dout, cons
                     if (t + u < in) {
                         int64_t i = ii0 + t + u;
                         float lv = lse[ath_row(g->ls, b, h, i)];
-                        float lim = lv == -INFINITY ? 0.f : (float)ath_key_limit(g->mask, i, N, M);
+                        float lim =
+                            lv == -INFINITY ? 0.f : (float)ompk_attn_key_limit(g->mask, i, N, M);
                         float l2 = lv == -INFINITY ? 0.f : lv;
                         __mmask16 vis = _mm512_cmp_ps_mask(jf, _mm512_set1_ps(lim), _CMP_LT_OQ);
                         vm[t + u] = vis;
@@ -446,7 +447,7 @@ ATH_INLINE void ath_bwd_head(const ompk_attn_geom *g, const ath_bf *dout, const 
         memset(dva, 0, sizeof(float) * DH * L);
         for (int c = 0; c < L; c++) jf_a[c] = c < cb ? (float)(j0 + c) : (float)M + 1.f;
         const __m512 jf = _mm512_loadu_ps(jf_a);
-        const int64_t ifirst = ath_first_row(g->mask, j0, N, M);
+        const int64_t ifirst = ompk_attn_first_row(g->mask, j0, N, M);
         for (int64_t hh = 0; hh < G; hh++) {
             const int64_t h = hk * G + hh;
             const ath_bf *qb = q + ath_row(g->qs, b, h, 0), *ob = dout + ath_row(g->dos, b, h, 0);
@@ -461,7 +462,8 @@ ATH_INLINE void ath_bwd_head(const ompk_attn_geom *g, const ath_bf *dout, const 
                         if (t + u < in) {
                             int64_t i = ii0 + t + u;
                             float lv = lse[ath_row(g->ls, b, h, i)];
-                            int64_t lim = lv == -INFINITY ? 0 : ath_key_limit(g->mask, i, N, M);
+                            int64_t lim =
+                                lv == -INFINITY ? 0 : ompk_attn_key_limit(g->mask, i, N, M);
                             float l2 = lv == -INFINITY ? 0.f : lv;
                             __mmask16 vis =
                                 _mm512_cmp_ps_mask(jf, _mm512_set1_ps((float)lim), _CMP_LT_OQ);
@@ -573,7 +575,7 @@ ATH_INLINE void ath_fwd_block_f(const ompk_attn_geom *g, const float *q, const f
     float limf_a[L];
     int64_t jmax = 0;
     for (int r = 0; r < L; r++) {
-        int64_t lim = r < rb ? ath_key_limit(g->mask, i0 + r, N, M) : 0;
+        int64_t lim = r < rb ? ompk_attn_key_limit(g->mask, i0 + r, N, M) : 0;
         limf_a[r] = (float)lim;
         jmax = lim > jmax ? lim : jmax;
     }
@@ -647,7 +649,7 @@ ATH_INLINE void ath_bwd_head_f(const ompk_attn_geom *g, const float *dout, const
         memset(dva, 0, sizeof(float) * DH * L);
         for (int c = 0; c < L; c++) jf_a[c] = c < cb ? (float)(j0 + c) : (float)M + 1.f;
         const __m512 jf = _mm512_loadu_ps(jf_a);
-        const int64_t ifirst = ath_first_row(g->mask, j0, N, M);
+        const int64_t ifirst = ompk_attn_first_row(g->mask, j0, N, M);
         for (int64_t hh = 0; hh < G; hh++) {
             const int64_t h = hk * G + hh;
             const float *qb = q + ath_row(g->qs, b, h, 0), *ob = dout + ath_row(g->dos, b, h, 0);
@@ -658,7 +660,7 @@ ATH_INLINE void ath_bwd_head_f(const ompk_attn_geom *g, const float *dout, const
                 for (int t = 0; t < in; t++) {
                     int64_t i = ii0 + t;
                     float lv = lse[ath_row(g->ls, b, h, i)];
-                    int64_t lim = lv == -INFINITY ? 0 : ath_key_limit(g->mask, i, N, M);
+                    int64_t lim = lv == -INFINITY ? 0 : ompk_attn_key_limit(g->mask, i, N, M);
                     float l2 = lv == -INFINITY ? 0.f : lv;
                     __mmask16 vis = _mm512_cmp_ps_mask(jf, _mm512_set1_ps((float)lim), _CMP_LT_OQ);
                     vm[t] = vis;

@@ -40,25 +40,6 @@ static inline int64_t ath_row(const int64_t s[3], int64_t b, int64_t h, int64_t 
     return b * s[0] + h * s[1] + n * s[2];
 }
 
-static inline int64_t ath_key_limit(int mask, int64_t i, int64_t n, int64_t m) {
-    int64_t lim = m;
-    if (mask == 1)
-        lim = i + 1;
-    else if (mask == 2)
-        lim = i + 1 + m - n;
-    lim = lim > m ? m : lim;
-    return lim < 0 ? 0 : lim;
-}
-
-static inline int64_t ath_first_row(int mask, int64_t j, int64_t n, int64_t m) {
-    int64_t i0 = 0;
-    if (mask == 1)
-        i0 = j;
-    else if (mask == 2)
-        i0 = j - (m - n);
-    return i0 < 0 ? 0 : i0;
-}
-
 /* p = exp(s * scale - lse) for raw dot products s: scores rounded as the forward rounds them,
  * the difference taken in natural units before the scaling to log2 e (scaling first would lose
  * the low bits of large logits, and the one-hot p = 1 with them). */

@@ -145,16 +145,6 @@ ATTT_INLINE void attt_mma3(float c[4], const uint32_t ah[4], const uint32_t al[4
     attt_mma(c, ah, bh0, bh1);
 }
 
-ATTT_INLINE int64_t attt_limit(int mask, int64_t i, int64_t n, int64_t m) {
-    int64_t lim = m;
-    if (mask == 1)
-        lim = i + 1;
-    else if (mask == 2)
-        lim = i + 1 + m - n;
-    lim = lim > m ? m : lim;
-    return lim < 0 ? 0 : lim;
-}
-
 /* Rows kt .. kt+31 of one head's K or V into a shared tile of pitch ld (zeros past M). */
 ATTT_INLINE void attt_load_tile(float *tile, const float *base, int64_t rs, int64_t kt, int64_t M,
                                 int tid, int ld, const int DH) {
@@ -203,10 +193,10 @@ ATTT_INLINE void attt_fwd_team(const ompk_attn_geom *g, const float *q, const fl
             qr[c][1][i] = x1.v[i];
         }
     }
-    const int64_t lim0 = r0 < N ? attt_limit(g->mask, r0, N, M) : 0;
-    const int64_t lim1 = r1 < N ? attt_limit(g->mask, r1, N, M) : 0;
+    const int64_t lim0 = r0 < N ? ompk_attn_key_limit(g->mask, r0, N, M) : 0;
+    const int64_t lim1 = r1 < N ? ompk_attn_key_limit(g->mask, r1, N, M) : 0;
     const int64_t last = (qb + 1) * ATTT_BQ - 1 < N - 1 ? (qb + 1) * ATTT_BQ - 1 : N - 1;
-    const int64_t jmax = attt_limit(g->mask, last, N, M);
+    const int64_t jmax = ompk_attn_key_limit(g->mask, last, N, M);
 
     float o[16][4];
     ATTT_UNROLL

@@ -68,16 +68,6 @@ typedef struct attf_u4 {
     uint32_t w[4];
 } __attribute__((aligned(16))) attf_u4;
 
-ATTF_INLINE int64_t attf_limit(int mask, int64_t i, int64_t n, int64_t m) {
-    int64_t lim = m;
-    if (mask == 1)
-        lim = i + 1;
-    else if (mask == 2)
-        lim = i + 1 + m - n;
-    lim = lim > m ? m : lim;
-    return lim < 0 ? 0 : lim;
-}
-
 /* Rows kt .. kt+63 of one head's K or V into a shared tile (zeros past M), by the team's nthr
  * threads. */
 ATTF_INLINE void attf_load_tile_n(uint16_t *tile, const uint16_t *base, int64_t rs, int64_t kt,
@@ -203,10 +193,10 @@ ATTF_INLINE void attf_fwd_team(const ompk_attn_geom *g, const uint16_t *q, const
     uint32_t qa[8][4];
     const uint16_t *qh = q + b * g->qs[0] + h * g->qs[1];
     attf_load_q(qa, r0 < N ? qh + r0 * g->qs[2] : NULL, r1 < N ? qh + r1 * g->qs[2] : NULL, t4, DH);
-    const int64_t lim0 = r0 < N ? attf_limit(g->mask, r0, N, M) : 0;
-    const int64_t lim1 = r1 < N ? attf_limit(g->mask, r1, N, M) : 0;
+    const int64_t lim0 = r0 < N ? ompk_attn_key_limit(g->mask, r0, N, M) : 0;
+    const int64_t lim1 = r1 < N ? ompk_attn_key_limit(g->mask, r1, N, M) : 0;
     const int64_t last = (qb + 1) * ATTF_BQ - 1 < N - 1 ? (qb + 1) * ATTF_BQ - 1 : N - 1;
-    const int64_t jmax = attf_limit(g->mask, last, N, M);
+    const int64_t jmax = ompk_attn_key_limit(g->mask, last, N, M);
 
     float o[16][4];
     ATTF_UNROLL
@@ -278,12 +268,12 @@ ATTF_INLINE void attf_dec_team(const ompk_attn_geom *g, const uint16_t *q, const
     attf_load_q(qa, rho0 < R ? q + b * g->qs[0] + h0 * g->qs[1] + i0 * g->qs[2] : NULL,
                 rho1 < R ? q + b * g->qs[0] + h1 * g->qs[1] + i1 * g->qs[2] : NULL, t4, DH);
     const int64_t kb = sp * chunk, ke = kb + chunk < M ? kb + chunk : M;
-    int64_t lim0 = rho0 < R ? attf_limit(g->mask, i0, N, M) : 0;
-    int64_t lim1 = rho1 < R ? attf_limit(g->mask, i1, N, M) : 0;
+    int64_t lim0 = rho0 < R ? ompk_attn_key_limit(g->mask, i0, N, M) : 0;
+    int64_t lim1 = rho1 < R ? ompk_attn_key_limit(g->mask, i1, N, M) : 0;
     lim0 = lim0 < ke ? lim0 : ke;
     lim1 = lim1 < ke ? lim1 : ke;
     /* the keys any row of the group sees end at the last query's limit */
-    const int64_t jmax = attf_limit(g->mask, N - 1, N, M);
+    const int64_t jmax = ompk_attn_key_limit(g->mask, N - 1, N, M);
     const int64_t kend = ke < jmax ? ke : jmax;
 
     float o[16][4];
@@ -317,7 +307,7 @@ ATTF_INLINE int64_t attf_dec_splits(const ompk_attn_geom *g, int64_t *chunk) {
     const int nw = attf_dec_warps(g);
     const int64_t R = (g->Hq / g->Hkv) * g->N, rpt = 16 * nw, teams = nw == 1 ? 2048 : 1024;
     const int64_t groups = g->B * g->Hkv * ((R + rpt - 1) / rpt);
-    const int64_t jmax = g->N > 0 ? attf_limit(g->mask, g->N - 1, g->N, g->M) : 0;
+    const int64_t jmax = g->N > 0 ? ompk_attn_key_limit(g->mask, g->N - 1, g->N, g->M) : 0;
     int64_t want = groups >= teams ? 1 : (teams + groups - 1) / groups;
     const int64_t cap = jmax / (4 * R > 0 ? 4 * R : 1);
     want = want < cap ? want : cap > 1 ? cap : 1;
@@ -345,7 +335,7 @@ ATTF_INLINE void attf_dec_merge(const ompk_attn_geom *g, const float *ws, int64_
         L += wl[sp] * w;
         O += ws[(row * S + sp) * DH + d] * w;
     }
-    const int sees = attf_limit(g->mask, i, g->N, g->M) > 0;
+    const int sees = ompk_attn_key_limit(g->mask, i, g->N, g->M) > 0;
     out[b * g->os[0] + h * g->os[1] + i * g->os[2] + d] =
         ompk_f32_to_bf16(sees ? O * (1.f / L) : 0.f);
     if (lse && d == 0)
@@ -526,14 +516,14 @@ ATTF_INLINE void attf_dq_team(const ompk_attn_geom *g, const uint16_t *q, const 
     const float la = r0 < N ? lse[lb + r0 * g->ls[2]] : -INFINITY;
     const float lc = r1 < N ? lse[lb + r1 * g->ls[2]] : -INFINITY;
     /* a fully masked row (lse = -inf) sees no key: its dq is 0 */
-    const int64_t lim0 = r0 < N && la != -INFINITY ? attf_limit(g->mask, r0, N, M) : 0;
-    const int64_t lim1 = r1 < N && lc != -INFINITY ? attf_limit(g->mask, r1, N, M) : 0;
+    const int64_t lim0 = r0 < N && la != -INFINITY ? ompk_attn_key_limit(g->mask, r0, N, M) : 0;
+    const int64_t lim1 = r1 < N && lc != -INFINITY ? ompk_attn_key_limit(g->mask, r1, N, M) : 0;
     const float l0 = la == -INFINITY ? 0.f : la * ATTF_LOG2E;
     const float l1 = lc == -INFINITY ? 0.f : lc * ATTF_LOG2E;
     const float d0 = r0 < N ? dsum[(b * g->Hq + h) * N + r0] : 0.f;
     const float d1 = r1 < N ? dsum[(b * g->Hq + h) * N + r1] : 0.f;
     const int64_t last = (qb + 1) * ATTF_BQ - 1 < N - 1 ? (qb + 1) * ATTF_BQ - 1 : N - 1;
-    const int64_t jmax = attf_limit(g->mask, last, N, M);
+    const int64_t jmax = ompk_attn_key_limit(g->mask, last, N, M);
     float adq[16][4];
     ATTF_UNROLL
     for (int n = 0; n < DH / 8; n++) adq[n][0] = adq[n][1] = adq[n][2] = adq[n][3] = 0.f;

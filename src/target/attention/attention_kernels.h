@@ -27,6 +27,27 @@ typedef struct ompk_attn_geom {
     int bf16; /* q, k, v, out, dout, dq, dk, dv are bf16 (else f32) */
 } ompk_attn_geom;
 
+/* The causal masks (docs/KERNELS.md section 2), one definition for every kernel, host and
+ * device: query row i of n sees keys [0, limit) of m; key j is seen from row first_row on. */
+static inline int64_t ompk_attn_key_limit(int mask, int64_t i, int64_t n, int64_t m) {
+    int64_t lim = m;
+    if (mask == 1)
+        lim = i + 1;
+    else if (mask == 2)
+        lim = i + 1 + m - n;
+    lim = lim > m ? m : lim;
+    return lim < 0 ? 0 : lim;
+}
+
+static inline int64_t ompk_attn_first_row(int mask, int64_t j, int64_t n, int64_t m) {
+    int64_t i0 = 0;
+    if (mask == 1)
+        i0 = j;
+    else if (mask == 2)
+        i0 = j - (m - n);
+    return i0 < 0 ? 0 : i0;
+}
+
 /* Portable kernels: OpenMP target teams loops, on the GPU or on the host's threads. */
 void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                             const void *v, void *out, float *lse);

@@ -92,26 +92,6 @@ ATT_INLINE int64_t att_row(const int64_t s[3], int64_t b, int64_t h, int64_t n) 
     return b * s[0] + h * s[1] + n * s[2];
 }
 
-ATT_INLINE int64_t att_key_limit(int mask, int64_t i, int64_t n, int64_t m) {
-    int64_t lim = m;
-    if (mask == 1)
-        lim = i + 1;
-    else if (mask == 2)
-        lim = i + 1 + m - n;
-    lim = lim > m ? m : lim;
-    return lim < 0 ? 0 : lim;
-}
-
-/* First query row that sees key j. */
-ATT_INLINE int64_t att_first_row(int mask, int64_t j, int64_t n, int64_t m) {
-    int64_t i0 = 0;
-    if (mask == 1)
-        i0 = j;
-    else if (mask == 2)
-        i0 = j - (m - n);
-    return i0 < 0 ? 0 : i0;
-}
-
 ATT_INLINE void att_load_row(float *dst, const void *src, int64_t off, int64_t dh, float mul,
                              const int bf) {
     for (int64_t d = 0; d < dh; d++) dst[d] = att_ld(src, off + d, bf) * mul;
@@ -140,7 +120,7 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
         for (int64_t d = 0; d < dh; d++) acc[r][d] = 0.f;
         mrow[r] = -INFINITY;
         lrow[r] = 0.f;
-        lim[r] = att_key_limit(g->mask, i0 + r, N, M);
+        lim[r] = ompk_attn_key_limit(g->mask, i0 + r, N, M);
         jmax = lim[r] > jmax ? lim[r] : jmax;
     }
     for (int64_t j0 = 0; j0 < jmax; j0 += ATT_BK) {
@@ -201,7 +181,7 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
 ATT_INLINE float att_row_lse(const ompk_attn_geom *g, const void *q, const void *k, int64_t b,
                              int64_t h, int64_t i, const int bf) {
     const int64_t dh = g->dh, hk = h / (g->Hq / g->Hkv);
-    const int64_t lim = att_key_limit(g->mask, i, g->N, g->M);
+    const int64_t lim = ompk_attn_key_limit(g->mask, i, g->N, g->M);
     float qf[ATT_DMAX], kf[ATT_DMAX];
     att_load_row(qf, q, att_row(g->qs, b, h, i), dh, 1.f, bf);
     float m = -INFINITY, l = 0.f;
@@ -242,7 +222,7 @@ ATT_INLINE void att_dq_block(const ompk_attn_geom *g, const void *dout, const vo
         float l = lse[att_row(g->ls, b, h, i)];
         l2[r] = l;
         Di[r] = dsum[(b * g->Hq + h) * N + i];
-        lim[r] = l == -INFINITY ? 0 : att_key_limit(g->mask, i, N, M);
+        lim[r] = l == -INFINITY ? 0 : ompk_attn_key_limit(g->mask, i, N, M);
         jmax = lim[r] > jmax ? lim[r] : jmax;
     }
     for (int64_t j = 0; j < jmax; j++) {
@@ -284,12 +264,12 @@ ATT_INLINE void att_dkdv_block(const ompk_attn_geom *g, const void *dout, const 
         att_load_row(vf[c], v, att_row(g->vs, b, hk, j0 + c), dh, 1.f, bf);
         for (int64_t d = 0; d < dh; d++) dka[c][d] = dva[c][d] = 0.f;
     }
-    int64_t ifirst = att_first_row(g->mask, j0, N, M);
+    int64_t ifirst = ompk_attn_first_row(g->mask, j0, N, M);
     for (int64_t h = hk * G; h < (hk + 1) * G; h++)
         for (int64_t i = ifirst; i < N; i++) {
             float l = lse[att_row(g->ls, b, h, i)];
             if (l == -INFINITY) continue;
-            int64_t lim = att_key_limit(g->mask, i, N, M);
+            int64_t lim = ompk_attn_key_limit(g->mask, i, N, M);
             if (lim <= j0) continue;
             att_load_row(qf, q, att_row(g->qs, b, h, i), dh, 1.f, bf);
             att_load_row(dof, dout, att_row(g->dos, b, h, i), dh, 1.f, bf);
@@ -456,7 +436,7 @@ ATT_INLINE void att_fwd_block_h(const ompk_attn_geom *g, const void *q, const vo
     float mrow[L], lrow[L], limf[L], alpha[L];
     int64_t jmax = 0, jmin = M;
     for (int r = 0; r < L; r++) {
-        int64_t lim = r < rb ? att_key_limit(g->mask, i0 + r, N, M) : 0;
+        int64_t lim = r < rb ? ompk_attn_key_limit(g->mask, i0 + r, N, M) : 0;
         limf[r] = (float)lim;
         jmax = lim > jmax ? lim : jmax;
         jmin = r < rb && lim < jmin ? lim : jmin;
@@ -542,7 +522,7 @@ ATT_INLINE void att_dq_block_h(const ompk_attn_geom *g, const void *dout, const 
     for (int r = 0; r < L; r++) {
         int64_t i = i0 + (r < rb ? r : 0);
         float l = r < rb ? lse[att_row(g->ls, b, h, i)] : -INFINITY;
-        int64_t lim = l == -INFINITY ? 0 : att_key_limit(g->mask, i, N, M);
+        int64_t lim = l == -INFINITY ? 0 : ompk_attn_key_limit(g->mask, i, N, M);
         limf[r] = (float)lim;
         jmax = lim > jmax ? lim : jmax;
         jmin = r < rb && lim < jmin ? lim : jmin;
@@ -598,7 +578,7 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
         for (int c = 0; c < L; c++) dkT[d][c] = dvT[d][c] = 0.f;
     /* lanes past the last key get an index no row sees */
     for (int c = 0; c < L; c++) jf[c] = c < cb ? (float)(j0 + c) : (float)M + 1.f;
-    const int64_t ifirst = att_first_row(g->mask, j0, N, M);
+    const int64_t ifirst = ompk_attn_first_row(g->mask, j0, N, M);
     for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
         const int64_t qb = att_row(g->qs, b, h, 0), ob = att_row(g->dos, b, h, 0);
         for (int64_t ii0 = ifirst; ii0 < N; ii0 += BQ) {
@@ -607,7 +587,7 @@ ATT_INLINE void att_dkdv_block_h(const ompk_attn_geom *g, const void *dout, cons
             for (int t = 0; t < in; t++) {
                 int64_t i = ii0 + t;
                 float l = lse[att_row(g->ls, b, h, i)];
-                limf[t] = l == -INFINITY ? 0.f : (float)att_key_limit(g->mask, i, N, M);
+                limf[t] = l == -INFINITY ? 0.f : (float)ompk_attn_key_limit(g->mask, i, N, M);
                 lmin = limf[t] < lmin ? limf[t] : lmin;
                 l2[t] = l == -INFINITY ? 0.f : l;
                 Di[t] = dsum[(b * g->Hq + h) * N + i];
