@@ -18,6 +18,8 @@
  * re-read B from L2 then keep the memory stream going too, so a core's demand on memory is even
  * instead of bursting during the first pass (one core's bandwidth is bounded by the requests it
  * can keep in flight, so bursts cost). */
+
+#include "amx_tile_cfg.h"
 #define MOE_PF_KT 8
 
 /* Step s of total: this step's share of the pipelined prefetch regions. */
@@ -55,12 +57,7 @@ MOE_AMX_FN static void MOE_AMX_FLUSH(const moe_kargs *k, int g, int two, int32_t
 
 MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
     uint8_t cfg[64] __attribute__((aligned(64)));
-    for (int i = 0; i < 64; i++) cfg[i] = 0;
-    cfg[0] = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg[16 + 2 * i] = 64;
-        cfg[48 + i] = 16;
-    }
+    ompk_amx_cfg_full(cfg);
     T_CFG(cfg);
     const int two = k->m > 16;
     const int64_t lda = k->lda, bs = k->bstride;
@@ -161,12 +158,7 @@ MOE_AMX_FN void MOE_AMX_NAME(const moe_kargs *k) {
 #define MOE_KC 8
 MOE_AMX_FN void MOE_AMX_NAME_N(const moe_kargs *k) {
     uint8_t cfg[64] __attribute__((aligned(64)));
-    for (int i = 0; i < 64; i++) cfg[i] = 0;
-    cfg[0] = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg[16 + 2 * i] = 64;
-        cfg[48 + i] = 16;
-    }
+    ompk_amx_cfg_full(cfg);
     T_CFG(cfg);
     const int two = k->m > 16, ns = k->nsteps, isbf = k->fmt == OMPK_MOE_BF16;
     const int64_t lda = k->lda, bs = k->bstride;

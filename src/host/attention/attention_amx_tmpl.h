@@ -7,14 +7,11 @@
  * result, A4 rows 0-15 and A5 rows 16-31 of the A operand's k-step, B6 and B7 the two packed
  * B tiles of the step: four TDPBF16PS per two A and two B loads. */
 
+#include "amx_tile_cfg.h"
+
 ATX_FN static void ATX_NAME(begin)(void) {
     uint8_t cfg[64] __attribute__((aligned(64)));
-    for (int i = 0; i < 64; i++) cfg[i] = 0;
-    cfg[0] = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg[16 + 2 * i] = 64;
-        cfg[48 + i] = 16;
-    }
+    ompk_amx_cfg_full(cfg);
     T_CFG(cfg);
 }
 
