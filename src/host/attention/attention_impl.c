@@ -40,7 +40,6 @@ static int tc_bwd_safe(ompk_exec ex, const ompk_attn_geom *g, const void *q, con
 
 /* ---- forward ---- */
 
-/* The AMX tiles multiply a masked pair's P = 0 with v as the tensor cores do (tc_fwd_safe). */
 static int fwd_amx_ok(const void *p) {
     const attention_fwd_call *c = p;
     return ompk_attn_amx_ok(c->ex, c->g, 0) && tc_fwd_safe(c->ex, c->g, c->v);
