@@ -26,6 +26,9 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* moe_backward_v4.c compiles this file again for x86-64-v4 under other names */
 #ifdef MOE_PASS_V4
@@ -138,6 +141,83 @@ static void rank1_rows_g(float *restrict o, int64_t n, int r, const float *const
             for (int b = 0; b < nb; b++) a += t[b] * c[b][q];
             oi[q] = a;
         }
+    }
+}
+
+#if defined(__AVX512F__)
+/* rank1_routes for r a multiple of 8 (x86-64-v4 pass): a block of 32 rows x 8 ranks stays in 16
+ * registers over all the routes, each element's FMAs in route order as rank1_rows_g does them */
+static void rank1_routes_zmm(float *restrict o, int64_t n, int r, const int32_t *rt, int64_t nr,
+                             const float *vb, int64_t vs, int vdiv, const float *pre, float sc,
+                             const float *cb, int64_t cs) {
+    const __m512 vsc = _mm512_set1_ps(sc);
+    float buf[16][16] __attribute__((aligned(64)));
+    for (int64_t i0 = 0; i0 < n; i0 += 32) {
+        const int nrow = (int)(n - i0 < 32 ? n - i0 : 32);
+        const __mmask16 m0 = nrow >= 16 ? 0xffff : (__mmask16)((1u << nrow) - 1);
+        const __mmask16 m1 = nrow >= 32  ? 0xffff
+                             : nrow > 16 ? (__mmask16)((1u << (nrow - 16)) - 1)
+                                         : 0;
+        for (int q0 = 0; q0 < r; q0 += 8) {
+            /* buf[h * 8 + q][i]: rank q0 + q of row i0 + 16 h + i */
+            memset(buf, 0, sizeof buf);
+            for (int i = 0; i < nrow; i++)
+                for (int q = 0; q < 8; q++)
+                    buf[(i >> 4) * 8 + q][i & 15] = o[(i0 + i) * r + q0 + q];
+            __m512 a[16];
+            for (int q = 0; q < 16; q++) a[q] = _mm512_load_ps(buf[q]);
+            for (int64_t j = 0; j < nr; j++) {
+                const int64_t route = rt[j];
+                const float *v = vb + (route / vdiv) * vs + i0, *c = cb + route * cs + q0;
+                __m512 t0 = _mm512_maskz_loadu_ps(m0, v), t1 = _mm512_maskz_loadu_ps(m1, v + 16);
+                if (pre) {
+                    const __m512 w = _mm512_set1_ps(pre[route]);
+                    t0 = _mm512_mul_ps(w, t0);
+                    t1 = _mm512_mul_ps(w, t1);
+                }
+                t0 = _mm512_mul_ps(vsc, t0);
+                t1 = _mm512_mul_ps(vsc, t1);
+                for (int q = 0; q < 8; q++) {
+                    const __m512 cq = _mm512_set1_ps(c[q]);
+                    a[q] = _mm512_fmadd_ps(t0, cq, a[q]);
+                    a[8 + q] = _mm512_fmadd_ps(t1, cq, a[8 + q]);
+                }
+            }
+            for (int q = 0; q < 16; q++) _mm512_store_ps(buf[q], a[q]);
+            for (int i = 0; i < nrow; i++)
+                for (int q = 0; q < 8; q++)
+                    o[(i0 + i) * r + q0 + q] = buf[(i >> 4) * 8 + q][i & 15];
+        }
+    }
+}
+#endif
+
+/* o[i*r + q] += (sc * v_j[i]) * c_j[q] for i < n (at most 64), q < r over the nr routes rt[j] in
+ * order: v_j = vb + (rt[j] / vdiv) * vs, times pre[rt[j]] first when pre is set; c_j = cb +
+ * rt[j] * cs. The LoRA B gradient of one chunk from all routes of its expert. */
+static void rank1_routes(float *restrict o, int64_t n, int r, const int32_t *rt, int64_t nr,
+                         const float *vb, int64_t vs, int vdiv, const float *pre, float sc,
+                         const float *cb, int64_t cs) {
+#if defined(__AVX512F__)
+    if (r % 8 == 0) {
+        rank1_routes_zmm(o, n, r, rt, nr, vb, vs, vdiv, pre, sc, cb, cs);
+        return;
+    }
+#endif
+    float pv[4][64];
+    for (int64_t j0 = 0; j0 < nr; j0 += 4) {
+        const int nb = (int)(nr - j0 < 4 ? nr - j0 : 4);
+        const float *v[4], *c[4];
+        for (int b = 0; b < nb; b++) {
+            const int64_t route = rt[j0 + b];
+            v[b] = vb + (route / vdiv) * vs;
+            c[b] = cb + route * cs;
+            if (pre) {
+                for (int64_t i = 0; i < n; i++) pv[b][i] = pre[route] * v[b][i];
+                v[b] = pv[b];
+            }
+        }
+        rank1_rows_g(o, n, r, v, sc, c, nb);
     }
 }
 
@@ -357,12 +437,12 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                     d3 += qv[3][ii] * av[3][ii];
                 }
                 const float dd[4] = {d0, d1, d2, d3};
-                const float *dgv[4], *duv[4], *lgv[4], *luv[4], *akm[4];
+                const float *akm[4];
                 for (int b = 0; b < nr; b++) {
                     const int64_t route = rroute[rg + b], t = route / k;
                     const float wt = en->w[route], *q = qv[b], *ar = av[b], *ex = ex4 + b * 64;
                     const float *g = en->g + route * I + i0, *u = en->u + route * I + i0;
-                    const float *lx = en->lx + route * 3 * rm, *bq = bv + (route * 3 + 2) * rm;
+                    const float *bq = bv + (route * 3 + 2) * rm;
                     float *km = km4 + b * 64;
                     dwp[route * nch + c] = dd[b];
                     for (int64_t ii = 0; ii < cw; ii++) tq[ii] = 0.0f;
@@ -373,19 +453,25 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                     }
                     float *dgr = dG + route * I + i0, *dur = dU + route * I + i0;
                     dgdu_chunk(cw, wt, s, q, r ? km : zero64, tq, ex, g, u, dgr, dur);
-                    dgv[b] = dgr, duv[b] = dur, lgv[b] = lx, luv[b] = lx + rm;
                     /* the masked a~ of dA_down (the mask is 1 without dropout) */
                     if (r && drop > 0.0f)
                         for (int64_t ii = 0; ii < cw; ii++) km[ii] = ar[ii] * km[ii];
                     akm[b] = drop > 0.0f ? km : ar;
                     for (int qq = 0; qq < r; qq++) cfa[qq * 4 + b] = s * wt * bq[qq];
                 }
-                /* the group's LoRA gradients, each element's sum over the routes in order */
-                if (r && dB[0]) rank1_rows_g(dB[0] + (e * I + i0) * r, cw, r, dgv, s, lgv, nr);
-                if (r && dB[1]) rank1_rows_g(dB[1] + (e * I + i0) * r, cw, r, duv, s, luv, nr);
+                /* the group's dA_down, each element's sum over the routes in order */
                 for (int qq = 0; qq < r && dA[2]; qq++)
                     axpy_g(dA[2] + (e * r + qq) * I + i0, cw, cfa + qq * 4, akm, nr);
             }
+            /* dB_gate, dB_up rows of the chunk from the dg, du rows just written (in L2) */
+            const int32_t *re = rroute + offs[e];
+            const int64_t ne = offs[e + 1] - offs[e];
+            if (r && dB[0])
+                rank1_routes(dB[0] + (e * I + i0) * r, cw, r, re, ne, dG + i0, I, 1, NULL, s,
+                             en->lx, 3 * rm);
+            if (r && dB[1])
+                rank1_routes(dB[1] + (e * I + i0) * r, cw, r, re, ne, dU + i0, I, 1, NULL, s,
+                             en->lx + rm, 3 * rm);
             /* full-weight gradients as GEMMs with the routes as K: an output block stays in
              * cache over all routes (each element still sums its routes in token order) */
             for (int p = 0; p < 2; p++) {
@@ -438,8 +524,8 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
             const int64_t hw = H - h0 < 64 ? H - h0 : 64;
             if (offs[e + 1] == offs[e] || (tiles && !r)) continue;
             float *wg = tb, *wu = tb + 64 * I, *xv = wu + 64 * I;
-            /* per route of a group: x~ masked per projection, gy; the dA coefficients [2][r][4] */
-            float *xk4 = xv + 512, *gy4 = xk4 + 512, *cf[2] = {gy4 + 256, gy4 + 256 + 4 * r};
+            /* per route of a group: x~ masked per projection; the dA coefficients [2][r][4] */
+            float *xk4 = xv + 512, *cf[2] = {xk4 + 512, xk4 + 512 + 4 * r};
             if (!tiles) deq_chunk_h(m, e, h0, (int)hw, wg, wu);
             if (!acc) {
                 for (int p = 0; p < 2 && r; p++)
@@ -451,7 +537,7 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
              * rows */
             for (int64_t rg = offs[e]; rg < offs[e + 1]; rg += 4) {
                 const int nr = (int)(offs[e + 1] - rg < 4 ? offs[e + 1] - rg : 4);
-                const float *xkv[2][4], *gyv[4], *lxv[4];
+                const float *xkv[2][4];
                 for (int b = 0; b < nr; b++) {
                     const int64_t rr = rg + b, route = rroute[rr], t = route / k;
                     const float *dgr = dG + route * I, *dur = dU + route * I;
@@ -486,20 +572,17 @@ ompk_status moe_run_backward(ompk_moe *m, const moe_entry *en, const float *dy, 
                         for (int qq = 0; qq < r; qq++) cf[p][qq * 4 + b] = s * bb[qq];
                     }
                     for (int64_t hh = 0; hh < hw; hh++) o[hh] = xv[hh];
-                    if (r && dB[2]) {
-                        const float wt = en->w[route];
-                        float *gy = gy4 + b * 64;
-                        for (int64_t hh = 0; hh < hw; hh++) gy[hh] = wt * dy[t * H + h0 + hh];
-                        gyv[b] = gy;
-                        lxv[b] = en->lx + route * 3 * rm + 2 * rm;
-                    }
                 }
-                /* the group's LoRA gradients, each element's sum over the routes in order */
+                /* the group's dA_gate, dA_up, each element's sum over the routes in order */
                 for (int p = 0; p < 2 && r; p++)
                     for (int qq = 0; qq < r && dA[p]; qq++)
                         axpy_g(dA[p] + (e * r + qq) * H + h0, hw, cf[p] + qq * 4, xkv[p], nr);
-                if (r && dB[2]) rank1_rows_g(dB[2] + (e * H + h0) * r, hw, r, gyv, s, lxv, nr);
             }
+            /* dB_down rows of the chunk: gy = w dy per route */
+            if (r && dB[2])
+                rank1_routes(dB[2] + (e * H + h0) * r, hw, r, rroute + offs[e],
+                             offs[e + 1] - offs[e], dy + h0, H, k, en->w, s, en->lx + 2 * rm,
+                             3 * rm);
         }
         /* 5: per token */
 #pragma omp master
