@@ -7,6 +7,9 @@
 #              portable), then test_moe_sft and test_moe_sft_fixtures again under OMPK_ISA=amx
 #              and OMPK_ISA=avx512bf16
 #   peak       extra/amx_peak (the AMX ceilings, bench/amx)
+#   topo       which vCPUs share an AMX unit: amx_peak's TDPBF16PS rate on 1 thread, on every
+#              thread, and on 2 threads pinned to vCPU 0 and vCPU j for each j (a pair that
+#              shares one physical core halves the per-thread rate)
 #   bench      ompk-bench --filter S (default moe_sft_step) --reps N (default 3) --warmup N
 #              (default 2); bench=LIB runs it on extra/LIB instead of the bundle's libompk (a
 #              baseline library)
@@ -47,6 +50,18 @@ while [ $# -gt 0 ]; do
         done
         ;;
     peak) "$d/extra/amx_peak" >>"$sum" 2>&1 ;;
+    topo)
+        n=$(nproc)
+        echo "== topo ($n vCPUs; TDPBF16PS, register-resident tiles)" >>"$sum"
+        OMP_NUM_THREADS=1 OMP_PLACES="{0}" OMP_PROC_BIND=true "$d/extra/amx_peak" 4000000 |
+            grep 'peak TDPBF16PS 1 thread' >>"$sum" 2>&1
+        OMP_PROC_BIND=true OMP_PLACES=cores "$d/extra/amx_peak" 4000000 |
+            grep "peak TDPBF16PS $n threads" >>"$sum" 2>&1
+        for j in $(seq 1 $((n - 1))); do
+            echo "vCPU 0 + $j: $(OMP_NUM_THREADS=2 OMP_PLACES="{0},{$j}" OMP_PROC_BIND=true \
+                "$d/extra/amx_peak" 4000000 | grep 'peak TDPBF16PS 2 threads')" >>"$sum"
+        done
+        ;;
     bench*)
         lib=${s#bench}
         lib=${lib#=}
