@@ -15,6 +15,9 @@
 #              baseline library)
 #   peer       bench/peers/moe_sft_peer.py --filter S --reps N with the machine's PyTorch
 #   gemm       bench/peers/amx_gemm_peer.py: PyTorch's own bf16 GEMM per core (the practical ceiling)
+#   pair       bench/peers/moe_sft_pair.py: the ompk.torch.MoE step and PyTorch's alternating step
+#              by step in one process (--reps N pairs), E64 bf16 r8 split and GRAD_BF16, r32,
+#              int8 split and GRAD_BF16, E128 bf16 r8; pair-N.json, one per case
 # Options apply to the steps after them. Repeated bench and peer steps (interleaved pairs, so a
 # ratio compares the same minutes) number their files: bench-TAG-N.json, peer-N.json.
 set -uo pipefail
@@ -23,7 +26,7 @@ shift
 d=/tmp/ompk-host
 [ -f "$d/env.sh" ] || bash "$B/run_host.sh" "$d"
 . "$d/env.sh"
-filter=moe_sft_step reps=3 warmup=2 nb=0 np=0
+filter=moe_sft_step reps=3 warmup=2 nb=0 np=0 npair=0
 sum=$OUT/summary.txt
 lscpu | grep -E 'Model name|^CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|L2 cache|L3 cache|MHz|Hypervisor' >>"$sum"
 while [ $# -gt 0 ]; do
@@ -86,6 +89,23 @@ while [ $# -gt 0 ]; do
             --filter "$filter" --reps "$reps" --json "$OUT/peer-$np.json") >"$OUT/peer-$np.log" 2>&1
         echo "peer exit $?" >>"$sum"
         tail -12 "$OUT/peer-$np.log" >>"$sum"
+        ;;
+    pair)
+        # the repo's python/ package over the bundle's libompk; KMP_BLOCKTIME: ompk's idle
+        # threads stop spinning 20 ms after a step instead of 200, so they do not slow torch's
+        for c in "64,2048,1408,6,4096 8 bf16 split" "64,2048,1408,6,4096 8 bf16 bf16" \
+            "64,2048,1408,6,4096 32 bf16 split" "64,2048,1408,6,4096 8 int8 split" \
+            "64,2048,1408,6,4096 8 int8 bf16" "128,2048,768,8,1024 8 bf16 split"; do
+            read -r shp rk fmt gr <<<"$c"
+            npair=$((npair + 1))
+            echo "== pair $npair: $shp r$rk $fmt grad $gr ($reps pairs) $(date -u +%T)" >>"$sum"
+            PYTHONPATH="$PWD/python" OMPK_LIBRARY="$d/lib/libompk.so.0.1" KMP_BLOCKTIME=20 \
+                PYTHONUNBUFFERED=1 python3 bench/peers/moe_sft_pair.py --shape "$shp" --rank "$rk" \
+                --format "$fmt" --grad "$gr" --pairs "$reps" --json "$OUT/pair-$npair.json" \
+                >"$OUT/pair-$npair.log" 2>&1
+            echo "pair exit $?" >>"$sum"
+            tail -1 "$OUT/pair-$npair.log" >>"$sum"
+        done
         ;;
     gemm)
         (cd /tmp && env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 "$d/peers/amx_gemm_peer.py" \
