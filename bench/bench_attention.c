@@ -105,8 +105,8 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
     const ompk_attention_mask masks[2] = {OMPK_ATTN_MASK_NONE, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT};
     int gpu = ctx->dev.type == OMPK_TARGET;
     const char *op = bwd ? "attention_bwd" : "attention_fwd";
-    /* "fast", the default order: on the GPU the tensor-core kernels (bf16 forward and backward,
-     * f32 forward through 3xTF32); on the host the AMX kernels (bf16, where the CPU has AMX) and
+    /* "fast", the default order: on the GPU the tensor-core kernels (bf16 through mma, f32
+     * through 3xTF32, forward and backward); on the host the AMX kernels (bf16, where the CPU has AMX) and
      * the AVX-512 kernels (f32, and bf16 without AMX); "host-avx512" the AVX-512 kernels named,
      * for bf16 on an AMX host. Everything else (and every call with the portable entry named)
      * runs the portable kernel, so each record names what ran. */
@@ -117,7 +117,6 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
         const int fast = vi < 2;
         for (int d = 0; d < 2; d++)
             for (int m = 0; m < 2; m++) {
-                if (fast && gpu && dts[d] != OMPK_BF16 && bwd) continue;
                 if (vi == 1 && dts[d] != OMPK_BF16) continue;
                 const char *var = vars[vi];
                 if (ctx->quick && !gpu)

@@ -17,22 +17,30 @@
 
 /* Shapes stay small: every emulated warp instruction is two barriers of 128 threads. */
 
-static void emu_team(const ompk_attn_geom *g, const float *q, const float *k, const float *v,
-                     float *out, float *lse) {
-#define EMU_FWD(D) attt_fwd_team(g, q, k, v, out, lse, attt_emu_sk, attt_emu_sv, D)
-    ATT_SWITCH_DH_TC(g->dh, EMU_FWD)
-#undef EMU_FWD
-}
-
 typedef struct {
     const ompk_attn_geom *g;
     const float *q, *k, *v;
     float *out, *lse;
+    int safe; /* the split for non-finite operands, as ompk_attn_fwd_f32tc chooses it */
 } fwd_args;
 
 static void fwd_thread(void *p) {
     const fwd_args *a = p;
-    emu_team(a->g, a->q, a->k, a->v, a->out, a->lse);
+#define EMU_FWD(D)                                                                                 \
+    if (a->safe)                                                                                   \
+        attt_fwd_team(a->g, a->q, a->k, a->v, a->out, a->lse, attt_emu_sk, attt_emu_sv, D, 1);     \
+    else                                                                                           \
+        attt_fwd_team(a->g, a->q, a->k, a->v, a->out, a->lse, attt_emu_sk, attt_emu_sv, D, 0);
+    ATT_SWITCH_DH_TC(a->g->dh, EMU_FWD)
+#undef EMU_FWD
+}
+
+/* whether any element of the buffers is not finite */
+static int any_nonfinite(const tu_buf *const *b, int n) {
+    for (int i = 0; i < n; i++)
+        for (int64_t e = 0; e < b[i]->numel; e++)
+            if (!isfinite(((const float *)b[i]->host)[e])) return 1;
+    return 0;
 }
 
 /* Every team of the grid in turn, its threads as one emulated team of 128; 0 when a team
@@ -48,7 +56,9 @@ static int emu_run(att_case *c) {
     g.scale = (float)c->scale;
     g.mask = (int)c->p.mask;
     g.bf16 = 0;
-    fwd_args a = {&g, c->q.host, c->k.host, c->v.host, c->out.host, c->lse.host};
+    const tu_buf *in[3] = {&c->q, &c->k, &c->v};
+    fwd_args a = {&g,          c->q.host,   c->k.host,           c->v.host,
+                  c->out.host, c->lse.host, any_nonfinite(in, 3)};
     const int64_t teams = g.B * g.Hq * ((g.N + ATTT_BQ - 1) / ATTT_BQ);
     for (int64_t t = 0; t < teams; t++) {
         ompk_emu_block = (int)t;
@@ -141,4 +151,20 @@ Test(attention_f32tc_emu, operand_split) {
     uint32_t hi, lo;
     attt_split(NAN, &hi, &lo);
     cr_assert(isnan(attt_float(hi)));
+}
+
+/* The split of all-finite calls: hi + lo reproduces x to 2^-22 of |x| (lo rounded), both
+ * halves tf32 values, the same hi as attt_split. */
+Test(attention_f32tc_emu, operand_split_finite) {
+    tu_rng r = tu_rng_make(6);
+    for (int i = 0; i < 100000; i++) {
+        const float x = (float)(tu_normal(&r) * pow(2.0, (double)(i % 41 - 20)));
+        uint32_t hi, lo, hs, ls;
+        attt_split_finite(x, &hi, &lo);
+        attt_split(x, &hs, &ls);
+        cr_assert_eq(hi, hs);
+        cr_assert_eq(lo & 0x1fffu, 0u);
+        const double e = fabs((double)attt_float(hi) + (double)attt_float(lo) - (double)x);
+        cr_assert(e <= ldexp(fabs((double)x), -22), "x %.9g: hi + lo off by %g", (double)x, e);
+    }
 }

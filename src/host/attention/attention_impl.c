@@ -2,7 +2,7 @@
  * the AMX kernels for bf16 where the CPU has AMX, else the AVX-512 kernels where it has them
  * (amx-emulated: the AMX kernels on the tile emulation, for tests, only when named); on a GPU the
  * tensor-core kernels (bf16 forward and backward, its split-KV form for N <= 16, the 3xTF32
- * forward for f32); the portable kernels everywhere else. */
+ * forward and backward for f32); the portable kernels everywhere else. */
 #include "attention_impl.h"
 
 #include "cpu.h"
@@ -186,6 +186,19 @@ static ompk_status bwd_tc_run(const void *p, void *ws) {
     return OMPK_OK;
 }
 
+static int bwd_tf32_ok(const void *p) {
+    const attention_bwd_call *c = p;
+    const void *ptrs[8] = {c->q, c->k, c->v, c->out, c->dout, c->dq, c->dk, c->dv};
+    return ompk_attn_bwd_f32tc_ok(c->ex, c->g, ptrs) &&
+           tc_bwd_safe(c->ex, c->g, c->q, c->k, c->dout);
+}
+static ompk_status bwd_tf32_run(const void *p, void *ws) {
+    const attention_bwd_call *c = p;
+    ompk_attn_bwd_f32tc(c->ex, c->g, c->dout, c->q, c->k, c->v, c->out, c->lse, c->dq, c->dk, c->dv,
+                        ws);
+    return OMPK_OK;
+}
+
 static ompk_status bwd_portable_run(const void *p, void *ws) {
     const attention_bwd_call *c = p;
     ompk_attn_bwd_portable(c->ex, c->g, c->dout, c->q, c->k, c->v, c->out, c->lse, c->dq, c->dk,
@@ -198,6 +211,7 @@ static const ompk_impl bwd[] = {
     {"amx-emulated", 1, cpu_avx512_bf16, bwd_amx_emu_ok, bwd_ws, bwd_amx_emu_run},
     {"host-avx512", 0, cpu_avx512, bwd_host_ok, bwd_ws, bwd_host_run},
     {"tc-bf16", 0, ompk_nv_kernels_built, bwd_tc_ok, bwd_ws, bwd_tc_run},
+    {"tc-3xtf32", 0, ompk_nv_kernels_built, bwd_tf32_ok, bwd_ws, bwd_tf32_run},
     {"portable", 0, NULL, NULL, bwd_ws, bwd_portable_run},
 };
 const ompk_impl_list ompk_impls_attention_bwd = {bwd, (int)(sizeof bwd / sizeof bwd[0])};

@@ -86,6 +86,16 @@ int ompk_attn_fwd_f32tc_ok(ompk_exec ex, const ompk_attn_geom *g, const void *q,
                            const void *v, const void *out);
 void ompk_attn_fwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                          const void *v, void *out, float *lse);
+/* Whether q, k, v and dout (NULL: not asked) of an f32 call are all finite: the 3xTF32 kernels
+ * then split operands with fewer instructions (attention_f32tc.h). */
+int ompk_attn_f32tc_finite(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                           const void *v, const void *dout);
+/* GPU backward for f32 on the tensor cores through 3xTF32 (attention_f32tc_bwd.c): the forward's
+ * conditions for all eight tensors (ptrs as ompk_attn_bwd_fast takes them), and the kernels. */
+int ompk_attn_bwd_f32tc_ok(ompk_exec ex, const ompk_attn_geom *g, const void *const ptrs[8]);
+void ompk_attn_bwd_f32tc(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
+                         const void *k, const void *v, const void *out, const float *lse, void *dq,
+                         void *dk, void *dv, float *dsum);
 /* GPU backward on tensor cores: same conditions as the forward for all eight tensors
  * (q, k, v, out, dout, dq, dk, dv in that order in ptrs). */
 int ompk_attn_bwd_fast_ok(ompk_exec ex, const ompk_attn_geom *g, const void *const ptrs[8]);
