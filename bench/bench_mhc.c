@@ -108,8 +108,11 @@ static int bench_post(ompk_bench_ctx *ctx) {
                            (int)(sizeof bf16_sweep / sizeof bf16_sweep[0]));
     rc |= bench_post_shape(ctx, OMPK_F32, 4, 4096, 4, 4096, f32_sweep,
                            (int)(sizeof f32_sweep / sizeof f32_sweep[0]));
-    /* n8 with the same bytes of x (the shape bench_mhc_pre.c and the peer time for n > 4) */
-    if (!ctx->quick) rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, 8, 2048, dflt, 1);
+    /* n8 with the same bytes of x, and n = 1, 2, 6 at its D (the shapes bench_mhc_pre.c and the
+     * peer time for n != 4) */
+    static const int n_other[] = {8, 1, 2, 6};
+    for (int i = 0; !ctx->quick && i < 4; i++)
+        rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, n_other[i], 2048, dflt, 1);
     return rc;
 }
 

@@ -1,7 +1,8 @@
 /* ompk-bench entries for mHC pre forward (Sinkhorn fused), Sinkhorn forward/backward, pre
  * backward, the training chain (pre fwd + Sinkhorn bwd + pre bwd) and post backward.
- * GPU: B4 S4096 n4 D4096 bf16 (the issue's shape). Host: B1 S1024 n4 D2048 bf16, small enough
- * for the 2-core CI machine; bench/peers/mhc_peer.py times PyTorch on the same keys. */
+ * GPU: B4 S4096 n4 D4096 bf16 (the issue's shape), and B4 S4096 D2048 at n = 8, 1, 2, 6. Host: B1
+ * S1024 n4 D2048 bf16, small enough for the 2-core CI machine; bench/peers/mhc_peer.py times
+ * PyTorch on the same keys. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,6 +252,10 @@ static int bench_mhc_pre(ompk_bench_ctx *ctx) {
     static const char *const n8[] = {"tc-rot", "portable"};
     int rc = bench_shape(ctx, 4, 4096, 4, 4096, n4, nn4);
     if (!ctx->quick) rc |= bench_shape(ctx, 4, 4096, 8, 2048, n8, (int)(sizeof n8 / sizeof n8[0]));
+    /* n = 1, 2, 6 at the n8 shape's D: the defaults only */
+    static const int n_other[] = {1, 2, 6};
+    for (int i = 0; !ctx->quick && i < 3; i++)
+        rc |= bench_shape(ctx, 4, 4096, n_other[i], 2048, NULL, 0);
     return rc;
 }
 

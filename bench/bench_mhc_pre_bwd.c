@@ -1,7 +1,7 @@
 /* ompk-bench entry "mhc_pre_bwd_variants" (GPU): the mHC pre backward and the training chain
- * (pre fwd + Sinkhorn bwd + pre bwd) at the issue's shape, B4 S4096 n4 D4096 bf16, under each
- * stage-4 kernel that OMPK_MHC_PRE_BWD_VARIANT selects: the tensor-core default ("tc"), its
- * 128-register build ("tc-r128") and the portable SIMT kernel ("portable"), in one process so
+ * (pre fwd + Sinkhorn bwd + pre bwd) at the issue's shape, B4 S4096 n4 D4096 bf16 (and n8 D2048),
+ * under each stage-4 kernel that OMPK_MHC_PRE_BWD_VARIANT selects: the tensor-core default ("tc"),
+ * its 128-register build ("tc-r128") and the portable SIMT kernel ("portable"), in one process so
  * the figures compare directly. Same byte and flop counts as the mhc_pre entry. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,10 +63,10 @@ static ompk_status pb_chain(void *p) {
     return st;
 }
 
-static int bench_mhc_pre_bwd_variants(ompk_bench_ctx *ctx) {
+static int pb_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int64_t D) {
     pb_bufs m;
     memset(&m, 0, sizeof m);
-    const int64_t B = 4, S = 4096, n = 4, D = 4096, T = B * S, K = n * D, M = 2 * n + n * n;
+    const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
     const ompk_dtype bf = OMPK_BF16, F = OMPK_F32;
     m.B = B, m.S = S, m.n = n, m.D = D;
     m.p = ompk_mhc_params_default();
@@ -126,6 +126,13 @@ static int bench_mhc_pre_bwd_variants(ompk_bench_ctx *ctx) {
         ompk_variant_force("mhc_pre_bwd", NULL);
     }
     for (int i = 0; i < 21; i++) ompk_bench_free(ctx, mem[i]);
+    return rc;
+}
+
+/* the n4 shape, and n8 with the same bytes of x (the tensor-core stage 4's 16-k warps) */
+static int bench_mhc_pre_bwd_variants(ompk_bench_ctx *ctx) {
+    int rc = pb_shape(ctx, 4, 4096, 4, 4096);
+    if (!ctx->quick) rc |= pb_shape(ctx, 4, 4096, 8, 2048);
     return rc;
 }
 

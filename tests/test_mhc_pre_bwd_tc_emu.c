@@ -22,41 +22,48 @@
 
 static uint32_t emu_sm[BWD_TC_SMEM_WORDS] __attribute__((aligned(16)));
 
+/* the team functions at a run-time n: one instantiation a stream count */
+#define EMU_SWITCH_N(n, CALL)                                                                      \
+    switch (n) {                                                                                   \
+    case 1:                                                                                        \
+        CALL(1);                                                                                   \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        CALL(2);                                                                                   \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        CALL(3);                                                                                   \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        CALL(4);                                                                                   \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        CALL(5);                                                                                   \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        CALL(6);                                                                                   \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        CALL(7);                                                                                   \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(8);                                                                                   \
+        break;                                                                                     \
+    }
+
 static void team(int n, const bwd_tc_geom *g, const char *x, const char *dh, const char *gxp,
                  char *dx, const float *phi, const float *gamma, const uint32_t *frag,
                  const float *tok, float *pw, float *blk) {
-    switch (n) {
-    case 1:
-        bwd_tc_team(1, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm);
-        break;
-    case 2:
-        bwd_tc_team(2, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm);
-        break;
-    case 3:
-        bwd_tc_team(3, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm);
-        break;
-    default:
-        bwd_tc_team(4, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm);
-        break;
-    }
+#define TEAM(N) bwd_tc_team(N, g, x, dh, gxp, dx, phi, gamma, frag, tok, pw, blk, emu_sm)
+    EMU_SWITCH_N(n, TEAM)
+#undef TEAM
 }
 
 static void frag_tok(int n, uint16_t *frag, int64_t t, const float *dhm, float coef,
                      const float *hp, int64_t shp1) {
-    switch (n) {
-    case 1:
-        bwd_tc_frag_tok(1, frag, t, dhm, coef, hp, shp1);
-        break;
-    case 2:
-        bwd_tc_frag_tok(2, frag, t, dhm, coef, hp, shp1);
-        break;
-    case 3:
-        bwd_tc_frag_tok(3, frag, t, dhm, coef, hp, shp1);
-        break;
-    default:
-        bwd_tc_frag_tok(4, frag, t, dhm, coef, hp, shp1);
-        break;
-    }
+#define FRAG(N) bwd_tc_frag_tok(N, frag, t, dhm, coef, hp, shp1)
+    EMU_SWITCH_N(n, FRAG)
+#undef FRAG
 }
 
 /* one emulated thread of a stage-4 launch (check below) */
@@ -113,9 +120,9 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     g.sx0 = sx0, g.sx1 = sx1, g.sx2 = sx2, g.sdh0 = sdh0, g.sdh1 = sdh1;
     g.sg0 = sx0, g.sg1 = sx1, g.sg2 = sx2, g.sdx0 = sx0, g.sdx1 = sx1, g.sdx2 = sx2;
     g.sphi = K, g.shp0 = n, g.shp1 = 1;
-    g.NKT = (int)(K / BWD_TC_KT), g.NB = (int)((T + TBK - 1) / TBK);
+    g.NKT = (int)(K / BWD_TC_KT(n)), g.NB = (int)((T + TBK - 1) / TBK);
     g.has_gamma = with_gamma, g.has_gxp = with_gxp;
-    cr_assert(K % BWD_TC_KT == 0 && D % 32 == 0 && TBK % 16 == 0);
+    cr_assert(K % BWD_TC_KT(n) == 0 && D % BWD_TC_KW(n) == 0 && TBK % 16 == 0);
 
     const int64_t nfw = bwd_tc_frag_words(n, T);
     uint32_t *frag = aligned_alloc(16, (size_t)(nfw * 4));
@@ -226,20 +233,9 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
 
 static void dhpre(int n, const bwd_tc_geom *g, const char *x, const char *dh, int64_t t, int lane,
                   float *out) {
-    switch (n) {
-    case 1:
-        bwd_tc_dhpre_warp(1, g, x, dh, t, lane, out);
-        break;
-    case 2:
-        bwd_tc_dhpre_warp(2, g, x, dh, t, lane, out);
-        break;
-    case 3:
-        bwd_tc_dhpre_warp(3, g, x, dh, t, lane, out);
-        break;
-    default:
-        bwd_tc_dhpre_warp(4, g, x, dh, t, lane, out);
-        break;
-    }
+#define DHPRE(N) bwd_tc_dhpre_warp(N, g, x, dh, t, lane, out)
+    EMU_SWITCH_N(n, DHPRE)
+#undef DHPRE
 }
 
 /* one emulated thread of a stage-1 launch of 4 tokens from t0 (check_dhpre below) */
@@ -307,6 +303,8 @@ Test(mhc_pre_bwd_tc_emu, fused_dh_pre) {
     check_dhpre(1, 7, 3, 296, 8);
     check_dhpre(1, 6, 1, 64, 0);
     check_dhpre(3, 2, 2, 520, 16);
+    check_dhpre(1, 5, 8, 264, 8);
+    check_dhpre(2, 3, 6, 128, 0);
 }
 
 /* token tails inside a tile and across batches (S not a multiple of 16), several tiles a team
@@ -326,4 +324,16 @@ Test(mhc_pre_bwd_tc_emu, n1_to_n4) {
     check(2, 19, 2, 64, 8, 0, 1, 48);
     check(1, 37, 3, 128, 0, 1, 0, 16);
     check(1, 50, 4, 96, 0, 1, 1, 64);
+}
+
+/* n > 4 (16 k a warp, the fragment tile in a ring of 3 or 2 stages, dx slot blocks at multiples
+ * of 16): M = 35, 48, 63, 80; teams whose warps span streams (D = 16), the ring wrapping, tails,
+ * padded strides, gamma and grad_x_post each way */
+Test(mhc_pre_bwd_tc_emu, n5_to_n8) {
+    rng_state = 4;
+    check(1, 37, 5, 64, 8, 1, 1, 48);
+    check(2, 19, 6, 32, 0, 0, 1, 48);
+    check(1, 40, 7, 64, 0, 1, 0, 48);
+    check(3, 11, 8, 16, 8, 0, 0, 32);
+    check(1, 70, 8, 48, 0, 1, 1, 64);
 }

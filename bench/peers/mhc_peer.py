@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch peers for the mHC entries of bench/bench_mhc_pre.c and bench/bench_mhc.c, with the
 same kernel/dtype/shape keys as ompk-bench. Each is timed eagerly and under torch.compile, on the
-GPU (B4 S4096 n4 D4096, and n8 D2048 with the same bytes of x) and on the CPU (B1 S1024 n4 D2048),
-bf16 x. fp32 math throughout, like ompk. The backward peers are the same explicit formulas the
-kernels implement (docs/KERNELS.md 1.4-1.6), so eager and compiled versions time the same math;
-`mhc_pre_fwd_sinkhorn_bwd` is the training step (pre forward with Sinkhorn, then autograd
-backward through both).
+GPU (B4 S4096 n4 D4096, n8 D2048 with the same bytes of x, and n = 1, 2, 6 at D2048) and on the
+CPU (B1 S1024 n4 D2048), bf16 x. fp32 math throughout, like ompk. The backward peers are the
+same explicit formulas the kernels implement (docs/KERNELS.md 1.4-1.6), so eager and compiled
+versions time the same math; `mhc_pre_fwd_sinkhorn_bwd` is the training step (pre forward with
+Sinkhorn, then autograd backward through both).
 
 usage: mhc_peer.py [--json FILE] [--filter S] [--reps N] [--devs cuda,cpu]
                    [--compile-devs cuda,cpu]
@@ -132,9 +132,11 @@ def main():
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(out, fh, indent=1)
-    # the GPU shapes are ompk-bench's: the issue's n4 and an n8 with the same bytes of x
+    # the GPU shapes are ompk-bench's: the issue's n4, an n8 with the same bytes of x, and n = 1,
+    # 2, 6 at the n8 shape's D
     runs = [(dev, shp) for dev in devs
-            for shp in ([(4, 4096, 4, 4096), (4, 4096, 8, 2048)] if dev == "cuda"
+            for shp in ([(4, 4096, 4, 4096)] + [(4, 4096, n, 2048) for n in (8, 1, 2, 6)]
+                        if dev == "cuda"
                         else [(1, 1024, 4, 2048)])]
     for dev, (B, S, n, D) in runs:
         T, K, M = B * S, n * D, 2 * n + n * n

@@ -1,6 +1,6 @@
 /* mHC pre backward: the implementation list (variant.h). Default: stage 4 on tensor cores where
- * the call fits (GPU, bf16, n <= 4, D % 32 == 0), else the portable kernels; lab builds add
- * tc-r128 (the same capped at 128 registers, a benchmark alternative). */
+ * the call fits (GPU, bf16, bwd_tc_plan in mhc_pre_bwd.c), else the portable kernels; lab builds
+ * add tc-r128 (the same capped at 128 registers, a benchmark alternative). */
 #include "mhc_impl.h"
 
 static int ok_tc(const void *p) {

@@ -252,17 +252,26 @@ PTX_INLINE void ptx_cp_async_wait1(void) {
 #endif
 
 /* Added for mhc_pre_bwd_tc.h: wait until at most 2 of this thread's committed cp.async groups
- * are pending (a ring of 4 stages keeps 3 in flight); and two floats to packed bf16 by the
- * hardware conversion (round to nearest even, as ptx_pack_bf16x2; a NaN becomes the canonical
- * bf16 NaN). */
+ * are pending (a ring of 4 stages keeps 3 in flight); 8-byte copies; and two floats to packed bf16
+ * by the hardware conversion (round to nearest even, as ptx_pack_bf16x2; a NaN becomes the
+ * canonical bf16 NaN). */
 PTX_INLINE void ptx_cp_async_wait2(void) {}
 PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
     return ptx_pack_bf16x2(lo, hi);
+}
+/* 8 bytes global -> shared (cp.async.cg takes only 16: .ca) */
+PTX_INLINE void ptx_cp_async8(void *dst_shared, const void *src_global) {
+    memcpy(dst_shared, src_global, 8);
 }
 #ifdef OMPK_NV_DEVICE
 #pragma omp begin declare variant match(device = {arch(nvptx64)})
 PTX_INLINE void ptx_cp_async_wait2(void) {
     __asm__ volatile("cp.async.wait_group 2;" ::: "memory");
+}
+PTX_INLINE void ptx_cp_async8(void *dst_shared, const void *src_global) {
+    __asm__ volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(ptx_shared_addr(dst_shared)),
+                     "l"(src_global)
+                     : "memory");
 }
 PTX_INLINE uint32_t ptx_cvt_bf16x2(float lo, float hi) {
     uint32_t r;

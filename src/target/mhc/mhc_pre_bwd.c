@@ -643,9 +643,10 @@ static int bwd_kc_vec_ok(const mhc_pre_bwd_args *a, int KC) {
 
 /* Whether stage 4 runs on tensor cores (bwd_tc_team), with its geometry in *tg: bf16 x, dh_in
  * and grad_x_post on a device, n <= BWD_TC_NMAX, 16-byte aligned contiguous runs of 8, every
- * warp's 32 k inside one stream and whole team tiles (D % 32 == 0, K % 128 == 0). Token blocks
- * of at least the portable kernel's size (so its partial buffer suffices), about 16 of them:
- * fewer partials for stage 5, and enough teams (K/128 per block) to fill the GPU.
+ * warp's KW k inside one stream and whole team tiles (D % KW == 0, K % KT == 0: 32 and 128 for
+ * n <= 4, 16 and 64 above). Token blocks of at least the portable kernel's size (so its partial
+ * buffer suffices), about 16 of them: fewer partials for stage 5, and enough teams (K/KT per
+ * block) to fill the GPU.
  * Returns 0 (portable stage 4) or want (1: tensor cores, 168-register build; 2: the 128-register
  * build); want 0 asks for the portable stage 4. */
 static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *bg, bwd_tc_geom *tg,
@@ -654,13 +655,13 @@ static int bwd_tc_plan(ompk_exec ex, const mhc_pre_bwd_args *a, const bwd_geom *
 #ifdef OMPK_NV_KERNELS
     if (!ex.on_target || a->n > BWD_TC_NMAX || !a->bf16 || !a->dh_bf16) return 0;
     if ((a->gxp && !a->gxp_bf16) || bg->T < 1 || bg->T > 0x7fffffff) return 0;
-    if (a->D % 32 || bg->K % BWD_TC_KT) return 0;
+    if (a->D % BWD_TC_KW(a->n) || bg->K % BWD_TC_KT(a->n)) return 0;
     if (!bwd_kc_vec_ok(a, 8)) return 0;
     if (!want) return 0;
     int64_t tbk = (bg->T + 15) / 16;
     if (tbk < bg->TBK) tbk = bg->TBK;
     tbk = (tbk + 15) & ~(int64_t)15;
-    const int64_t nb = (bg->T + tbk - 1) / tbk, nkt = bg->K / BWD_TC_KT;
+    const int64_t nb = (bg->T + tbk - 1) / tbk, nkt = bg->K / BWD_TC_KT(a->n);
     if (nb > bg->NB || nb * nkt > 0x7fffffff) return 0;
     tg->T = bg->T, tg->S = a->S, tg->D = a->D, tg->K = bg->K, tg->TBK = tbk;
     tg->sx0 = a->sx[0], tg->sx1 = a->sx[1], tg->sx2 = a->sx[2];

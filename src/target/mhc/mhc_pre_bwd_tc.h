@@ -9,12 +9,13 @@
  *  - Stage 4 (dx and the dW partials in one pass over x; bwd_tc_team). The portable kernel keeps
  *    a run of k's weights and dW sums in registers and reads each token's dh_mix row per thread;
  *    it is latency bound (237 registers, 12.5% occupancy). Here an ompx_bare team of 4 warps
- *    owns 128 consecutive k (32 a warp, inside one stream) and a block of tokens, walked in
- *    tiles of 16 tokens:
+ *    owns 128 consecutive k (32 a warp, inside one stream; for n > 4 64 and 16, BWD_TC_BIG) and
+ *    a block of tokens, walked in tiles of 16 tokens:
  *    . The x tile [16 tokens][128 k] and the lanes' dh_in pieces go global -> team-shared memory
  *      by cp.async through a ring of BWD_TC_NS stages (DRAM loads run NS - 1 = 3 tiles ahead
  *      without holding registers); the fragment tile (L2-resident) is loaded into registers a
- *      tile ahead and stored into one of two shared buffers. One barrier a tile.
+ *      tile ahead and stored into one of two shared buffers (n > 4: it rides in the ring with
+ *      the x tile). One barrier a tile.
  *    . dW^T[k][m] += x^T[k][tok] * dh_mix[tok][m] by mma.sync m16n8k16 (A = x tile via
  *      ldmatrix.trans, B = dh_mix split into bf16 hi + mid + lo: x is exact in bf16, so the sums
  *      keep f32-level accuracy); the accumulators stay in registers over the token block and
@@ -22,9 +23,9 @@
  *    . dx[tok][k] = sum_m dh_mix[tok][m] w[m][k] by mma as well: the reduction index runs over
  *      3M slots (dh_hi w_hi | dh_hi w_mid | dh_mid w_hi, ~2^-16 relative, far below dx's one
  *      bf16 rounding), w = phi*gamma held as B fragments in registers for the whole block.
- *      Column j of n-tile nt is k = 4j + nt of the warp's 32, so each lane's accumulators are 8
- *      consecutive k of two token rows: the epilogue adds -coef*x (x from the shared tile) +
- *      h_pre*dh_in (+ grad_x_post), rounds once and stores 16 bytes a row.
+ *      Column j of n-tile nt is k = NTD j + nt of the warp's 8 NTD, so each lane's accumulators
+ *      are 2 NTD consecutive k of two token rows: the epilogue adds -coef*x (x from the shared
+ *      tile) + h_pre*dh_in (+ grad_x_post), rounds once and stores 16 (n > 4: 8) bytes a row.
  *    . Stage 3 folded in: the block's sums of the per-token dz / dalpha rows, one column per
  *      team of the block; stage 5 sums the blocks.
  * Deterministic: every sum has a fixed order; no atomics. */
@@ -45,31 +46,49 @@
 #define BWD_TC_UNROLL2
 #endif
 
-#define BWD_TC_NMAX 4 /* stream counts served (register budget: w fragments grow with M) */
+#define BWD_TC_NMAX 8 /* stream counts served: every n of the contract */
 #define BWD_TC_THREADS 128
-#define BWD_TC_KT 128 /* k per team, 32 per warp */
-#define BWD_TC_NS 4   /* x / dh_in ring stages (3 tiles in flight) */
+/* n > 4 (M up to 80): 16 k a warp instead of 32, so that the dW sums and the w fragments still
+ * fit the register cap; the fragment tile rides in the cp.async ring (no register double
+ * buffer), and the three dx slot blocks start at multiples of 16 so the third block (w_hi again)
+ * reuses the first block's w fragments. n <= 4 keeps its own parameters. */
+#define BWD_TC_BIG(N) ((N) > 4)
+#define BWD_TC_KW(N) (BWD_TC_BIG(N) ? 16 : 32) /* k per warp */
+#define BWD_TC_KT(N) (4 * BWD_TC_KW(N))        /* k per team */
+#define BWD_TC_NTD(N) (BWD_TC_KW(N) / 8)       /* n8 tiles of k (dx) per warp */
+#define BWD_TC_KTW(N) (BWD_TC_KW(N) / 16)      /* k16 tiles (dW) per warp */
 #define BWD_TC_M(N) (2 * (N) + (N) * (N))
-#define BWD_TC_MT(N) ((BWD_TC_M(N) + 7) / 8)       /* n8 tiles of m (dW) */
-#define BWD_TC_KS(N) ((3 * BWD_TC_M(N) + 15) / 16) /* k16 steps of the dx reduction */
+#define BWD_TC_MT(N) ((BWD_TC_M(N) + 7) / 8) /* n8 tiles of m (dW) */
+/* slots of one dx reduction block (dh_hi w_hi | dh_hi w_mid | dh_mid w_hi) */
+#define BWD_TC_MS(N) (BWD_TC_BIG(N) ? (BWD_TC_M(N) + 15) / 16 * 16 : BWD_TC_M(N))
+#define BWD_TC_KS(N) ((3 * BWD_TC_MS(N) + 15) / 16) /* k16 steps of the dx reduction */
+#define BWD_TC_KSW(N) (BWD_TC_BIG(N) ? 2 * BWD_TC_MS(N) / 16 : BWD_TC_KS(N)) /* w steps held */
 /* words of a fragment tile: dW B fragments [part][mt][lane][2], dx A fragments [ks][lane][4],
  * coef [16], h_pre [N][16] */
 #define BWD_TC_WB(N) (3 * BWD_TC_MT(N) * 64)
 #define BWD_TC_WA(N) (BWD_TC_KS(N) * 128)
 #define BWD_TC_FW(N) ((BWD_TC_WB(N) + BWD_TC_WA(N) + 16 + 16 * (N) + 3) & ~3)
-/* x tile rows of 128 + 8 bf16: 272 bytes, so the 8 rows an ldmatrix reads fall in 8 different
- * 16-byte bank groups */
-#define BWD_TC_XLD 136
-#define BWD_TC_XW (16 * BWD_TC_XLD / 2) /* words of an x tile */
-/* dh_in of a tile: each thread's two 16-byte pieces (rows gq and gq + 8 at its 8 d), stored at
- * piece h * 128 + tid: copied and read back by the same thread */
-#define BWD_TC_DW (2 * BWD_TC_THREADS * 4)
-#define BWD_TC_SW (BWD_TC_XW + BWD_TC_DW) /* words of a ring stage */
-/* the ring, then two fragment-tile buffers */
-#define BWD_TC_SMEM(N) (BWD_TC_NS * BWD_TC_SW + 2 * BWD_TC_FW(N))
-#define BWD_TC_SMEM_WORDS BWD_TC_SMEM(BWD_TC_NMAX)
-/* 16-byte pieces of a fragment tile per thread */
-#define BWD_TC_FP ((BWD_TC_FW(BWD_TC_NMAX) / 4 + BWD_TC_THREADS - 1) / BWD_TC_THREADS)
+/* x tile rows of KT + 8 bf16 (272 or 144 bytes, an odd number of 16-byte units), so the 8 rows
+ * an ldmatrix reads fall in 8 different 16-byte bank groups */
+#define BWD_TC_XLD(N) (BWD_TC_KT(N) + 8)
+#define BWD_TC_XW(N) (16 * BWD_TC_XLD(N) / 2) /* words of an x tile */
+/* dh_in of a tile: each thread's two pieces of NTD words (rows gq and gq + 8 at its 2 NTD d),
+ * stored at piece h * 128 + tid: copied and read back by the same thread */
+#define BWD_TC_DW(N) (2 * BWD_TC_THREADS * BWD_TC_NTD(N))
+/* words of a ring stage: x tile, dh_in pieces, and for n > 4 the fragment tile */
+#define BWD_TC_SW(N) (BWD_TC_XW(N) + BWD_TC_DW(N) + (BWD_TC_BIG(N) ? BWD_TC_FW(N) : 0))
+/* team-shared memory: LLVM's runtime gives a team at most 48 KB */
+#define BWD_TC_SMEM_WORDS 12288
+/* ring stages: 4 (3 tiles in flight), or as many as fit for n > 4 (2 or 3) */
+#define BWD_TC_NSMAX 4
+#define BWD_TC_NS(N)                                                                               \
+    (BWD_TC_BIG(N) && BWD_TC_SMEM_WORDS / BWD_TC_SW(N) < BWD_TC_NSMAX                              \
+         ? BWD_TC_SMEM_WORDS / BWD_TC_SW(N)                                                        \
+         : BWD_TC_NSMAX)
+/* the ring, then (n <= 4) two fragment-tile buffers */
+#define BWD_TC_SMEM(N) (BWD_TC_NS(N) * BWD_TC_SW(N) + (BWD_TC_BIG(N) ? 0 : 2 * BWD_TC_FW(N)))
+/* 16-byte pieces of a fragment tile per thread (n <= 4: the register double buffer) */
+#define BWD_TC_FP ((BWD_TC_FW(4) / 4 + BWD_TC_THREADS - 1) / BWD_TC_THREADS)
 
 typedef struct bwd_tc_geom {
     int64_t T, S, D, K, TBK; /* TBK: tokens per team, a multiple of 16 */
@@ -79,7 +98,7 @@ typedef struct bwd_tc_geom {
 
 /* Fragment tiles cover the tokens rounded up to 16. */
 static inline int64_t bwd_tc_frag_words(int n, int64_t T) {
-    return (T + 15) / 16 * BWD_TC_FW(n > BWD_TC_NMAX ? BWD_TC_NMAX : n);
+    return (T + 15) / 16 * BWD_TC_FW(n);
 }
 
 /* The bf16 bits of v (round to nearest even) and of what is left after them. */
@@ -97,7 +116,7 @@ MHC_INLINE float bwd_tc_rest(float v) {
 MHC_INLINE void bwd_tc_frag_tok(const int N, uint16_t *frag, int64_t t, const float *dhm,
                                 float coef, const float *hp, int64_t shp1) {
     const int M = BWD_TC_M(N), MT = BWD_TC_MT(N), KS = BWD_TC_KS(N), WB = BWD_TC_WB(N);
-    const int WA = BWD_TC_WA(N);
+    const int WA = BWD_TC_WA(N), MS = BWD_TC_MS(N);
     uint16_t *f = frag + (t >> 4) * (2 * BWD_TC_FW(N));
     const int r = (int)(t & 15);
     /* dW B: b[reg] = B[2tq + 8 reg .. +1][g], B[tok][n] = part_p(dh[mt*8 + n]) */
@@ -113,13 +132,15 @@ MHC_INLINE void bwd_tc_frag_tok(const int N, uint16_t *frag, int64_t t, const fl
             f[2 * word + (r & 1)] = part[p];
         }
     }
-    /* dx A: a[reg] as in ptx_mma.h, row = token, column = slot; slot s < M: dh_hi[s] (against
-     * w_hi), < 2M: dh_hi[s - M] (w_mid), < 3M: dh_mid[s - 2M] (w_hi), then zeros */
+    /* dx A: a[reg] as in ptx_mma.h, row = token, column = slot; slot s = b MS + m (m < M, else
+     * zero): block b = 0 dh_hi[m] (against w_hi), 1 dh_hi[m] (w_mid), 2 dh_mid[m] (w_hi), then
+     * zeros */
     MHC_UNROLL
     for (int s = 0; s < KS * 16; s++) {
+        const int b = s / MS, m = s - b * MS;
         float v = 0.f;
-        if (dhm && s < 2 * M) v = dhm[s < M ? s : s - M];
-        if (dhm && s >= 2 * M && s < 3 * M) v = bwd_tc_rest(dhm[s - 2 * M]);
+        if (dhm && m < M && b < 2) v = dhm[m];
+        if (dhm && m < M && b == 2) v = bwd_tc_rest(dhm[m]);
         const int c = s & 15;
         const int lane = 4 * (r & 7) + ((c & 7) >> 1), reg = (r >> 3) + 2 * (c >> 3);
         const int word = WB + ((s >> 4) * 32 + lane) * 4 + reg;
@@ -155,28 +176,74 @@ MHC_INLINE int64_t bwd_tc_row(bwd_tc_cur c, int64_t s0, int64_t s1) {
     return (int64_t)c.b * s0 + (int64_t)c.s * s1;
 }
 
-/* Tile j's x rows and fragment tile into ring slot st (words). Each thread copies 16 bytes of x
- * rows r0 and r0 + 8 at column piece cx (token cursors xc[0..1] point at tile j's rows), and
- * pieces tid, tid + 128, ... of the fragment tile. Rows past the block's tokens are zeros. */
-MHC_INLINE void bwd_tc_issue(const bwd_tc_geom *g, const char *x, int64_t xoff,
+/* NW (4 or 2) words at p as the first NW words of a 16-byte vector (16- or 8-byte accesses). */
+typedef uint32_t bwd_tc_v2 __attribute__((vector_size(8)));
+MHC_INLINE ompk_u128 bwd_tc_ld(const int NW, const void *p) {
+    if (NW == 4) return *(const ompk_u128 *)p;
+    const bwd_tc_v2 v = *(const bwd_tc_v2 *)p;
+    const ompk_u128 r = {{v[0], v[1], 0u, 0u}};
+    return r;
+}
+MHC_INLINE void bwd_tc_st(const int NW, void *p, ompk_u128 v) {
+    if (NW == 4) {
+        *(ompk_u128 *)p = v;
+    } else {
+        const bwd_tc_v2 w = {v.w[0], v.w[1]};
+        *(bwd_tc_v2 *)p = w;
+    }
+}
+
+/* wait until tile j's group has landed: NS - 2 newer ones may be pending */
+MHC_INLINE void bwd_tc_wait(const int NS) {
+    if (NS >= 4)
+        ptx_cp_async_wait2();
+    else if (NS == 3)
+        ptx_cp_async_wait1();
+    else
+        ptx_cp_async_wait0();
+}
+
+/* Tile j's x rows, dh_in pieces and (n > 4) fragment tile ftile into ring slot st (words). Each
+ * thread copies 16 bytes of x rows r0, r0 + XR, ... at column piece cx (token cursors xc[h] point
+ * at tile j's rows), its two dh_in pieces, and pieces tid, tid + 128, ... of the fragment tile.
+ * Rows past the block's tokens are zeros. */
+MHC_INLINE void bwd_tc_issue(const int N, const bwd_tc_geom *g, const char *x, int64_t xoff,
                              const bwd_tc_cur xc[2], int64_t tr0, const char *dh, int64_t dw,
-                             const bwd_tc_cur ec[2], int64_t te0, int64_t t1, uint32_t *st,
-                             int tid) {
+                             const bwd_tc_cur ec[2], int64_t te0, int64_t t1, const uint32_t *ftile,
+                             uint32_t *st, int tid) {
+    const int XP = BWD_TC_KT(N) / 8, XR = BWD_TC_THREADS / XP, XLD = BWD_TC_XLD(N);
+    const int XW = BWD_TC_XW(N), DP = BWD_TC_NTD(N);
     uint16_t *xs = (uint16_t *)st;
-    const int r0 = tid >> 4, cx = tid & 15;
+    const int r0 = (int)((unsigned)tid / XP), cx = tid & (XP - 1);
     const ompk_u128 z = {{0u, 0u, 0u, 0u}};
     MHC_UNROLL
     for (int h = 0; h < 2; h++) {
-        uint16_t *dst = xs + (r0 + 8 * h) * BWD_TC_XLD + cx * 8;
-        if (tr0 + 8 * h < t1)
-            ptx_cp_async16(dst, x + bwd_tc_row(xc[h], g->sx0, g->sx1) * 2 + xoff);
-        else
-            *(ompk_u128 *)dst = z;
-        uint32_t *dd = st + BWD_TC_XW + (h * BWD_TC_THREADS + tid) * 4;
-        if (te0 + 8 * h < t1)
-            ptx_cp_async16(dd, dh + (bwd_tc_row(ec[h], g->sdh0, g->sdh1) + dw) * 2);
-        else
-            *(ompk_u128 *)dd = z;
+        if (h < 16 / XR) {
+            uint16_t *dst = xs + (r0 + XR * h) * XLD + cx * 8;
+            if (tr0 + XR * h < t1)
+                ptx_cp_async16(dst, x + bwd_tc_row(xc[h], g->sx0, g->sx1) * 2 + xoff);
+            else
+                *(ompk_u128 *)dst = z;
+        }
+        uint32_t *dd = st + XW + (h * BWD_TC_THREADS + tid) * DP;
+        const char *src = dh + (bwd_tc_row(ec[h], g->sdh0, g->sdh1) + dw) * 2;
+        if (te0 + 8 * h < t1) {
+            if (DP == 4)
+                ptx_cp_async16(dd, src);
+            else
+                ptx_cp_async8(dd, src);
+        } else {
+            bwd_tc_st(DP, dd, z);
+        }
+    }
+    if (BWD_TC_BIG(N)) {
+        uint32_t *fs = st + XW + BWD_TC_DW(N);
+        const int np = BWD_TC_FW(N) / 4;
+        MHC_UNROLL
+        for (int p = 0; p < (np + BWD_TC_THREADS - 1) / BWD_TC_THREADS; p++) {
+            const int i = tid + p * BWD_TC_THREADS;
+            if (i < np) ptx_cp_async16(fs + 4 * i, ftile + 4 * i);
+        }
     }
 }
 
@@ -239,23 +306,26 @@ MHC_INLINE void bwd_tc_dhpre_warp(const int N, const bwd_tc_geom *g, const char 
     }
 }
 
-/* One team: dx of its tokens at its 128 k, its token block's dW partial pw[m][k] (pw = the
+/* One team: dx of its tokens at its KT k, its token block's dW partial pw[m][k] (pw = the
  * block's [M][K] slice), and (stage 3 folded in) the block's sums of the per-token dz / dalpha
- * rows tok [T][M + 3] at columns kb, kb + NKT, ... into blk [NB][M + 3]. sm: BWD_TC_SMEM_WORDS
+ * rows tok [T][M + 3] at columns kb, kb + NKT, ... into blk [NB][M + 3]. sm: BWD_TC_SMEM(N)
  * words of team-shared memory. */
 MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, const char *dh,
                             const char *gxp, char *dx, const float *phi, const float *gamma,
                             const uint32_t *frag, const float *tok, float *pw_all, float *blk,
                             uint32_t *sm) {
     const int M = BWD_TC_M(N), MT = BWD_TC_MT(N), KS = BWD_TC_KS(N), FW = BWD_TC_FW(N);
-    const int WB = BWD_TC_WB(N), WA = BWD_TC_WA(N), SW = BWD_TC_SW, NS = BWD_TC_NS;
+    const int WB = BWD_TC_WB(N), WA = BWD_TC_WA(N), SW = BWD_TC_SW(N), NS = BWD_TC_NS(N);
+    const int KW = BWD_TC_KW(N), NTD = BWD_TC_NTD(N), KTW = BWD_TC_KTW(N), KSW = BWD_TC_KSW(N);
+    const int MS = BWD_TC_MS(N), XLD = BWD_TC_XLD(N), XW = BWD_TC_XW(N), BIG = BWD_TC_BIG(N);
+    const int XP = BWD_TC_KT(N) / 8, XR = BWD_TC_THREADS / XP;
     const int tid = OMPK_TID(), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, t4 = lane & 3;
     const int bid = OMPK_BID();
     const int kb = bid % g->NKT, q = bid / g->NKT;
     const int64_t S = g->S, D = g->D, K = g->K;
-    const int64_t k0 = (int64_t)kb * BWD_TC_KT, kw0 = k0 + 32 * warp;
-    const int64_t iw = kw0 / D, dw = kw0 - iw * D + 8 * t4; /* this lane's stream, first d */
+    const int64_t k0 = (int64_t)kb * BWD_TC_KT(N), kw0 = k0 + KW * warp;
+    const int64_t iw = kw0 / D, dw = kw0 - iw * D + 2 * NTD * t4; /* lane's stream, first d */
     const int64_t t0 = (int64_t)q * g->TBK;
     const int64_t t1 = t0 + g->TBK < g->T ? t0 + g->TBK : g->T;
     const int ntile = (int)((t1 - t0 + 15) / 16);
@@ -263,25 +333,48 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
     float *pw = pw_all + (int64_t)q * M * K;
 
     /* w = phi*gamma as the dx B fragments: slot s of n-tile nt at column gq is
-     * part(s)(w[m(s)][kw0 + 4 gq + nt]) */
-    uint32_t wf[4][BWD_TC_KS(BWD_TC_NMAX)][2];
-    MHC_UNROLL
-    for (int nt = 0; nt < 4; nt++) {
-        const int64_t k = kw0 + 4 * gq + nt;
-        const float gk = g->has_gamma ? gamma[k] : 1.f;
+     * part(s)(w[m(s)][kw0 + NTD gq + nt]); for n > 4 (wfb) only blocks 0 and 1, block 2 being
+     * block 0 again */
+    uint32_t wf[4][BWD_TC_KS(4)][2], wfb[2][BWD_TC_KSW(BWD_TC_NMAX)][2];
+    if (!BIG) {
         MHC_UNROLL
-        for (int ks = 0; ks < BWD_TC_KS(BWD_TC_NMAX); ks++) MHC_UNROLL
-        for (int reg = 0; reg < 2; reg++) {
-            if (ks >= KS) continue;
-            uint16_t h[2];
+        for (int nt = 0; nt < 4; nt++) {
+            const int64_t k = kw0 + 4 * gq + nt;
+            const float gk = g->has_gamma ? gamma[k] : 1.f;
             MHC_UNROLL
-            for (int e = 0; e < 2; e++) {
-                const int s = ks * 16 + 2 * t4 + 8 * reg + e;
-                const int m = s < M ? s : (s < 2 * M ? s - M : s - 2 * M);
-                const float w = s < 3 * M ? phi[m * g->sphi + k] * gk : 0.f;
-                h[e] = bwd_tc_hi(s >= M && s < 2 * M ? bwd_tc_rest(w) : w);
+            for (int ks = 0; ks < BWD_TC_KS(4); ks++) MHC_UNROLL
+            for (int reg = 0; reg < 2; reg++) {
+                if (ks >= KS) continue;
+                uint16_t h[2];
+                MHC_UNROLL
+                for (int e = 0; e < 2; e++) {
+                    const int s = ks * 16 + 2 * t4 + 8 * reg + e;
+                    const int m = s < M ? s : (s < 2 * M ? s - M : s - 2 * M);
+                    const float w = s < 3 * M ? phi[m * g->sphi + k] * gk : 0.f;
+                    h[e] = bwd_tc_hi(s >= M && s < 2 * M ? bwd_tc_rest(w) : w);
+                }
+                wf[nt][ks][reg] = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
             }
-            wf[nt][ks][reg] = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+        }
+    } else {
+        MHC_UNROLL
+        for (int nt = 0; nt < 2; nt++) {
+            const int64_t k = kw0 + 2 * gq + nt;
+            const float gk = g->has_gamma ? gamma[k] : 1.f;
+            MHC_UNROLL
+            for (int ks = 0; ks < BWD_TC_KSW(BWD_TC_NMAX); ks++) MHC_UNROLL
+            for (int reg = 0; reg < 2; reg++) {
+                if (ks >= KSW) continue;
+                uint16_t h[2];
+                MHC_UNROLL
+                for (int e = 0; e < 2; e++) {
+                    const int s = ks * 16 + 2 * t4 + 8 * reg + e;
+                    const int m = s < MS ? s : s - MS;
+                    const float w = m < M ? phi[m * g->sphi + k] * gk : 0.f;
+                    h[e] = bwd_tc_hi(s >= MS ? bwd_tc_rest(w) : w);
+                }
+                wfb[nt][ks][reg] = (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+            }
         }
     }
     float accw[2][BWD_TC_MT(BWD_TC_NMAX)][4];
@@ -290,40 +383,44 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
     for (int mt = 0; mt < BWD_TC_MT(BWD_TC_NMAX); mt++) MHC_UNROLL
     for (int e = 0; e < 4; e++) accw[kt][mt][e] = 0.f;
 
-    /* copy cursors: x rows tid / 16 and + 8 of each tile at this thread's x column piece;
-     * dh_in / epilogue rows gq and gq + 8 at the lane's 8 d */
+    /* copy cursors: x rows tid / XP (and + XR) of each tile at this thread's x column piece;
+     * dh_in / epilogue rows gq and gq + 8 at the lane's 2 NTD d */
     const int S32 = (int)S;
-    const int64_t kc = k0 + 8 * (tid & 15), ic = kc / D;
+    const int r0 = (int)((unsigned)tid / XP);
+    const int64_t kc = k0 + 8 * (tid & (XP - 1)), ic = kc / D;
     const int64_t xoff = (ic * g->sx2 + (kc - ic * D)) * 2;
-    bwd_tc_cur xc[2] = {bwd_tc_cur_at(t0 + (tid >> 4), S), bwd_tc_cur_at(t0 + (tid >> 4) + 8, S)};
+    bwd_tc_cur xc[2] = {bwd_tc_cur_at(t0 + r0, S), bwd_tc_cur_at(t0 + r0 + XR, S)};
     bwd_tc_cur dc[2] = {bwd_tc_cur_at(t0 + gq, S), bwd_tc_cur_at(t0 + gq + 8, S)};
     bwd_tc_cur ec[2] = {dc[0], dc[1]};
 
     MHC_UNROLL
-    for (int j = 0; j < BWD_TC_NS - 1; j++) {
+    for (int j = 0; j < BWD_TC_NSMAX - 1; j++) {
+        if (j >= NS - 1) continue;
         if (j < ntile) {
-            bwd_tc_issue(g, x, xoff, xc, t0 + 16 * j + (tid >> 4), dh, dw, dc, t0 + 16 * j + gq, t1,
-                         sm + j * SW, tid);
+            bwd_tc_issue(N, g, x, xoff, xc, t0 + 16 * j + r0, dh, dw, dc, t0 + 16 * j + gq, t1,
+                         ftile + j * FW, sm + j * SW, tid);
             MHC_UNROLL
             for (int h = 0; h < 2; h++) bwd_tc_cur_step(&xc[h], S32), bwd_tc_cur_step(&dc[h], S32);
         }
         ptx_cp_async_commit();
     }
-    /* fragment tiles: tile 0 straight into buffer 0, tile 1 into registers */
+    /* n <= 4, fragment tiles: tile 0 straight into buffer 0, tile 1 into registers */
     uint32_t *fbuf = sm + NS * SW;
     bwd_tc_v4 f0 = {0u, 0u, 0u, 0u}, f1 = f0, f2 = f0;
-    bwd_tc_fload(N, &f0, &f1, &f2, ftile, tid);
-    bwd_tc_fstore(N, f0, f1, f2, fbuf, tid);
-    if (ntile > 1) bwd_tc_fload(N, &f0, &f1, &f2, ftile + FW, tid);
+    if (!BIG) {
+        bwd_tc_fload(N, &f0, &f1, &f2, ftile, tid);
+        bwd_tc_fstore(N, f0, f1, f2, fbuf, tid);
+        if (ntile > 1) bwd_tc_fload(N, &f0, &f1, &f2, ftile + FW, tid);
+    }
     int slot = 0;
     for (int j = 0; j < ntile; j++) {
-        ptx_cp_async_wait2(); /* tile j's group has landed (NS - 2 newer ones may be pending) */
+        bwd_tc_wait(NS); /* tile j's group has landed (NS - 2 newer ones may be pending) */
         OMPK_SYNC();
         {
             const int jn = j + NS - 1, sn = slot == 0 ? NS - 1 : slot - 1;
             if (jn < ntile) {
-                bwd_tc_issue(g, x, xoff, xc, t0 + 16 * jn + (tid >> 4), dh, dw, dc,
-                             t0 + 16 * jn + gq, t1, sm + sn * SW, tid);
+                bwd_tc_issue(N, g, x, xoff, xc, t0 + 16 * jn + r0, dh, dw, dc, t0 + 16 * jn + gq,
+                             t1, ftile + jn * FW, sm + sn * SW, tid);
                 MHC_UNROLL
                 for (int h = 0; h < 2; h++)
                     bwd_tc_cur_step(&xc[h], S32), bwd_tc_cur_step(&dc[h], S32);
@@ -331,8 +428,8 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
             ptx_cp_async_commit();
             /* tile j + 1's fragments into the buffer tile j - 1 used (every warp is past it),
              * visible after the next barrier; tile j + 2's loads in flight meanwhile */
-            if (j + 1 < ntile) bwd_tc_fstore(N, f0, f1, f2, fbuf + ((j + 1) & 1) * FW, tid);
-            if (j + 2 < ntile) bwd_tc_fload(N, &f0, &f1, &f2, ftile + (j + 2) * FW, tid);
+            if (!BIG && j + 1 < ntile) bwd_tc_fstore(N, f0, f1, f2, fbuf + ((j + 1) & 1) * FW, tid);
+            if (!BIG && j + 2 < ntile) bwd_tc_fload(N, &f0, &f1, &f2, ftile + (j + 2) * FW, tid);
         }
         const int64_t tr = t0 + 16 * j + gq; /* epilogue rows tr, tr + 8 */
         ompk_u128 gxv[2];
@@ -341,20 +438,20 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
             const ompk_u128 z = {{0u, 0u, 0u, 0u}};
             gxv[h] = z;
             if (g->has_gxp && tr + 8 * h < t1)
-                gxv[h] = *(
-                    const ompk_u128 *)(gxp +
-                                       (bwd_tc_row(ec[h], g->sg0, g->sg1) + iw * g->sg2 + dw) * 2);
+                gxv[h] = bwd_tc_ld(
+                    NTD, gxp + (bwd_tc_row(ec[h], g->sg0, g->sg1) + iw * g->sg2 + dw) * 2);
         }
         const uint32_t *st = sm + slot * SW;
         const uint16_t *xs = (const uint16_t *)st;
-        const uint32_t *fs = fbuf + (j & 1) * FW;
+        const uint32_t *fs = BIG ? st + XW + BWD_TC_DW(N) : fbuf + (j & 1) * FW;
         /* dW: A = x^T (16 k x 16 tokens) by ldmatrix.trans, B = dh parts, small parts first */
         MHC_UNROLL
         for (int kt = 0; kt < 2; kt++) {
+            if (kt >= KTW) continue;
             uint32_t a[4];
             const int jm = lane >> 3;
-            ptx_ldsm_x4_trans(a, xs + ((lane & 7) + 8 * (jm >> 1)) * BWD_TC_XLD + 32 * warp +
-                                     16 * kt + 8 * (jm & 1));
+            ptx_ldsm_x4_trans(a, xs + ((lane & 7) + 8 * (jm >> 1)) * XLD + KW * warp + 16 * kt +
+                                     8 * (jm & 1));
             MHC_UNROLL
             for (int p = 2; p >= 0; p--) MHC_UNROLL
             for (int mt = 0; mt < BWD_TC_MT(BWD_TC_NMAX); mt++) {
@@ -372,9 +469,15 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
         for (int ks = 0; ks < BWD_TC_KS(BWD_TC_NMAX); ks++) {
             if (ks >= KS) continue;
             const ompk_u128 av = *(const ompk_u128 *)(fs + WB + (ks * 32 + lane) * 4);
+            const int kw = ks < KSW ? ks : ks - KSW;
             MHC_UNROLL
-            for (int nt = 0; nt < 4; nt++)
-                ptx_mma_bf16_16816(acc[nt], av.w, wf[nt][ks][0], wf[nt][ks][1]);
+            for (int nt = 0; nt < 4; nt++) {
+                if (nt >= NTD) continue;
+                if (BIG)
+                    ptx_mma_bf16_16816(acc[nt], av.w, wfb[nt & 1][kw][0], wfb[nt & 1][kw][1]);
+                else if (ks < BWD_TC_KS(4))
+                    ptx_mma_bf16_16816(acc[nt], av.w, wf[nt][ks][0], wf[nt][ks][1]);
+            }
         }
         const float *fc = (const float *)(fs + WB + WA);
         MHC_UNROLL
@@ -382,26 +485,26 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
             const int r = gq + 8 * h;
             if (tr + 8 * h < t1) {
                 const float cf = fc[r], hp = fc[16 + iw * 16 + r];
-                const ompk_u128 xv = *(const ompk_u128 *)(xs + r * BWD_TC_XLD + 32 * warp + 8 * t4);
-                const ompk_u128 dv =
-                    *(const ompk_u128 *)(st + BWD_TC_XW + (h * BWD_TC_THREADS + tid) * 4);
-                ompk_u128 o;
+                const ompk_u128 xv = bwd_tc_ld(NTD, xs + r * XLD + KW * warp + 2 * NTD * t4);
+                const ompk_u128 dv = bwd_tc_ld(NTD, st + XW + (h * BWD_TC_THREADS + tid) * NTD);
+                ompk_u128 o = {{0u, 0u, 0u, 0u}};
                 MHC_UNROLL
                 for (int w = 0; w < 4; w++) {
+                    if (w >= NTD) continue;
                     float v[2];
                     MHC_UNROLL
                     for (int e = 0; e < 2; e++) {
-                        /* element 2w + e of the run: column parity (2w + e) / 4, n-tile
-                         * (2w + e) % 4 */
+                        /* element 2w + e of the run: column parity (2w + e) / NTD, n-tile
+                         * (2w + e) % NTD */
                         const int el = 2 * w + e;
-                        v[e] = acc[el & 3][2 * h + (el >> 2)] - cf * ptx_bf16_half(xv.w[w], e) +
+                        v[e] = acc[el % NTD][2 * h + el / NTD] - cf * ptx_bf16_half(xv.w[w], e) +
                                hp * ptx_bf16_half(dv.w[w], e);
                         if (g->has_gxp) v[e] += ptx_bf16_half(gxv[h].w[w], e);
                     }
                     o.w[w] = ptx_cvt_bf16x2(v[0], v[1]);
                 }
-                *(ompk_u128 *)(dx + (bwd_tc_row(ec[h], g->sdx0, g->sdx1) + iw * g->sdx2 + dw) * 2) =
-                    o;
+                bwd_tc_st(NTD, dx + (bwd_tc_row(ec[h], g->sdx0, g->sdx1) + iw * g->sdx2 + dw) * 2,
+                          o);
             }
             bwd_tc_cur_step(&ec[h], S32);
         }
@@ -413,7 +516,7 @@ MHC_INLINE void bwd_tc_team(const int N, const bwd_tc_geom *g, const char *x, co
     for (int kt = 0; kt < 2; kt++) MHC_UNROLL
     for (int mt = 0; mt < BWD_TC_MT(BWD_TC_NMAX); mt++) MHC_UNROLL
     for (int e = 0; e < 4; e++) {
-        if (mt >= MT) continue;
+        if (kt >= KTW || mt >= MT) continue;
         const int m = 8 * mt + 2 * t4 + (e & 1);
         const int64_t k = kw0 + 16 * kt + gq + 8 * (e >> 1);
         if (m < M) pw[m * K + k] = accw[kt][mt][e];
