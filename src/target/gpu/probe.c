@@ -5,7 +5,7 @@
 #include <omp.h>
 
 #include "bare.h"
-#include "gpu_wait.h"
+#include "gpu_ctx.h"
 #include "probe.h"
 
 int ompk_probe_device(int dev) {
@@ -24,7 +24,7 @@ int ompk_probe_device(int dev) {
 int ompk_probe_launch(int dev, ompk_probe_form form, int *word) {
     if (dev < 0 || dev >= omp_get_num_devices() || !word) return -1;
     /* what every ompk GPU call does first, so the probe measures the library's own wait */
-    ompk_gpu_wait_prepare(dev);
+    ompk_gpu_prepare(dev);
     switch (form) {
     case OMPK_PROBE_BARE:
 #ifdef OMPK_BARE_DEVICE
