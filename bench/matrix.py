@@ -7,7 +7,7 @@ usage: matrix.py --run LABEL=BENCH.json[@host|@gpu] ... [--not-run LABEL=WHY ...
 Each --run is one platform: the records of one pass (backend host or gpu; default gpu when the
 file has GPU records, else host) of one ompk-bench JSON file, e.g.
     --run h100-clang=dev/bench.json@gpu --run xeon-clang=dev/bench.json@host
-    --run h100-gcc=gcc/bench.json@gpu --run epyc-clang=ci/bench.json --run epyc-gcc=ci-gcc/bench.json
+    --run h100-gcc=gcc/bench.json@gpu --run epyc-clang=epyc.json --run epyc-gcc=epyc-gcc.json
 --not-run adds a column that was built but not measured (e.g. amdgpu="built, not run (no AMD
 hardware lent)"); it is shown and left out of P, which would otherwise be 0 for every kernel.
 
