@@ -21,6 +21,8 @@ typedef struct ompk_bench_ctx {
     double peak_fp32_tflops; /* FP32 FMA peak of this backend (0 = unknown) */
     double peak_bf16_tflops; /* bf16 matrix peak (0 = unknown) */
     const char *filter;      /* substring filter on entry names, NULL = all */
+    double fp32_probe;       /* FP32 TFLOP/s the peak probe measured in this pass (0 = none) */
+    const char *impl;        /* implementation named for every op (--impl), NULL = none */
 } ompk_bench_ctx;
 
 typedef struct ompk_bench_record {

@@ -1,9 +1,10 @@
 /* ompk-bench: runs the registered entries on the host and on each OpenMP device and writes JSON.
  *   ompk-bench [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--warmup N]
- *              [--json FILE] [--list]
+ *              [--impl LIST] [--json FILE] [--list]
  *   (ompk-bench --help explains each flag)
  * Each pass first measures the copy bandwidth of its device (device-to-device copy on a GPU, a
- * parallel copy loop on the host), which every record is compared with. */
+ * parallel copy loop on the host), which every record is compared with, and the FP32 rate of
+ * FMA-bound OpenMP code there (the peak probe), which every record carries for bench/matrix.py. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -14,12 +15,19 @@
 
 #include "bench.h"
 #include "bf16.h"
+#include "probe.h"
+#include "variant.h"
 
 #define MAX_ENTRIES 128
 static const ompk_bench_entry *entries[MAX_ENTRIES];
 static int nentries;
 static FILE *json;
 static int first_record = 1;
+
+/* --impl: the implementation names each pass runs its entries under ("default": none named) */
+#define MAX_IMPLS 8
+static const char *impls[MAX_IMPLS] = {"default"};
+static int nimpls = 1;
 
 /* what the closing summary counts */
 static int records_host, records_gpu, failed_entries;
@@ -87,6 +95,15 @@ static void json_num(const char *k, double v, int comma) {
     if (comma) fputs(", ", json);
 }
 
+/* The op whose implementation list ran a record's kernel: the op of the same name, or these. */
+static const char *record_op(const char *kernel) {
+    static const char *const alias[][2] = {{"router_topk_fwd", "router_fwd"},
+                                           {"router_topk_bwd", "router_bwd"}};
+    for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++)
+        if (!strcmp(kernel, alias[i][0])) return alias[i][1];
+    return kernel;
+}
+
 void ompk_bench_emit(ompk_bench_ctx *ctx, const ompk_bench_record *r) {
     double gbs = r->ms > 0 ? r->bytes / (r->ms * 1e6) : NAN;
     double tfs = r->ms > 0 && r->flops > 0 ? r->flops / (r->ms * 1e9) : NAN;
@@ -134,7 +151,10 @@ void ompk_bench_emit(ompk_bench_ctx *ctx, const ompk_bench_record *r) {
     json_num("hbm_floor_ms", floor_ms, 1);
     json_num("pct_of_peak", pct_peak, 1);
     json_str("peak", r->peak, 1);
-    json_num("extra_mem_bytes", r->extra_mem_bytes, 0);
+    json_num("extra_mem_bytes", r->extra_mem_bytes, 1);
+    json_num("fp32_probe_tflops", ctx->fp32_probe, 1);
+    json_str("impl", ompk_variant_ran(record_op(r->kernel)), 1);
+    json_str("impl_named", ctx->impl ? ctx->impl : "default", 0);
     if (r->extra_json) fprintf(json, ", %s", r->extra_json);
     fputs("}", json);
     fflush(json);
@@ -211,6 +231,42 @@ static double measure_copy(ompk_bench_ctx *ctx) {
     return 2.0 * (double)bytes / best / 1e9;
 }
 
+/* FP32 TFLOP/s of the peak probe on the pass's device: the best of three calls after one. */
+static double measure_fma(ompk_bench_ctx *ctx) {
+    const int dev = ctx->dev.type == OMPK_HOST ? -1 : ctx->dev.id;
+    if (ompk_probe_fma(dev) <= 0) return 0;
+    double best = 1e30, flops = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = omp_get_wtime();
+        flops = ompk_probe_fma(dev);
+        double t = omp_get_wtime() - t0;
+        if (t < best) best = t;
+    }
+    return flops / best / 1e12;
+}
+
+/* Names implementation `name` for every op whose list has it (NULL: clears every op's name). */
+static void impl_name_all(const char *name) {
+    for (int o = 0; o < OMPK_OP_COUNT_; o++) {
+        const char *op = ompk_op_name((ompk_op)o);
+        const ompk_impl *e;
+        for (int i = 0; (e = ompk_variant_list(op, i)) != NULL; i++)
+            if (!name || !strcmp(e->name, name)) {
+                ompk_variant_force(op, name);
+                break;
+            }
+    }
+}
+
+/* Whether some op's list has an implementation called name. */
+static int impl_known(const char *name) {
+    const ompk_impl *e;
+    for (int o = 0; o < OMPK_OP_COUNT_; o++)
+        for (int i = 0; (e = ompk_variant_list(ompk_op_name((ompk_op)o), i)) != NULL; i++)
+            if (!strcmp(e->name, name)) return 1;
+    return 0;
+}
+
 static double env_double(const char *name, double dflt) {
     const char *v = getenv(name);
     return v && *v ? atof(v) : dflt;
@@ -218,33 +274,48 @@ static double env_double(const char *name, double dflt) {
 
 static void run_pass(ompk_bench_ctx *ctx) {
     ctx->copy_gbs = measure_copy(ctx);
-    printf("== %s pass: copy bandwidth %.1f GB/s (read+write), %d reps (median reported)\n",
-           ctx->backend, ctx->copy_gbs, ctx->reps);
-    print_header();
-    for (int i = 0; i < nentries; i++) {
-        const ompk_bench_entry *e = entries[i];
-        if (ctx->filter && !strstr(e->name, ctx->filter)) continue;
-        if (ctx->dev.type == OMPK_HOST ? !e->host_ok : !e->gpu_ok) continue;
-        if (e->run(ctx) != 0) {
-            fprintf(stderr, "entry %s failed on %s\n", e->name, ctx->backend);
-            failed_entries++;
+    ctx->fp32_probe = measure_fma(ctx);
+    printf("== %s pass: copy bandwidth %.1f GB/s (read+write), FP32 FMA probe %.2f TFLOP/s, %d "
+           "reps (median reported)\n",
+           ctx->backend, ctx->copy_gbs, ctx->fp32_probe, ctx->reps);
+    for (int k = 0; k < nimpls; k++) {
+        ctx->impl = strcmp(impls[k], "default") ? impls[k] : NULL;
+        if (nimpls > 1) printf("== %s pass, implementations: %s\n", ctx->backend, impls[k]);
+        print_header();
+        for (int i = 0; i < nentries; i++) {
+            const ompk_bench_entry *e = entries[i];
+            if (ctx->filter && !strstr(e->name, ctx->filter)) continue;
+            if (ctx->dev.type == OMPK_HOST ? !e->host_ok : !e->gpu_ok) continue;
+            /* named again before each entry: entries that pick variants clear their op's name */
+            if (ctx->impl) impl_name_all(ctx->impl);
+            if (e->run(ctx) != 0) {
+                fprintf(stderr, "entry %s failed on %s\n", e->name, ctx->backend);
+                failed_entries++;
+            }
+            if (ctx->impl) impl_name_all(NULL);
         }
     }
+    ctx->impl = NULL;
 }
 
 static void usage(FILE *to, const char *argv0) {
     fprintf(
         to,
         "usage: %s [--quick] [--backend host|gpu|all] [--filter S] [--reps N] [--warmup N] "
-        "[--json FILE] [--list] [--help]\n"
+        "[--impl LIST] [--json FILE] [--list] [--help]\n"
         "Times every benchmark entry on the host and on each OpenMP GPU device; each pass\n"
-        "first measures its device's copy bandwidth, which every record is compared with.\n"
+        "first measures its device's copy bandwidth, which every record is compared with,\n"
+        "and its FP32 FMA rate (the peak probe), which every record carries.\n"
         "  --quick           small shapes and 2 warm-up + 7 timed calls (CI-sized); default\n"
         "                    is the full shapes with 5 warm-up + 20 timed calls\n"
         "  --backend B       host, gpu or all (default all); gpu with no device exits 1\n"
         "  --filter S        only entries whose name contains S (see --list)\n"
         "  --reps N          timed calls per record (the median is reported)\n"
         "  --warmup N        untimed calls before them\n"
+        "  --impl LIST       run the entries once per comma-separated implementation name:\n"
+        "                    default (the library's choice; the default LIST) or a name of the\n"
+        "                    ops' lists (ompk-info --variants), e.g. default,portable; each\n"
+        "                    record's JSON says what ran (impl) and what was named (impl_named)\n"
         "  --json FILE       also write every record to FILE (bench/report.py merges it with\n"
         "                    the PyTorch peers of bench/peers/ and prints the peer ratios)\n"
         "  --list            print the entry names and exit\n"
@@ -286,7 +357,24 @@ int main(int argc, char **argv) {
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
             warmup = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--impl") && i + 1 < argc) {
+            static char list[256];
+            snprintf(list, sizeof list, "%s", argv[++i]);
+            nimpls = 0;
+            for (char *save = NULL, *t = strtok_r(list, ",", &save); t && nimpls < MAX_IMPLS;
+                 t = strtok_r(NULL, ",", &save)) {
+                if (strcmp(t, "default") && !impl_known(t)) {
+                    fprintf(stderr, "%s: --impl %s: no op has an implementation of that name\n",
+                            argv[0], t);
+                    return 2;
+                }
+                impls[nimpls++] = t;
+            }
+            if (!nimpls) {
+                usage(stderr, argv[0]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_path = argv[++i];
         else if (!strcmp(argv[i], "--list")) {
             for (int k = 0; k < nentries; k++) printf("%s\n", entries[k]->name);

@@ -194,6 +194,8 @@ function(ompk_enable_offload target srcs)
     target_compile_definitions(${target} PUBLIC OMPK_OFFLOAD_BUILD=1)
     if(OMPK_OFFLOAD_TARGET STREQUAL "nvptx")
       target_compile_definitions(${target} PRIVATE OMPK_OFFLOAD_NVPTX=1)
+    elseif(OMPK_OFFLOAD_TARGET STREQUAL "gcc-nvptx")
+      target_compile_definitions(${target} PRIVATE OMPK_OFFLOAD_GCC_NVPTX=1)
     endif()
     string(REPLACE ";" "," _archs "${OMPK_OFFLOAD_ARCHS_EFFECTIVE}")
     target_compile_definitions(${target} PRIVATE OMPK_OFFLOAD_ARCHS_STRING="${_archs}"

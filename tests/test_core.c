@@ -6,6 +6,7 @@
 
 #include "bf16.h"
 #include "check.h"
+#include "gpu_stack.h"
 #include "gpu_wait.h"
 #include "scratch.h"
 #include "test_util.h"
@@ -137,6 +138,20 @@ Test(core, gpu_wait_mode_is_set) {
             cr_assert_str_eq(mode, "spin");
         else if (!strcmp(env, "yield"))
             cr_assert_str_eq(mode, "yield");
+    }
+}
+
+/* After a GPU call, a GCC offload build's context has the GPU thread stack ompk gives it
+ * (gpu_stack.c); other builds keep the runtime's */
+Test(core, gpu_stack_limit_is_set) {
+    for (int d = 0; d < ompk_device_count(); d++) {
+        unsigned char *p = ompk_malloc(ompk_device_target(d), 64);
+        cr_assert_not_null(p);
+        cr_assert_eq(ompk_memset(p, ompk_device_target(d), 0, 64), OMPK_OK);
+        ompk_free(ompk_device_target(d), p);
+        const long long limit = ompk_gpu_stack_limit(d);
+        if (limit < 0) continue; /* not the CUDA plugin */
+        cr_assert_geq(limit, ompk_gpu_stack_wanted());
     }
 }
 

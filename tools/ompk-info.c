@@ -14,6 +14,8 @@
 
 #include "cpu.h"
 #include "ompk/ompk.h"
+#include "gpu_ctx.h"
+#include "gpu_stack.h"
 #include "gpu_wait.h"
 #include "probe.h"
 #include "variant.h"
@@ -121,8 +123,15 @@ int main(int argc, char **argv) {
                r == 1 ? "image loaded, kernel ran on the device"
                       : "ERROR: kernel fell back to the host (no compatible image?)");
         if (r != 1) rc = 1;
-        ompk_gpu_wait_prepare(d);
+        ompk_gpu_prepare(d);
         printf("           device %d waits by: %s (OMPK_GPU_WAIT)\n", d, ompk_gpu_wait_mode(d));
+        const long long stack = ompk_gpu_stack_limit(d), wanted = ompk_gpu_stack_wanted();
+        if (stack > 0)
+            printf("           device %d thread stack: %lld bytes (CU_LIMIT_STACK_SIZE; %s)\n", d,
+                   stack, wanted ? "ompk raises it in GCC offload builds" : "the runtime's");
+        else
+            printf("           device %d thread stack: %s\n", d,
+                   stack == 0 ? "no context yet" : "unknown (no CUDA driver or context)");
     }
     if (ndev == 0) explain_no_device(archs);
     if (need_gpu && ndev == 0) {

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # ci/device/bundle_gcc.sh BUILD_DIR OUT_DIR
 # Bundle of a gcc-offload build (GCC 12, nvptx-none) for the GPU machine, which has neither GCC's
-# offload runtime nor our binaries: ompk-info, the test suites, libompk, GCC's libgomp.so.1 and
-# libgomp-plugin-nvptx.so.1 (which libgomp dlopens; the plugin loads the machine's libcuda) and
-# every other non-system library they load (found by ldd: hwloc, Criterion's closure), the test
-# fixtures, packed into OUT_DIR/gcc.tar.xz beside OUT_DIR/run.sh (ci/device/run_gcc.sh).
+# offload runtime nor our binaries: ompk-info, ompk-bench, the test suites, libompk, GCC's
+# libgomp.so.1 and libgomp-plugin-nvptx.so.1 (which libgomp dlopens; the plugin loads the
+# machine's libcuda) and every other non-system library they load (found by ldd: hwloc,
+# Criterion's closure), the test fixtures, packed into OUT_DIR/gcc.tar.xz beside OUT_DIR/run.sh
+# (ci/device/run_gcc.sh).
 # Carry OUT_DIR alone: run(carry=[".carry/gcc"], command="bash .carry/gcc/run.sh info tests").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,7 +22,7 @@ fi
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin/tests" "$stage/lib"
-cp "$build/ompk-info" "$stage/bin/"
+cp "$build/ompk-info" "$build/ompk-bench" "$stage/bin/"
 for t in "$build"/tests/test_*; do [ -x "$t" ] && [ -f "$t" ] && cp "$t" "$stage/bin/tests/"; done
 soname=$(readelf -d "$build/libompk.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 cp -L "$build/libompk.so" "$stage/lib/${soname:-libompk.so}"

@@ -2,7 +2,8 @@
 # Device-side driver, copied into each bundle by ci/device/bundle.sh. Run from the repo root on
 # the GPU machine:
 #   bash .carry/NAME/run.sh [info] [tests] [sanitize] [bench] [bench-quick] [peers] [python]
-#                           [--filter S]
+#                           [--filter S] [--bench-args "ARGS"]
+# (--bench-args: further ompk-bench flags for the bench steps, e.g. "--impl default,portable")
 # Our binaries run with the carried LLVM 19 runtime and OMP_TARGET_OFFLOAD=MANDATORY, so a
 # silent host fallback cannot pass for a GPU run. Python peers run with the machine's own python3
 # and PyTorch (without our LD_LIBRARY_PATH). Everything lands in /tmp/ompk-out and comes back as
@@ -36,10 +37,12 @@ run_ompk() {
         OMP_TARGET_OFFLOAD=MANDATORY "$@"
 }
 filter=""
+bench_args=()
 steps=()
 while [ $# -gt 0 ]; do
     case $1 in
     --filter) filter=$2; shift 2 ;;
+    --bench-args) read -r -a bench_args <<<"$2"; shift 2 ;;
     *) steps+=("$1"); shift ;;
     esac
 done
@@ -144,7 +147,7 @@ for s in "${steps[@]}"; do
         ;;
     bench | bench-quick)
         q=""; [ "$s" = bench-quick ] && q=--quick
-        run_ompk "$B/bin/ompk-bench" $q ${filter:+--filter "$filter"} --json "$res/bench.json" >"$res/bench.log" 2>&1
+        run_ompk "$B/bin/ompk-bench" $q ${filter:+--filter "$filter"} "${bench_args[@]}" --json "$res/bench.json" >"$res/bench.log" 2>&1
         echo "ompk-bench exit $?" >>"$res/bench.log"
         cat "$res/bench.log" >>"$summary"
         ;;

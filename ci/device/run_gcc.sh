@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Device-side driver of a gcc-offload bundle (ci/device/bundle_gcc.sh copies it in as run.sh).
 # From the repo root on the GPU machine:
-#   bash .carry/gcc/run.sh [info] [tests] [--filter S]
+#   bash .carry/gcc/run.sh [info] [tests] [bench] [--filter S] [--bench-args "ARGS"]
+# (bench: ompk-bench, host and GPU passes, into bench.json; --bench-args: further ompk-bench
+# flags, e.g. "--impl default,portable")
 # The binaries run with the carried libgomp and its nvptx plugin (the PTX of GCC's images is
 # compiled by the driver at load; CUDA's cache keeps it across the suites' processes) and
 # OMP_TARGET_OFFLOAD=MANDATORY, so a silent host fallback cannot pass for a GPU run. Logs land in
@@ -26,10 +28,12 @@ run_ompk() {
         CUDA_CACHE_MAXSIZE=4294967296 "$@"
 }
 filter=""
+bench_args=()
 steps=()
 while [ $# -gt 0 ]; do
     case $1 in
     --filter) filter=$2; shift 2 ;;
+    --bench-args) read -r -a bench_args <<<"$2"; shift 2 ;;
     *) steps+=("$1"); shift ;;
     esac
 done
@@ -67,6 +71,13 @@ for s in "${steps[@]}"; do
             fi
         done
         echo "gcc device tests: $pass passed, $fail failed, $skip skipped" | tee -a "$summary"
+        ;;
+    bench)
+        gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+        run_ompk env OMPK_GPU_NAME="$gpu_name" "$B/bin/ompk-bench" ${filter:+--filter "$filter"} \
+            "${bench_args[@]}" --json "$res/bench.json" >"$res/bench.log" 2>&1
+        echo "ompk-bench exit $?" >>"$res/bench.log"
+        grep -a -E '^== |FAILED|failed' "$res/bench.log" >>"$summary"
         ;;
     *) echo "unknown step $s" | tee -a "$summary" ;;
     esac

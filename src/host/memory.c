@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "error.h"
-#include "gpu_wait.h"
+#include "gpu_ctx.h"
 #include "memset_kernel.h"
 #include "ompk/tensor.h"
 
@@ -80,8 +80,8 @@ ompk_status ompk_memcpy(void *dst, ompk_device dst_device, const void *src, ompk
         return OMPK_OK;
     }
     /* a copy to or from a GPU waits for it like a kernel does */
-    if (dst_device.type != OMPK_HOST) ompk_gpu_wait_prepare(dst_device.id);
-    if (src_device.type != OMPK_HOST) ompk_gpu_wait_prepare(src_device.id);
+    if (dst_device.type != OMPK_HOST) ompk_gpu_prepare(dst_device.id);
+    if (src_device.type != OMPK_HOST) ompk_gpu_prepare(src_device.id);
     if (tgt_memcpy(dst, src, bytes, omp_id(dst_device), omp_id(src_device)) != 0)
         return ompk_fail(OMPK_ERR_RUNTIME, fn, "omp_target_memcpy of %zu bytes failed", bytes);
     return OMPK_OK;
@@ -96,7 +96,7 @@ ompk_status ompk_memset(void *dst, ompk_device device, int value, size_t bytes) 
         memset(dst, value, bytes);
         return OMPK_OK;
     }
-    ompk_gpu_wait_prepare(device.id);
+    ompk_gpu_prepare(device.id);
     ompk_memset_kernel(dst, device.id, (unsigned char)value, bytes);
     return OMPK_OK;
 }

@@ -2,14 +2,14 @@
  * GCC's runtimes execute `teams distribute parallel for` over the host's threads. */
 #include <omp.h>
 
-#include "gpu_wait.h"
+#include "gpu_ctx.h"
 #include "route.h"
 
 ompk_exec ompk_exec_for(ompk_device d) {
     ompk_exec e;
     e.on_target = d.type == OMPK_TARGET;
     e.device = e.on_target ? d.id : omp_get_initial_device();
-    if (e.on_target) ompk_gpu_wait_prepare(d.id);
+    if (e.on_target) ompk_gpu_prepare(d.id);
     return e;
 }
 

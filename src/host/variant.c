@@ -211,6 +211,8 @@ const char *ompk_variant_env_error(void) {
 
 /* entry index + 1 named by ompk_variant_force on this thread (0: none) */
 static _Thread_local int forced[OMPK_OP_COUNT_];
+/* the entry that ran this thread's last call of each op, for benchmark records */
+static _Thread_local const ompk_impl *last_ran[OMPK_OP_COUNT_];
 
 #ifdef OMPK_LAB
 static _Thread_local int64_t forced_knob[OMPK_KNOB_COUNT_];
@@ -243,6 +245,11 @@ ompk_status ompk_variant_force(const char *op, const char *name) {
     }
     forced[o] = i + 1;
     return OMPK_OK;
+}
+
+const char *ompk_variant_ran(const char *op) {
+    const int o = op ? op_find(op, strlen(op)) : -1;
+    return o >= 0 && last_ran[o] ? last_ran[o]->name : NULL;
 }
 
 const ompk_impl *ompk_variant_list(const char *op, int i) {
@@ -290,6 +297,7 @@ ompk_status ompk_impl_run(ompk_op op, const void *args, ompk_device device, cons
         st = impl_run_one(named, args, device, fn);
         if (st != OMPK_ERR_UNSUPPORTED) {
             if (ran) *ran = named;
+            last_ran[op] = named;
             return st;
         }
     }
@@ -300,6 +308,7 @@ ompk_status ompk_impl_run(ompk_op op, const void *args, ompk_device device, cons
         st = impl_run_one(e, args, device, fn);
         if (st != OMPK_ERR_UNSUPPORTED) {
             if (ran) *ran = e;
+            last_ran[op] = e;
             return st;
         }
     }

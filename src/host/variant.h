@@ -86,6 +86,9 @@ void ompk_variant_knob_force(ompk_knob k, int64_t value);
  * calls, over any environment selection; name NULL clears it. Unknown names return
  * OMPK_ERR_INVALID_ARGUMENT (message in ompk_last_error) and change nothing. */
 ompk_status ompk_variant_force(const char *op, const char *name);
+/* The name of the entry that ran the calling thread's last call of op (NULL: none yet, or an
+ * unknown op); for benchmark records. */
+const char *ompk_variant_ran(const char *op);
 /* The i-th entry of op's table (NULL past the end or for an unknown op). */
 const ompk_impl *ompk_variant_list(const char *op, int i);
 /* Parses a selection as the environment would be (spec: OMPK_VARIANT's value, isa: OMPK_ISA's;
