@@ -106,10 +106,10 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
     int gpu = ctx->dev.type == OMPK_TARGET;
     const char *op = bwd ? "attention_bwd" : "attention_fwd";
     /* "fast", the default order: on the GPU the tensor-core kernels (bf16 through mma, f32
-     * through 3xTF32, forward and backward); on the host the AMX kernels (bf16, where the CPU has AMX) and
-     * the AVX-512 kernels (f32, and bf16 without AMX); "host-avx512" the AVX-512 kernels named,
-     * for bf16 on an AMX host. Everything else (and every call with the portable entry named)
-     * runs the portable kernel, so each record names what ran. */
+     * through 3xTF32, forward and backward); on the host the AMX kernels (bf16, where the CPU
+     * has AMX) and the AVX-512 kernels (f32, and bf16 without AMX); "host-avx512" the AVX-512
+     * kernels named, for bf16 on an AMX host. Everything else (and every call with the portable
+     * entry named) runs the portable kernel, so each record names what ran. */
     const char *const vars[3] = {"fast", "host-avx512", "portable"};
     for (int vi = 0; vi < 3; vi++) {
         if (vi == 1 && (gpu || !host_amx(op))) continue;
