@@ -86,9 +86,9 @@ ATTT_INLINE int64_t attb_walk_row(const attb_walk *w, int64_t t, const int T) {
     return w->ifirst + (t % w->nqt) * T;
 }
 
-/* P^T (dv = 0) or dS^T (dv = 1) in place of the scores st of the warp's keys kl0, kl1 (team
- * relative) against NT n-tiles of query rows, whose lse, D and visible-key counts are sl, sd, sc:
- * a masked pair gives exactly 0 (a select: never 0 * NaN). */
+/* P^T (dpt NULL) or dS^T (dpt: the dP^T tile) in place of the scores st of the warp's keys kl0,
+ * kl1 (team relative) against NT n-tiles of query rows, whose lse, D and visible-key counts are
+ * sl, sd, sc: a masked pair gives exactly 0 (a select: never 0 * NaN). */
 ATTT_INLINE void attb_probs(float (*st)[4], float (*dpt)[4], const int NT, int kl0, int kl1, int t4,
                             float scale, const float *sl, const float *sd, const float *sc) {
     ATTT_UNROLL
