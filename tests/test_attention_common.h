@@ -323,6 +323,41 @@ static inline void att_sweep_lengths(att_check_fn check, const int64_t (*nm)[2],
             }
 }
 
+/* The emulated backward run(c) with one NaN in q, k or v (B1 H1 N40 M33 dh64, seeds seed0 + mask):
+ * dq, dk, dv NaN exactly where the float64 math gives NaN. Unmasked for q and k; v also under
+ * the causal masks, which the entry points run on the tensor-core kernels (a masked dS is a
+ * select, and v enters no mma beside a masked pair). */
+static inline void att_emu_bwd_nan(ompk_dtype dt, uint64_t seed0, int (*run)(att_case *)) {
+    for (int m = 0; m < 3; m++)
+        for (int which = 0; which < 3; which++) {
+            if (m != 0 && which != 2) continue;
+            att_case c;
+            att_case_new(&c, ompk_device_host(), dt, 1, 1, 1, 40, 33, 64, att_mask(m),
+                         seed0 + (uint64_t)m, 1.0, 0);
+            tu_buf *in = which == 0 ? &c.q : which == 1 ? &c.k : &c.v;
+            tu_buf_set(in, which == 0 ? 30 * 64 + 3 : which == 1 ? 20 * 64 + 7 : 20 * 64 + 5, NAN);
+            cr_assert(run(&c), "an emulated team of 128 threads diverged");
+            ompk_tensor hq = att_host(&c.q, &c.tq), hk = att_host(&c.k, &c.tk);
+            ompk_tensor hv = att_host(&c.v, &c.tv), hdo = att_host(&c.dout, &c.tdout);
+            ompk_tensor ho = att_host(&c.out, &c.tout);
+            double *r[3];
+            tu_buf *b[3] = {&c.dq, &c.dk, &c.dv};
+            const ompk_tensor *t[3] = {&c.tdq, &c.tdk, &c.tdv};
+            for (int i = 0; i < 3; i++) r[i] = malloc(sizeof(double) * (size_t)(b[i]->numel + 1));
+            ompk_attention_ref_bwd(&hdo, &hq, &hk, &hv, &ho, c.scale, att_mask(m), r[0], r[1],
+                                   r[2]);
+            for (int i = 0; i < 3; i++) {
+                char what[100];
+                snprintf(what, sizeof what, "%s bwd NaN in %c mask=%s d%c",
+                         dt == OMPK_BF16 ? "bf16" : "f32", "qkv"[which], att_mask_name(att_mask(m)),
+                         "qkv"[i]);
+                cr_expect_eq(att_nonfinite_mismatch(what, b[i], t[i], r[i], 1), 0, "%s", what);
+                free(r[i]);
+            }
+            att_case_free(&c);
+        }
+}
+
 /* The non-finite sweep of the tensor-core emulation suites (run: one kernel over c, 0 when no
  * team could form): NaN or inf in one q row (element 3 of row 30), NaN, inf or -inf in one k row
  * (element 7 of key 20; -inf as a score operand is the 3xTF32 split's hard case), NaN or inf in
