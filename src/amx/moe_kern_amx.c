@@ -12,7 +12,7 @@
 #define MOE_AMX_NAME moe_kern_amx
 #define MOE_AMX_NAME_N moe_kern_amx_n
 #define MOE_AMX_FLUSH moe_amx_flush
-#define T_CFG(c) _tile_loadconfig(c)
+#define T_CFG(c) OMPK_AMX_LOADCFG(c)
 #define T_LOAD(i, p, s) _tile_loadd(i, p, s)
 #define T_STORE(i, p, s) _tile_stored(i, p, s)
 #define T_ZERO(i) _tile_zero(i)

@@ -31,7 +31,7 @@
 
 #define ATX_FN __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 #define ATX_NAME(x) ompk_atx_amx_##x
-#define T_CFG(c) _tile_loadconfig(c)
+#define T_CFG(c) OMPK_AMX_LOADCFG(c)
 #define T_RELEASE() _tile_release()
 #define T_LOAD(i, p, s) _tile_loadd(i, p, s)
 #define T_STORE(i, p, s) _tile_stored(i, p, s)
