@@ -72,3 +72,46 @@ Test(mhc_pre_tc, every_variant_matches_reference) {
             check_variant(devs[di], variants[v], 1, 70, 8, 264, 1, 13);
         }
 }
+
+/* The tiled SIMT GEMM (portable-tiles: x staged in team-shared memory, the portable default on a
+ * GPU) takes each token's products in the portable kernels' order: every output bit-identical,
+ * for every n, both dtypes, token and D tails, on every device. */
+static void tiles_same_bits(ompk_device dev, ompk_dtype dt, int64_t B, int64_t S, int64_t n,
+                            int64_t D, uint64_t seed) {
+    pre_prob q;
+    pre_new(&q, dev, dt, B, S, n, D, 1, seed, 1.0);
+    tt *outs[7] = {&q.h_in, &q.h_post, &q.logits, &q.comb, &q.h_mix, &q.inv_rms, &q.h_pre};
+    void *first[7];
+    tu_force("mhc_pre_fwd", "portable");
+    ompk_status st = pre_run_fwd(&q);
+    tu_force("mhc_pre_fwd", NULL);
+    cr_assert_eq(st, OMPK_OK, "pre_fwd portable: %s", ompk_last_error());
+    for (int i = 0; i < 7; i++) {
+        tu_buf_download(&outs[i]->b);
+        first[i] = malloc(outs[i]->b.bytes);
+        memcpy(first[i], outs[i]->b.host, outs[i]->b.bytes);
+    }
+    tu_force("mhc_pre_fwd", "portable-tiles");
+    st = pre_run_fwd(&q);
+    tu_force("mhc_pre_fwd", NULL);
+    cr_assert_eq(st, OMPK_OK, "pre_fwd portable-tiles: %s", ompk_last_error());
+    for (int i = 0; i < 7; i++) {
+        tu_buf_download(&outs[i]->b);
+        cr_expect(memcmp(first[i], outs[i]->b.host, outs[i]->b.bytes) == 0,
+                  "%s %s n=%lld D=%lld T=%lld: output %d of portable-tiles differs from portable",
+                  tu_device_name(dev), dt == OMPK_BF16 ? "bf16" : "f32", (long long)n, (long long)D,
+                  (long long)(B * S), i);
+        free(first[i]);
+    }
+    pre_free(&q);
+}
+
+Test(mhc_pre_tc, tiles_bit_identical_to_portable) {
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (int64_t n = 1; n <= 8; n++) {
+            tiles_same_bits(devs[di], OMPK_BF16, 2, 37 + n, n, 72 * n + 8, 20 + (uint64_t)n);
+            tiles_same_bits(devs[di], OMPK_F32, 1, 65, n, 40 + 3 * n, 40 + (uint64_t)n);
+        }
+}
