@@ -36,11 +36,11 @@
 #if defined(__clang__)
 #define ATTP_UNROLL _Pragma("unroll")
 #define ATTP_NO_UNROLL _Pragma("unroll 1")
-#define ATTP_UNROLL4 _Pragma("unroll 4")
+#define ATTP_UNROLL2 _Pragma("unroll 2")
 #else
 #define ATTP_UNROLL _Pragma("GCC unroll 16")
 #define ATTP_NO_UNROLL _Pragma("GCC unroll 1")
-#define ATTP_UNROLL4 _Pragma("GCC unroll 4")
+#define ATTP_UNROLL2 _Pragma("GCC unroll 2")
 #endif
 
 #define ATTP_BQ 64   /* query rows per team */
@@ -63,6 +63,35 @@ typedef struct {
 } ATTP_ALIGN attp_f4;
 
 #pragma omp declare target
+
+/* o += P V over the ATTP_VK keys of the V chunk in sv4 (keys jc.. of the head, columns of P^T
+ * from c0); with CUT, a pair whose key the row does not see adds exactly 0 (a select: 0 * v
+ * would turn a NaN or inf in v into NaN). */
+ATT_INLINE void attp_pv(float (*o)[ATTP_DHP / 32][4], const attp_f4 *sp4, const attp_f4 *sv4,
+                        int c0, int64_t jc, const int64_t lim[4], int tr, int tc, const int DH,
+                        const int CUT) {
+    ATTP_NO_UNROLL
+    for (int kk = 0; kk < ATTP_VK; kk++) {
+        const attp_f4 pa = sp4[(c0 + kk) * (ATTP_LP / 4) + tr];
+        attp_f4 va[ATTP_DHP / 32];
+        ATTP_UNROLL
+        for (int e = 0; e < DH / 32; e++) va[e] = sv4[kk * (DH / 4) + 8 * e + tc];
+        ATTP_UNROLL
+        for (int i = 0; i < 4; i++) {
+            const int vis = !CUT || jc + kk < lim[i];
+            ATTP_UNROLL
+            for (int e = 0; e < DH / 32; e++) {
+                ATTP_UNROLL
+                for (int c = 0; c < 4; c++) {
+                    if (CUT)
+                        o[i][e][c] += vis ? pa.f[i] * va[e].f[c] : 0.f;
+                    else
+                        o[i][e][c] += pa.f[i] * va[e].f[c];
+                }
+            }
+        }
+    }
+}
 
 /* Work item w (heaviest query block first, under a causal mask) of the team: rows of block qb
  * of head (b, h). Every thread of the team calls it with the same w; DH is dh padded to 32.
@@ -115,7 +144,7 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
         }
         for (int d0 = 0; d0 < DH; d0 += ATTP_DC) {
             ATTP_SYNC(); /* the previous users of the chunks are done */
-            ATTP_UNROLL4
+            ATTP_UNROLL2
             for (int it = 0; it < ATTP_BQ * ATTP_DC / ATTP_T; it++) {
                 const int e = tid + ATTP_T * it, r = e / ATTP_DC, d = e % ATTP_DC;
                 const int64_t qi = i0 + r, kj = j0 + r, dd = d0 + d;
@@ -188,30 +217,18 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
         const int cut = j0 + ATTP_BK > jfull;
         for (int c0 = 0; c0 < ATTP_BK; c0 += ATTP_VK) {
             ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
-            ATTP_UNROLL4
+            ATTP_UNROLL2
             for (int it = 0; it < ATTP_VK * DH / ATTP_T; it++) {
                 const int e = tid + ATTP_T * it, r = e / DH, d = e % DH;
                 const int64_t kj = j0 + c0 + r;
                 sqk[r * DH + d] = kj < M && d < dh ? att_ld(v, vbase + kj * g->vs[2] + d, bf) : 0.f;
             }
             ATTP_SYNC();
-            ATTP_NO_UNROLL
-            for (int kk = 0; kk < ATTP_VK; kk++) {
-                const int64_t j = j0 + c0 + kk;
-                const attp_f4 pa = sp4[(c0 + kk) * (ATTP_LP / 4) + tr];
-                attp_f4 va[ATTP_DHP / 32];
-                ATTP_UNROLL
-                for (int e = 0; e < NE; e++) va[e] = sv4[kk * (DH / 4) + 8 * e + tc];
-                ATTP_UNROLL
-                for (int i = 0; i < 4; i++) {
-                    const int vis = !cut || j < lim[i];
-                    ATTP_UNROLL
-                    for (int e = 0; e < NE; e++) {
-                        ATTP_UNROLL
-                        for (int c = 0; c < 4; c++) o[i][e][c] += vis ? pa.f[i] * va[e].f[c] : 0.f;
-                    }
-                }
-            }
+            /* two instances: the uncut one is plain FMAs */
+            if (cut)
+                attp_pv(o, sp4, sv4, c0, j0 + c0, lim, tr, tc, DH, 1);
+            else
+                attp_pv(o, sp4, sv4, c0, j0 + c0, lim, tr, tc, DH, 0);
         }
     }
     /* the rows' sums from the 8 partial ones, in thread order */
