@@ -283,19 +283,21 @@ static __attribute__((noinline)) void attp_fwd_rows(const ompk_attn_geom *g, con
 #ifndef OMPK_EMULATE
 
 /* One kernel per padded head dim and type, so each gets its own register allocation. Teams
- * walk the work items (one each on a GPU; on the host, a team of the calling thread's). A team
+ * walk the work items: one each on a GPU; on the host (if(target: 0), or the initial device as
+ * a target) one team of ATTP_T threads walks them all, so the host runs what a GPU runs. A team
  * that got fewer threads than asked for (a runtime may give fewer) runs its items on the per-row
  * kernel instead. */
 // clang-format off
 #define ATTP_LAUNCH(DH, BF)                                                                        \
     static void attp_fwd_##DH##_##BF(ompk_exec ex, const ompk_attn_geom *gp, const void *q,        \
-                                     const void *k, const void *v, void *out, float *lse) {         \
+                                     const void *k, const void *v, void *out, float *lse) {        \
         const ompk_attn_geom g = *gp;                                                              \
-        const int64_t items = g.B * g.Hq * ((g.N + ATTP_BQ - 1) / ATTP_BQ);                         \
-        const int on = ex.on_target, nt = on ? (int)items : 1;                                     \
+        const int64_t items = g.B * g.Hq * ((g.N + ATTP_BQ - 1) / ATTP_BQ);                        \
+        const int on = ex.on_target;                                                               \
+        const int nt = on && ex.device != omp_get_initial_device() ? (int)items : 1;               \
         _Pragma("omp target teams num_teams(nt) thread_limit(ATTP_T) if(target: on) device(ex.device) is_device_ptr(q, k, v, out, lse) firstprivate(g, items)") \
         {                                                                                          \
-            ATTP_ALIGN float sqk[ATTP_SQK], sp[ATTP_SP], sr[ATTP_SR];                                       \
+            ATTP_ALIGN float sqk[ATTP_SQK], sp[ATTP_SP], sr[ATTP_SR];                              \
             ATTP_TEAM_ALLOC(sqk, sp, sr)                                                           \
             _Pragma("omp parallel num_threads(ATTP_T)")                                            \
             {                                                                                      \
@@ -332,11 +334,12 @@ ATTP_LAUNCH(96, 1)
 ATTP_LAUNCH(128, 1)
 
 int ompk_attn_fwd_tiled_ok(const ompk_attn_geom *g) {
-    return g->dh <= ATTP_DHP;
+    return g->dh <= ATTP_DHP && g->B * g->Hq * ((g->N + ATTP_BQ - 1) / ATTP_BQ) <= 0x7fffffff;
 }
 
 void ompk_attn_fwd_tiled(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                          const void *v, void *out, float *lse) {
+    if (g->B * g->Hq * g->N == 0) return;
     const int dhp = (int)((g->dh + 31) / 32 * 32);
 #define ATTP_CASE(D)                                                                               \
     case D:                                                                                        \
