@@ -12,7 +12,8 @@
  * log2 e for the polynomial exp2 (vectorizes on the host): scaling first loses the low bits of
  * large logits. A masked pair adds exactly 0 (never 0 * NaN); a NaN score propagates. The host
  * regions work on ATT_RB rows at a time so one key row, converted once, feeds several rows from L1;
- * GPU regions give each thread one row. */
+ * GPU regions give each thread one row, but for the forward up to dh 128, which runs on team-shared
+ * tiles (attention_portable_tiled.c). The pieces both files use are in attention_portable.h. */
 #include <math.h>
 #include <stdint.h>
 
