@@ -15,7 +15,7 @@
 
 #include "test_attention_common.h"
 
-static float emu_sqk[ATTP_SQK], emu_sp[ATTP_SP], emu_sr[ATTP_SR];
+static ATTP_ALIGN float emu_sqk[ATTP_SQK], emu_sp[ATTP_SP], emu_sr[ATTP_SR];
 
 typedef struct {
     const ompk_attn_geom *g;
