@@ -51,6 +51,11 @@ static inline int64_t ompk_attn_first_row(int mask, int64_t j, int64_t n, int64_
 /* Portable kernels: OpenMP target teams loops, on the GPU or on the host's threads. */
 void ompk_attn_fwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
                             const void *v, void *out, float *lse);
+/* The portable GPU forward on team-shared tiles (attention_portable_tiled.c): whether it serves
+ * this call (dh up to 128), and the kernel; with !ex.on_target it runs on the host (tests). */
+int ompk_attn_fwd_tiled_ok(const ompk_attn_geom *g);
+void ompk_attn_fwd_tiled(ompk_exec ex, const ompk_attn_geom *g, const void *q, const void *k,
+                         const void *v, void *out, float *lse);
 /* dsum[(b*Hq + h)*N + i] = <dout_i, out_i> (fp32), the backward's row term. */
 void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *out,
                       float *dsum);
