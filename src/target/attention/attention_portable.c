@@ -752,6 +752,10 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
          * then misses its one-hot 1 by an ulp of the logit. The rows' lse is recomputed from
          * this kernel's scores into the workspace's second half; the lse passed in is unused. */
         float *lw = dsum + rows;
+        if (ompk_attn_bwd_tiled_ok(&g)) {
+            ompk_attn_bwd_tiled(ex, &g, dout, q, k, v, lw, dsum, dq, dk, dv);
+            return;
+        }
 #pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
     is_device_ptr(q, k, lw) firstprivate(g)
         for (int64_t w = 0; w < rows; w++) {
