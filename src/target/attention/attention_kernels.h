@@ -60,12 +60,13 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *d
                             const void *k, const void *v, const void *out, const float *lse,
                             void *dq, void *dk, void *dv, float *dsum);
 /* The portable GPU backward on team-shared tiles (attention_portable_bwd_tiled.c): whether it
- * serves this call (dh up to 128, clang builds), and its two kernels given D in dsum: each row's
- * lse from the kernels' own scores into lw ([B, Hq, N] f32 on ex's device), dq, then dk and dv. */
+ * serves this call (the tensor-core head dims, clang builds), and its two kernels: each row's D
+ * into dsum and lse from the kernels' own scores into lw (both [B, Hq, N] f32 on ex's device) and
+ * dq, then dk and dv. */
 int ompk_attn_bwd_tiled_ok(const ompk_attn_geom *g);
 void ompk_attn_bwd_tiled(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
-                         const void *k, const void *v, float *lw, const float *dsum, void *dq,
-                         void *dk, void *dv);
+                         const void *k, const void *v, const void *out, float *dsum, float *lw,
+                         void *dq, void *dk, void *dv);
 
 /* Whether the [B,H,L,dh] operand x (strides s, bf16 or f32, on ex's device) is all finite
  * (attention_finite.c). */

@@ -745,6 +745,11 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
     const int on = ex.on_target;
     const int nt = on ? 0 : ompk_host_teams();
     int64_t rows = g.B * g.Hq * g.N;
+    /* the tiled kernels form D themselves, in the order of their dP */
+    if (on && ompk_attn_bwd_tiled_ok(&g)) {
+        ompk_attn_bwd_tiled(ex, &g, dout, q, k, v, out, dsum, dsum + rows, dq, dk, dv);
+        return;
+    }
     ompk_attn_rowsum(ex, gp, dout, out, dsum);
     if (on) {
         /* On the GPU the forward may have been another kernel (3xTF32 for f32, the tensor-core
@@ -752,10 +757,6 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
          * then misses its one-hot 1 by an ulp of the logit. The rows' lse is recomputed from
          * this kernel's scores into the workspace's second half; the lse passed in is unused. */
         float *lw = dsum + rows;
-        if (ompk_attn_bwd_tiled_ok(&g)) {
-            ompk_attn_bwd_tiled(ex, &g, dout, q, k, v, lw, dsum, dq, dk, dv);
-            return;
-        }
 #pragma omp target teams distribute parallel for thread_limit(128) device(ex.device)               \
     is_device_ptr(q, k, lw) firstprivate(g)
         for (int64_t w = 0; w < rows; w++) {

@@ -1,17 +1,20 @@
 /* Portable GPU backward with team-shared tiles: standard OpenMP (target teams, one parallel region
  * of ATTP_T threads per team, team-local tiles in omp_pteam_mem_alloc memory, barriers), for the
- * head dims up to ATTP_DMAX. Two kernels after D = rowsum(dout * out) (ompk_attn_rowsum):
- *  - rows: a team owns ATTP_RB query rows of one (b, h) and walks their visible keys twice in
- *    tiles of ATTP_KT: first each row's lse from this kernel's own scores (the lse passed in may
- *    come from another forward whose scores round differently), then S = Q K^T, dP = dO V^T,
- *    dS = P (dP - D), dQ += dS K. It writes lse for the second kernel.
+ * head dims up to ATTP_DMAX, in two kernels:
+ *  - rows: a team owns ATTP_RB query rows of one (b, h): D = rowsum(dout * out), then it walks
+ *    their visible keys twice in tiles of ATTP_KT: first each row's lse from this kernel's own
+ *    scores (the lse passed in may come from another forward whose scores round differently),
+ *    then S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K. It writes D and lse for the
+ *    second kernel.
  *  - keys: a team owns ATTP_RB keys of one (b, kv head) and walks the group's query heads in
  *    increasing order and their rows in tiles of ATTP_QT: S, dP, dS as above, dV += P^T dO,
  *    dK += dS^T Q. Every output element is written by the thread that summed it, in a fixed
  *    order: deterministic, no atomics.
- * A thread owns ATTP_R rows (keys) and one slice s of the head dim, elements s + ATTP_NS * m, held
- * in registers; the other operand comes from the shared tile, one load feeding ATTP_R FMAs, and
- * the ATTP_NS threads of a row read neighbouring words (no bank conflicts). A dot product is
+ * A thread owns ATTP_R rows (keys) and one slice s of the head dim, elements s * EN + m (EN =
+ * dh / ATTP_NS), held in registers; the other operand comes from the shared tile, where each slice
+ * starts 16-byte aligned at a pitch of an odd number of 16-byte groups (attp_pitch): a thread
+ * reads four elements a load, each feeding ATTP_R FMAs, and the ATTP_NS slices of a row fall in
+ * different banks. A dot product is
  * ATTP_NS partial sums (one per slice, in increasing m) added in a fixed tree (attp_dot): both
  * kernels and the lse form every score the same way, so p = exp(s - lse) is exactly 1 where the
  * softmax is one-hot. A masked pair adds exactly 0 (it is skipped, never 0 * inf); NaN propagates.
@@ -36,12 +39,19 @@
 #define ATTP_KT 8                  /* keys of a tile in the rows kernel */
 #define ATTP_QT 8                  /* query rows of a tile in the keys kernel */
 #define ATTP_DMAX 128
-#define ATTP_E (ATTP_DMAX / ATTP_NS)    /* largest slice */
-#define ATTP_PW (ATTP_RB * ATTP_NS + 1) /* partial sums of one tile row; odd: no bank conflicts */
+#define ATTP_E (ATTP_DMAX / ATTP_NS)      /* largest slice */
+#define ATTP_ROW (ATTP_NS * (ATTP_E + 4)) /* largest shared row (attp_pitch) */
+#define ATTP_PW (ATTP_RB * ATTP_NS + 1)   /* partial sums of one tile row; odd: no bank conflicts */
 #define ATTP_LOG2E 1.4426950408889634f
 #define ATTP_LN2 0.6931471805599453f
 
 #define ATTP_INLINE static inline __attribute__((always_inline))
+/* loops over a thread's register arrays unroll completely, or the arrays go to local memory */
+#if defined(__clang__)
+#define ATTP_UNROLL _Pragma("unroll")
+#else
+#define ATTP_UNROLL _Pragma("GCC unroll 16")
+#endif
 #define ATTP_STR(x) #x
 
 #ifdef OMPK_EMULATE
@@ -64,21 +74,21 @@
 /* Tiles of the rows kernel: a key tile of K and V (fp32), the slices' partial dots for each
  * (key, row, slice), dS, and the slices' lse statistics. */
 typedef struct attp_rows_smem {
-    float k[ATTP_KT][ATTP_DMAX], v[ATTP_KT][ATTP_DMAX];
+    float k[ATTP_KT][ATTP_ROW], v[ATTP_KT][ATTP_ROW];
     float ps[ATTP_KT][ATTP_PW], pd[ATTP_KT][ATTP_PW];
     float ds[ATTP_RB][ATTP_KT + 1];
     float cm[ATTP_RB * ATTP_NS], cl[ATTP_RB * ATTP_NS];
-} attp_rows_smem;
+} __attribute__((aligned(16))) attp_rows_smem;
 
 /* Tiles of the keys kernel: a query tile of Q and dO (fp32), the partial dots for each (row, key,
  * slice), P and dS, and the tile rows' lse, D and key limit. */
 typedef struct attp_keys_smem {
-    float q[ATTP_QT][ATTP_DMAX], o[ATTP_QT][ATTP_DMAX];
+    float q[ATTP_QT][ATTP_ROW], o[ATTP_QT][ATTP_ROW];
     float ps[ATTP_QT][ATTP_PW], pd[ATTP_QT][ATTP_PW];
     float p[ATTP_QT][ATTP_RB + 1], ds[ATTP_QT][ATTP_RB + 1];
     float lse[ATTP_QT], dsum[ATTP_QT];
     int64_t lim[ATTP_QT];
-} attp_keys_smem;
+} __attribute__((aligned(16))) attp_keys_smem;
 
 #pragma omp declare target
 
@@ -114,24 +124,49 @@ ATTP_INLINE int64_t attp_row(const int64_t s[3], int64_t b, int64_t h, int64_t n
     return b * s[0] + h * s[1] + n * s[2];
 }
 
-/* n rows of a [.., L, dh] tensor from row r0 of head (b, h) into dst as fp32, by all threads. */
-ATTP_INLINE void attp_stage(float (*dst)[ATTP_DMAX], const void *src, const int64_t st[3],
-                            int64_t b, int64_t h, int64_t r0, int n, int tid, const int DH,
-                            const int bf) {
+/* The shared pitch of a head-dim slice: its EN = DH / ATTP_NS elements rounded up to a 16-byte
+ * group, plus one group where that is even, so the slices of a row start in different banks. */
+ATTP_INLINE int attp_pitch(const int DH) {
+    const int w = (DH / ATTP_NS + 3) / 4 * 4;
+    return w % 8 ? w : w + 4;
+}
+
+/* n rows of a [.., L, dh] tensor from row r0 of head (b, h) into dst as fp32, slice by slice at
+ * attp_pitch, by all threads. */
+ATTP_INLINE void attp_stage(float (*dst)[ATTP_ROW], const void *src, const int64_t st[3], int64_t b,
+                            int64_t h, int64_t r0, int n, int tid, const int DH, const int bf) {
     const int64_t base = attp_row(st, b, h, r0);
+    const int EN = DH / ATTP_NS, SW = attp_pitch(DH);
     for (int e = tid; e < n * DH; e += ATTP_T) {
         const int t = e / DH, d = e % DH;
-        dst[t][d] = ompk_load_f(src, base + t * st[2] + d, bf);
+        dst[t][d / EN * SW + d % EN] = ompk_load_f(src, base + t * st[2] + d, bf);
     }
 }
 
-/* The rows kernel's work item w: dq and lse (lw, [B, Hq, N]) of ATTP_RB rows of one (b, h). */
+/* A thread's slice of a shared row (16-byte aligned, attp_pitch) into registers, four elements
+ * a load; the elements past EN read are the pitch's padding, never used. */
+typedef struct attp_f4 {
+    float f[4];
+} __attribute__((aligned(16))) attp_f4;
+
+ATTP_INLINE void attp_slice(float *dst, const float *row, const int EN) {
+    ATTP_UNROLL
+    for (int m4 = 0; m4 < EN; m4 += 4) {
+        const attp_f4 v = *(const attp_f4 *)(row + m4);
+        ATTP_UNROLL
+        for (int z = 0; z < 4; z++)
+            if (m4 + z < EN) dst[m4 + z] = v.f[z];
+    }
+}
+
+/* The rows kernel's work item w: D (dsum), lse (lw, both [B, Hq, N]) and dq of ATTP_RB rows of
+ * one (b, h). */
 ATTP_INLINE void attp_rows_item(const ompk_attn_geom *g, const void *dout, const void *q,
-                                const void *k, const void *v, const float *dsum, float *lw,
-                                void *dq, attp_rows_smem *sm, int64_t w, const int DH,
+                                const void *k, const void *v, const void *out, float *dsum,
+                                float *lw, void *dq, attp_rows_smem *sm, int64_t w, const int DH,
                                 const int bf) {
     enum { NS = ATTP_NS, R = ATTP_R, NG = ATTP_NG, E = ATTP_E, KT = ATTP_KT };
-    const int tid = ATTP_TID(), gi = tid / NS, s = tid % NS, EN = DH / NS;
+    const int tid = ATTP_TID(), gi = tid / NS, s = tid % NS, EN = DH / NS, SW = attp_pitch(DH);
     const int64_t N = g->N, M = g->M, nblk = (N + ATTP_RB - 1) / ATTP_RB;
     const int64_t i0 = (w % nblk) * ATTP_RB, bh = w / nblk, b = bh / g->Hq, h = bh % g->Hq;
     const int64_t hk = h / (g->Hq / g->Hkv);
@@ -139,20 +174,37 @@ ATTP_INLINE void attp_rows_item(const ompk_attn_geom *g, const void *dout, const
     const float sc = g->scale;
     float qr[R][E], dr[R][E], acc[R][E], Di[R], mr[R], lr[R], l2[R];
     int64_t lim[R];
+    ATTP_UNROLL
     for (int u = 0; u < R; u++) {
         const int r = gi + u * NG;
         const int64_t i = i0 + (r < rb ? r : 0);
-        const int64_t qo = attp_row(g->qs, b, h, i) + s, oo = attp_row(g->dos, b, h, i) + s;
+        const int64_t qo = attp_row(g->qs, b, h, i) + s * EN;
+        const int64_t oo = attp_row(g->dos, b, h, i) + s * EN;
+        ATTP_UNROLL
         for (int m = 0; m < EN; m++) {
-            qr[u][m] = r < rb ? ompk_load_f(q, qo + NS * m, bf) : 0.f;
-            dr[u][m] = r < rb ? ompk_load_f(dout, oo + NS * m, bf) : 0.f;
+            qr[u][m] = r < rb ? ompk_load_f(q, qo + m, bf) : 0.f;
+            dr[u][m] = r < rb ? ompk_load_f(dout, oo + m, bf) : 0.f;
             acc[u][m] = 0.f;
         }
         lim[u] = r < rb ? ompk_attn_key_limit(g->mask, i, N, M) : 0;
-        Di[u] = r < rb ? dsum[(b * g->Hq + h) * N + i] : 0.f;
         mr[u] = -INFINITY;
         lr[u] = 0.f;
+        /* D = <dout, out> in attp_dot's order, the order of dP = <dout, v>: a one-hot row (out
+         * exactly one v row) gets dP - D = 0 exactly, as the float64 math does */
+        const int64_t xo = attp_row(g->os, b, h, i) + s * EN;
+        float pd = 0.f;
+        ATTP_UNROLL
+        for (int m = 0; m < EN; m++) pd += dr[u][m] * (r < rb ? ompk_load_f(out, xo + m, bf) : 0.f);
+        sm->cl[r * NS + s] = pd;
     }
+    ATTP_SYNC();
+    ATTP_UNROLL
+    for (int u = 0; u < R; u++) {
+        const int r = gi + u * NG;
+        Di[u] = attp_dot(&sm->cl[r * NS]);
+        if (s == 0 && r < rb) dsum[(b * g->Hq + h) * N + i0 + r] = Di[u];
+    }
+    ATTP_SYNC(); /* cl is read; the lse below writes it again */
     /* the key limit grows with the row under every mask */
     const int64_t jmax = ompk_attn_key_limit(g->mask, i0 + rb - 1, N, M);
     /* sweep 1: each thread's running max and sum over its keys s, s + NS, ... of each tile */
@@ -162,15 +214,22 @@ ATTP_INLINE void attp_rows_item(const ompk_attn_geom *g, const void *dout, const
         ATTP_SYNC();
         for (int t = 0; t < jn; t++) {
             float pa[R];
+            ATTP_UNROLL
             for (int u = 0; u < R; u++) pa[u] = 0.f;
+            float ks[E];
+            attp_slice(ks, &sm->k[t][s * SW], EN);
+            ATTP_UNROLL
             for (int m = 0; m < EN; m++) {
-                const float kv = sm->k[t][s + NS * m];
+                const float kv = ks[m];
+                ATTP_UNROLL
                 for (int u = 0; u < R; u++) pa[u] += qr[u][m] * kv;
             }
+            ATTP_UNROLL
             for (int u = 0; u < R; u++) sm->ps[t][(gi + u * NG) * NS + s] = pa[u];
         }
         ATTP_SYNC();
-        for (int t = s; t < jn; t += NS)
+        for (int t = s; t < jn; t += NS) {
+            ATTP_UNROLL
             for (int u = 0; u < R; u++) {
                 if (j0 + t >= lim[u]) continue;
                 const float x = attp_score(&sm->ps[t][(gi + u * NG) * NS], sc);
@@ -180,14 +239,17 @@ ATTP_INLINE void attp_rows_item(const ompk_attn_geom *g, const void *dout, const
                 }
                 lr[u] += attp_exp2((x - (mr[u] == -INFINITY ? 0.f : mr[u])) * ATTP_LOG2E);
             }
+        }
         ATTP_SYNC();
     }
     /* the row's lse from its NS threads' (m, l), in slice order */
+    ATTP_UNROLL
     for (int u = 0; u < R; u++) {
         sm->cm[(gi + u * NG) * NS + s] = mr[u];
         sm->cl[(gi + u * NG) * NS + s] = lr[u];
     }
     ATTP_SYNC();
+    ATTP_UNROLL
     for (int u = 0; u < R; u++) {
         const int r = gi + u * NG;
         float mx = -INFINITY, l = 0.f;
@@ -207,48 +269,64 @@ ATTP_INLINE void attp_rows_item(const ompk_attn_geom *g, const void *dout, const
         ATTP_SYNC();
         for (int t = 0; t < jn; t++) {
             float pa[R], pb[R];
+            ATTP_UNROLL
             for (int u = 0; u < R; u++) pa[u] = pb[u] = 0.f;
+            float ks[E], vs[E];
+            attp_slice(ks, &sm->k[t][s * SW], EN);
+            attp_slice(vs, &sm->v[t][s * SW], EN);
+            ATTP_UNROLL
             for (int m = 0; m < EN; m++) {
-                const float kv = sm->k[t][s + NS * m], vv = sm->v[t][s + NS * m];
+                const float kv = ks[m], vv = vs[m];
+                ATTP_UNROLL
                 for (int u = 0; u < R; u++) {
                     pa[u] += qr[u][m] * kv;
                     pb[u] += dr[u][m] * vv;
                 }
             }
+            ATTP_UNROLL
             for (int u = 0; u < R; u++) {
                 sm->ps[t][(gi + u * NG) * NS + s] = pa[u];
                 sm->pd[t][(gi + u * NG) * NS + s] = pb[u];
             }
         }
         ATTP_SYNC();
-        for (int t = s; t < jn; t += NS)
+        for (int t = s; t < jn; t += NS) {
+            ATTP_UNROLL
             for (int u = 0; u < R; u++) {
                 const int r = gi + u * NG;
                 const float x = attp_score(&sm->ps[t][r * NS], sc);
                 const float p = attp_exp2((x - l2[u]) * ATTP_LOG2E);
                 sm->ds[r][t] = p * (attp_dot(&sm->pd[t][r * NS]) - Di[u]);
             }
+        }
         ATTP_SYNC();
         for (int t = 0; t < jn; t++) {
             float dsv[R];
             int on[R];
+            ATTP_UNROLL
             for (int u = 0; u < R; u++) {
                 on[u] = j0 + t < lim[u];
                 dsv[u] = sm->ds[gi + u * NG][t];
             }
+            float ks[E];
+            attp_slice(ks, &sm->k[t][s * SW], EN);
+            ATTP_UNROLL
             for (int m = 0; m < EN; m++) {
-                const float kv = sm->k[t][s + NS * m];
+                const float kv = ks[m];
+                ATTP_UNROLL
                 for (int u = 0; u < R; u++)
                     if (on[u]) acc[u][m] += dsv[u] * kv;
             }
         }
         ATTP_SYNC();
     }
+    ATTP_UNROLL
     for (int u = 0; u < R; u++) {
         const int r = gi + u * NG;
         if (r >= rb) continue;
-        const int64_t off = attp_row(g->dqs, b, h, i0 + r) + s;
-        for (int m = 0; m < EN; m++) ompk_store_f(dq, off + NS * m, acc[u][m] * sc, bf);
+        const int64_t off = attp_row(g->dqs, b, h, i0 + r) + s * EN;
+        ATTP_UNROLL
+        for (int m = 0; m < EN; m++) ompk_store_f(dq, off + m, acc[u][m] * sc, bf);
     }
 }
 
@@ -258,19 +336,22 @@ ATTP_INLINE void attp_keys_item(const ompk_attn_geom *g, const void *dout, const
                                 void *dk, void *dv, attp_keys_smem *sm, int64_t w, const int DH,
                                 const int bf) {
     enum { NS = ATTP_NS, R = ATTP_R, NG = ATTP_NG, E = ATTP_E, QT = ATTP_QT };
-    const int tid = ATTP_TID(), gi = tid / NS, s = tid % NS, EN = DH / NS;
+    const int tid = ATTP_TID(), gi = tid / NS, s = tid % NS, EN = DH / NS, SW = attp_pitch(DH);
     const int64_t N = g->N, M = g->M, G = g->Hq / g->Hkv, nblk = (M + ATTP_RB - 1) / ATTP_RB;
     const int64_t j0 = (w % nblk) * ATTP_RB, bh = w / nblk, b = bh / g->Hkv, hk = bh % g->Hkv;
     const int cb = (int)(M - j0 < ATTP_RB ? M - j0 : ATTP_RB);
     const float sc = g->scale;
     float kr[R][E], vr[R][E], dka[R][E], dva[R][E];
+    ATTP_UNROLL
     for (int u = 0; u < R; u++) {
         const int c = gi + u * NG;
         const int64_t j = j0 + (c < cb ? c : 0);
-        const int64_t ko = attp_row(g->ks, b, hk, j) + s, vo = attp_row(g->vs, b, hk, j) + s;
+        const int64_t ko = attp_row(g->ks, b, hk, j) + s * EN;
+        const int64_t vo = attp_row(g->vs, b, hk, j) + s * EN;
+        ATTP_UNROLL
         for (int m = 0; m < EN; m++) {
-            kr[u][m] = c < cb ? ompk_load_f(k, ko + NS * m, bf) : 0.f;
-            vr[u][m] = c < cb ? ompk_load_f(v, vo + NS * m, bf) : 0.f;
+            kr[u][m] = c < cb ? ompk_load_f(k, ko + m, bf) : 0.f;
+            vr[u][m] = c < cb ? ompk_load_f(v, vo + m, bf) : 0.f;
             dka[u][m] = dva[u][m] = 0.f;
         }
     }
@@ -290,21 +371,29 @@ ATTP_INLINE void attp_keys_item(const ompk_attn_geom *g, const void *dout, const
             ATTP_SYNC();
             for (int t = 0; t < in; t++) {
                 float pa[R], pb[R];
+                ATTP_UNROLL
                 for (int u = 0; u < R; u++) pa[u] = pb[u] = 0.f;
+                float qs[E], os[E];
+                attp_slice(qs, &sm->q[t][s * SW], EN);
+                attp_slice(os, &sm->o[t][s * SW], EN);
+                ATTP_UNROLL
                 for (int m = 0; m < EN; m++) {
-                    const float qv = sm->q[t][s + NS * m], ov = sm->o[t][s + NS * m];
+                    const float qv = qs[m], ov = os[m];
+                    ATTP_UNROLL
                     for (int u = 0; u < R; u++) {
                         pa[u] += qv * kr[u][m];
                         pb[u] += ov * vr[u][m];
                     }
                 }
+                ATTP_UNROLL
                 for (int u = 0; u < R; u++) {
                     sm->ps[t][(gi + u * NG) * NS + s] = pa[u];
                     sm->pd[t][(gi + u * NG) * NS + s] = pb[u];
                 }
             }
             ATTP_SYNC();
-            for (int t = s; t < in; t += NS)
+            for (int t = s; t < in; t += NS) {
+                ATTP_UNROLL
                 for (int u = 0; u < R; u++) {
                     const int c = gi + u * NG;
                     const float x = attp_score(&sm->ps[t][c * NS], sc);
@@ -312,18 +401,25 @@ ATTP_INLINE void attp_keys_item(const ompk_attn_geom *g, const void *dout, const
                     sm->p[t][c] = p;
                     sm->ds[t][c] = p * (attp_dot(&sm->pd[t][c * NS]) - sm->dsum[t]);
                 }
+            }
             ATTP_SYNC();
             for (int t = 0; t < in; t++) {
                 float pv[R], dsv[R];
                 int on[R];
+                ATTP_UNROLL
                 for (int u = 0; u < R; u++) {
                     const int c = gi + u * NG;
                     on[u] = j0 + c < sm->lim[t];
                     pv[u] = sm->p[t][c];
                     dsv[u] = sm->ds[t][c];
                 }
+                float qs[E], os[E];
+                attp_slice(qs, &sm->q[t][s * SW], EN);
+                attp_slice(os, &sm->o[t][s * SW], EN);
+                ATTP_UNROLL
                 for (int m = 0; m < EN; m++) {
-                    const float qv = sm->q[t][s + NS * m], ov = sm->o[t][s + NS * m];
+                    const float qv = qs[m], ov = os[m];
+                    ATTP_UNROLL
                     for (int u = 0; u < R; u++)
                         if (on[u]) {
                             dva[u][m] += pv[u] * ov;
@@ -333,14 +429,16 @@ ATTP_INLINE void attp_keys_item(const ompk_attn_geom *g, const void *dout, const
             }
             ATTP_SYNC();
         }
+    ATTP_UNROLL
     for (int u = 0; u < R; u++) {
         const int c = gi + u * NG;
         if (c >= cb) continue;
-        const int64_t ko = attp_row(g->dks, b, hk, j0 + c) + s;
-        const int64_t vo = attp_row(g->dvs, b, hk, j0 + c) + s;
+        const int64_t ko = attp_row(g->dks, b, hk, j0 + c) + s * EN;
+        const int64_t vo = attp_row(g->dvs, b, hk, j0 + c) + s * EN;
+        ATTP_UNROLL
         for (int m = 0; m < EN; m++) {
-            ompk_store_f(dk, ko + NS * m, dka[u][m] * sc, bf);
-            ompk_store_f(dv, vo + NS * m, dva[u][m], bf);
+            ompk_store_f(dk, ko + m, dka[u][m] * sc, bf);
+            ompk_store_f(dv, vo + m, dva[u][m], bf);
         }
     }
 }
@@ -354,10 +452,10 @@ ATTP_INLINE void attp_keys_item(const ompk_attn_geom *g, const void *dout, const
     }
 
 ATTP_INLINE void attp_rows_team(const ompk_attn_geom *g, const void *dout, const void *q,
-                                const void *k, const void *v, const float *dsum, float *lw,
-                                void *dq, attp_rows_smem *sm, int64_t w){
-#define ATTP_ROWS1(D) attp_rows_item(g, dout, q, k, v, dsum, lw, dq, sm, w, D, 1)
-#define ATTP_ROWS0(D) attp_rows_item(g, dout, q, k, v, dsum, lw, dq, sm, w, D, 0)
+                                const void *k, const void *v, const void *out, float *dsum,
+                                float *lw, void *dq, attp_rows_smem *sm, int64_t w){
+#define ATTP_ROWS1(D) attp_rows_item(g, dout, q, k, v, out, dsum, lw, dq, sm, w, D, 1)
+#define ATTP_ROWS0(D) attp_rows_item(g, dout, q, k, v, out, dsum, lw, dq, sm, w, D, 0)
     ATTP_SWITCH(g, ATTP_ROWS)
 #undef ATTP_ROWS1
 #undef ATTP_ROWS0
@@ -391,21 +489,21 @@ static int attp_teams(int64_t items) {
 }
 
 void ompk_attn_bwd_tiled(ompk_exec ex, const ompk_attn_geom *gp, const void *dout, const void *q,
-                         const void *k, const void *v, float *lw, const float *dsum, void *dq,
-                         void *dk, void *dv) {
+                         const void *k, const void *v, const void *out, float *dsum, float *lw,
+                         void *dq, void *dk, void *dv) {
     const ompk_attn_geom g = *gp;
     const int64_t qitems = g.B * g.Hq * ((g.N + ATTP_RB - 1) / ATTP_RB);
     const int64_t kitems = g.B * g.Hkv * ((g.M + ATTP_RB - 1) / ATTP_RB);
     const int qteams = attp_teams(qitems), kteams = attp_teams(kitems);
     if (qitems > 0) {
 #pragma omp target teams num_teams(qteams) thread_limit(ATTP_T) device(ex.device)                  \
-    is_device_ptr(dout, q, k, v, dsum, lw, dq) firstprivate(g)
+    is_device_ptr(dout, q, k, v, out, dsum, lw, dq) firstprivate(g)
         {
             attp_rows_smem sm;
             ATTP_TEAM_SHARED(sm)
 #pragma omp parallel num_threads(ATTP_T)
             for (int64_t w = omp_get_team_num(); w < qitems; w += omp_get_num_teams())
-                attp_rows_team(&g, dout, q, k, v, dsum, lw, dq, &sm, w);
+                attp_rows_team(&g, dout, q, k, v, out, dsum, lw, dq, &sm, w);
         }
     }
     if (kitems > 0) {
