@@ -14,13 +14,12 @@
  * dh / ATTP_NS), held in registers; the other operand comes from the shared tile, where each slice
  * starts 16-byte aligned at a pitch of an odd number of 16-byte groups (attp_pitch): a thread
  * reads four elements a load, each feeding ATTP_R FMAs, and the ATTP_NS slices of a row fall in
- * different banks. A dot product is
- * ATTP_NS partial sums (one per slice, in increasing m) added in a fixed tree (attp_dot): both
- * kernels and the lse form every score the same way, so p = exp(s - lse) is exactly 1 where the
- * softmax is one-hot. A masked pair adds exactly 0 (it is skipped, never 0 * inf); NaN propagates.
- * Host runs: tests include this file with OMPK_EMULATE and run the team functions on emulated
- * teams (tests/emu_team.h); a host OpenMP runtime does not form teams of ATTP_T threads on a
- * machine of few cores. */
+ * different banks. A dot product is ATTP_NS partial sums (one per slice, in increasing m) added in
+ * a fixed tree (attp_dot): both kernels and the lse form every score the same way, so
+ * p = exp(s - lse) is exactly 1 where the softmax is one-hot. A masked pair adds exactly 0 (it is
+ * skipped, never 0 * inf); NaN propagates. Host runs: tests include this file with OMPK_EMULATE and
+ * run the team functions on emulated teams (tests/emu_team.h); a host OpenMP runtime does not form
+ * teams of ATTP_T threads on a machine of few cores. */
 #include <math.h>
 #include <stdint.h>
 
@@ -32,7 +31,7 @@
 #endif
 
 #define ATTP_T 128 /* threads of a team */
-#define ATTP_NS 8  /* threads sharing a row (key): each holds every ATTP_NS-th element */
+#define ATTP_NS 8  /* threads sharing a row (key), each holding one slice of dh / ATTP_NS */
 #define ATTP_R 2   /* rows (keys) a thread owns */
 #define ATTP_NG (ATTP_T / ATTP_NS)
 #define ATTP_RB (ATTP_R * ATTP_NG) /* rows a rows team owns, keys a keys team owns */
@@ -46,11 +45,13 @@
 #define ATTP_LN2 0.6931471805599453f
 
 #define ATTP_INLINE static inline __attribute__((always_inline))
-/* loops over a thread's register arrays unroll completely, or the arrays go to local memory */
-#if defined(__clang__)
+/* Loops over a thread's register arrays unroll completely on the GPU, or the arrays go to local
+ * memory. The host pass (fallback, emulation) keeps them rolled: unrolled in its ten instances of
+ * each kernel they only cost compile time (minutes under ASan). */
+#if defined(__clang__) && (defined(__NVPTX__) || defined(__AMDGCN__))
 #define ATTP_UNROLL _Pragma("unroll")
 #else
-#define ATTP_UNROLL _Pragma("GCC unroll 16")
+#define ATTP_UNROLL
 #endif
 #define ATTP_STR(x) #x
 
@@ -72,7 +73,7 @@
 #endif
 
 /* Tiles of the rows kernel: a key tile of K and V (fp32), the slices' partial dots for each
- * (key, row, slice), dS, and the slices' lse statistics. */
+ * (key, row, slice), dS, and the slices' partial D and lse statistics. */
 typedef struct attp_rows_smem {
     float k[ATTP_KT][ATTP_ROW], v[ATTP_KT][ATTP_ROW];
     float ps[ATTP_KT][ATTP_PW], pd[ATTP_KT][ATTP_PW];
