@@ -746,7 +746,7 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
     const int nt = on ? 0 : ompk_host_teams();
     int64_t rows = g.B * g.Hq * g.N;
     /* the tiled kernels form D themselves, in the order of their dP */
-    if (on && ompk_attn_bwd_tiled_ok(&g)) {
+    if (ompk_attn_bwd_tiled_ok(ex, &g)) {
         ompk_attn_bwd_tiled(ex, &g, dout, q, k, v, out, dsum, dsum + rows, dq, dk, dv);
         return;
     }

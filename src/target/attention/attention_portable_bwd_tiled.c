@@ -475,10 +475,13 @@ ATTP_INLINE void attp_keys_team(const ompk_attn_geom *g, const void *dout, const
 #pragma omp end declare target
 
 #ifndef OMPK_EMULATE
-int ompk_attn_bwd_tiled_ok(const ompk_attn_geom *g) {
+int ompk_attn_bwd_tiled_ok(ompk_exec ex, const ompk_attn_geom *g) {
 #if defined(__clang__)
+    /* a team of ATTP_T threads is sure on a GPU only, not on a host running the target regions */
+    if (!ex.on_target || ex.device == omp_get_initial_device()) return 0;
     return g->dh == 32 || g->dh == 64 || g->dh == 80 || g->dh == 96 || g->dh == 128;
 #else
+    (void)ex;
     (void)g;
     return 0;
 #endif
