@@ -64,6 +64,14 @@ void ompk_attn_rowsum(ompk_exec ex, const ompk_attn_geom *g, const void *dout, c
 void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
                             const void *k, const void *v, const void *out, const float *lse,
                             void *dq, void *dk, void *dv, float *dsum);
+/* The portable GPU backward on team-shared tiles (attention_portable_bwd_tiled.c): whether it
+ * serves this call (a GPU, the tensor-core head dims, clang builds), and its two kernels: each
+ * row's D into dsum and lse from the kernels' own scores into lw (both [B, Hq, N] f32 on ex's
+ * device) and dq, then dk and dv. */
+int ompk_attn_bwd_tiled_ok(ompk_exec ex, const ompk_attn_geom *g);
+void ompk_attn_bwd_tiled(ompk_exec ex, const ompk_attn_geom *g, const void *dout, const void *q,
+                         const void *k, const void *v, const void *out, float *dsum, float *lw,
+                         void *dq, void *dk, void *dv);
 
 /* Whether the [B,H,L,dh] operand x (strides s, bf16 or f32, on ex's device) is all finite
  * (attention_finite.c). */

@@ -592,6 +592,11 @@ void ompk_attn_bwd_portable(ompk_exec ex, const ompk_attn_geom *gp, const void *
     const int on = ex.on_target;
     const int nt = on ? 0 : ompk_host_teams();
     int64_t rows = g.B * g.Hq * g.N;
+    /* the tiled kernels form D themselves, in the order of their dP */
+    if (ompk_attn_bwd_tiled_ok(ex, &g)) {
+        ompk_attn_bwd_tiled(ex, &g, dout, q, k, v, out, dsum, dsum + rows, dq, dk, dv);
+        return;
+    }
     ompk_attn_rowsum(ex, gp, dout, out, dsum);
     if (on) {
         /* On the GPU the forward may have been another kernel (3xTF32 for f32, the tensor-core
