@@ -1,7 +1,6 @@
 /* mHC pre forward: the implementation list (variant.h), most specialised first. Defaults: the
  * wide-load tensor-core GEMM for n <= 4, the register GEMM with rotated stages and L2 fills above
- * (GPU, bf16); the host form on the host; the SIMT kernels everywhere else (portable-tiles, named
- * only: their GPU form of the GEMM on any device). Lab builds (OMPK_LAB)
+ * (GPU, bf16); the host form on the host; the SIMT kernels everywhere else. Lab builds (OMPK_LAB)
  * add the benchmark alternatives as named-only entries (bench/results/INDEX.md, Decisions). */
 #include "mhc_impl.h"
 
@@ -31,7 +30,7 @@ static int64_t pre_ws(const void *p) {
     return mhc_pre_fwd_workspace(((const mhc_pre_fwd_call *)p)->a);
 }
 
-/* {host, tc, rot, epi, l2f, ring, teams, tiles} */
+/* {host, tc, rot, epi, l2f, ring, teams} */
 #define PRE_CFG(id, ...)                                                                           \
     static const mhc_pre_fwd_cfg cfg_##id = {__VA_ARGS__};                                         \
     static int ok_##id(const void *p) {                                                            \
@@ -41,34 +40,28 @@ static int64_t pre_ws(const void *p) {
         return pre_run_cfg(p, ws, cfg_##id);                                                       \
     }
 
-PRE_CFG(wide, 0, 4, 1, 1, 0, 3, 0, 0)
-PRE_CFG(l2fill, 0, 1, 1, 1, 1, 3, 0, 0)
+PRE_CFG(wide, 0, 4, 1, 1, 0, 3, 0)
+PRE_CFG(l2fill, 0, 1, 1, 1, 1, 3, 0)
 #ifdef OMPK_LAB
-PRE_CFG(rot, 0, 1, 1, 1, 0, 3, 0, 0)
-PRE_CFG(norot, 0, 1, 0, 1, 0, 3, 0, 0)
-PRE_CFG(interleaved, 0, 2, 0, 1, 0, 3, 0, 0)
-PRE_CFG(async, 0, 3, 0, 1, 0, 3, 0, 0)
-PRE_CFG(async_rot, 0, 3, 1, 1, 0, 3, 0, 0)
-PRE_CFG(epi_thread, 0, 1, 0, 0, 0, 3, 0, 0)
-PRE_CFG(fused, 0, 1, 0, 2, 0, 3, 0, 0)
-PRE_CFG(ring2, 0, 4, 1, 1, 0, 2, 0, 0)
+PRE_CFG(rot, 0, 1, 1, 1, 0, 3, 0)
+PRE_CFG(norot, 0, 1, 0, 1, 0, 3, 0)
+PRE_CFG(interleaved, 0, 2, 0, 1, 0, 3, 0)
+PRE_CFG(async, 0, 3, 0, 1, 0, 3, 0)
+PRE_CFG(async_rot, 0, 3, 1, 1, 0, 3, 0)
+PRE_CFG(epi_thread, 0, 1, 0, 0, 0, 3, 0)
+PRE_CFG(fused, 0, 1, 0, 2, 0, 3, 0)
+PRE_CFG(ring2, 0, 4, 1, 1, 0, 2, 0)
 #endif
 
 static int ok_host(const void *p) {
     return !((const mhc_pre_fwd_call *)p)->ex.on_target;
 }
 static ompk_status run_host(const void *p, void *ws) {
-    const mhc_pre_fwd_cfg c = {1, 0, 0, 0, 0, 3, 0, 0};
+    const mhc_pre_fwd_cfg c = {1, 0, 0, 0, 0, 3, 0};
     return pre_run_cfg(p, ws, c);
 }
-/* the SIMT kernels; on a GPU the GEMM stages x through team-shared tiles (same bits) */
 static ompk_status run_portable(const void *p, void *ws) {
-    const mhc_pre_fwd_cfg c = {0, 0, 0, 0, 0, 3, 0, ((const mhc_pre_fwd_call *)p)->ex.on_target};
-    return pre_run_cfg(p, ws, c);
-}
-/* the tiled GEMM on any device: its host run is the CI check of the GPU code */
-static ompk_status run_portable_tiles(const void *p, void *ws) {
-    const mhc_pre_fwd_cfg c = {0, 0, 0, 0, 0, 3, 0, 1};
+    const mhc_pre_fwd_cfg c = {0, 0, 0, 0, 0, 3, 0};
     return pre_run_cfg(p, ws, c);
 }
 
@@ -88,7 +81,6 @@ static const ompk_impl impls[] = {
 #endif
     {"host", 0, NULL, ok_host, pre_ws, run_host},
     {"portable", 0, NULL, NULL, pre_ws, run_portable},
-    {"portable-tiles", 1, NULL, NULL, pre_ws, run_portable_tiles},
 };
 #undef TC
 

@@ -145,7 +145,6 @@ typedef struct mhc_pre_fwd_args {
  * fills (l2f). */
 typedef struct mhc_pre_fwd_cfg {
     int host, tc, rot, epi, l2f, ring, teams;
-    int tiles; /* SIMT GEMM (tc = 0): x tiles staged in team-shared memory (pre_part_tiles) */
 } mhc_pre_fwd_cfg;
 
 /* Workspace bytes the pre forward needs on the call's device (any configuration). */

@@ -291,23 +291,14 @@ typedef struct pre_launch {
     char *h_in;
     float *h_post, *logits, *comb, *h_mix, *inv_rms, *h_pre;
     mhc_pre_fwd_args args;
-    int tc;    /* mhc_pre_fwd_cfg.tc: tensor-core GEMM and bare h_in kernels */
-    int epi;   /* mhc_pre_fwd_cfg.epi (tensor-core path only) */
-    int l2f;   /* mhc_pre_fwd_cfg.l2f */
-    int tiles; /* mhc_pre_fwd_cfg.tiles */
-    int ring;  /* mhc_pre_fwd_cfg.ring */
+    int tc;   /* mhc_pre_fwd_cfg.tc: tensor-core GEMM and bare h_in kernels */
+    int epi;  /* mhc_pre_fwd_cfg.epi (tensor-core path only) */
+    int l2f;  /* mhc_pre_fwd_cfg.l2f */
+    int ring; /* mhc_pre_fwd_cfg.ring */
     pre_tc_geom tg;
     const float *phi, *gamma;
     uint16_t *wp; /* the wide-load GEMM's precomputed weights (tc = 4) */
 } pre_launch;
-
-/* Stage 1 in team tiles (mhc_pre_fwd_cfg.tiles): PRE_TTH threads a team, MHC_TPU(N) tokens a
- * thread, the tile's x rows staged PRE_KC elements at a time in team-shared memory by coalesced
- * loads (adjacent threads, adjacent elements of one row), then each thread's tokens read from it.
- * A thread's sums take the same products in the same order as pre_part: the same bits. */
-#define PRE_TTH 64
-#define PRE_KC 32
-#define MHC_TPU(N) ((2 * (N) + (N) * (N)) <= 24 ? 4 : (2 * (N) + (N) * (N)) <= 48 ? 2 : 1)
 
 #define MHC_N_INC "mhc_pre_fwd_n.inc"
 #include "mhc_each_n.inc"
@@ -376,8 +367,8 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
     pre_launch L;
     L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
     L.K = K, L.CD = CD, L.NCD = NCD, L.NC = tc ? tg.KS : NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
-    L.tc = tc, L.epi = var->epi, L.l2f = var->l2f, L.ring = var->ring, L.tiles = var->tiles;
-    L.tg = tg, L.phi = phi, L.gamma = gamma;
+    L.tc = tc, L.epi = var->epi, L.l2f = var->l2f, L.ring = var->ring, L.tg = tg, L.phi = phi,
+    L.gamma = gamma;
     /* after hp_ws, 16-byte aligned */
     L.wp = (uint16_t *)(((uintptr_t)(hp_ws + T * n) + 15) & ~(uintptr_t)15);
     L.wt = wt, L.part = part, L.hp_ws = hp_ws, L.alpha = alpha, L.bias = bias;
