@@ -19,8 +19,9 @@ An efficiency above 1 (a kernel on matrix units against the FP32 probe, or data 
 against the copy bandwidth) is shown as is and counts as 1 in P (marked +).
 
 Rows: kernel x dtype x shape class (the shape with its sizes dropped, e.g. "B H N dh causal");
-each platform's cell is its largest shape of that class (the shapes are in the JSON output), or,
-with --exact-shapes, one row per exact shape. Only the kernels of the library's ops are rows
+each platform's cell is the largest shape of that class the portable implementation ran, and
+for "best" the largest shape any implementation ran plus the portable one (the shapes are in the
+JSON output), or, with --exact-shapes, one row per exact shape. Only the kernels of the library's ops are rows
 unless --all-kernels (probes, phases, diagnostics included).
 
 Per row, P is the harmonic mean of the efficiencies over the platforms run (Pennycook et al.),
@@ -136,9 +137,11 @@ def build(runs, exact=False, all_kernels=False):
             cls = r.get("shape") if exact else shape_class(r.get("shape"))
             by[(r["kernel"], r.get("dtype"), cls)].append((r, e, note))
         for key, lst in by.items():
-            # the platform's largest shape of the class, then the best record of each kind there
-            size = max(r.get("bytes") or 0 for r, _, _ in lst)
-            lst = [x for x in lst if (x[0].get("bytes") or 0) == size]
+            # the largest shape of the class each kind ran (a slow portable kernel may be
+            # benchmarked at a smaller shape), then the best record there
+            def largest(xs):
+                size = max((r.get("bytes") or 0 for r, _, _ in xs), default=0)
+                return [x for x in xs if (x[0].get("bytes") or 0) == size]
 
             def cell(xs):
                 if not xs:
@@ -147,8 +150,8 @@ def build(runs, exact=False, all_kernels=False):
                 return {"eff": e, "note": note, "ms": r.get("ms"), "shape": r.get("shape"),
                         "impl": r.get("impl") or r.get("variant") or "default"}
 
-            cells[key][run["label"]] = {"portable": cell([x for x in lst if is_portable(x[0])]),
-                                        "best": cell(lst)}
+            port = largest([x for x in lst if is_portable(x[0])])
+            cells[key][run["label"]] = {"portable": cell(port), "best": cell(largest(lst) + port)}
     labels = [run["label"] for run in runs]
     rows = []
     for key in sorted(cells, key=lambda k: (k[0], str(k[1]), k[2])):

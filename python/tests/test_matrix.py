@@ -59,6 +59,17 @@ def test_rows_split_portable_and_best_per_platform():
     assert att["P_portable"] == 0.0 and att["P_best"] == 0.0
 
 
+def test_portable_cell_at_the_largest_shape_the_portable_kernel_ran():
+    # a slow portable kernel benchmarked at a smaller shape than the tuned one still has a cell
+    a = run("a", [rec("attention_bwd", "B4 N4096", "tuned", 1.0, 800, 1000, nbytes=4e9),
+                  rec("attention_bwd", "B1 N2048", "portable", 1.0, 300, 1000, nbytes=1e9),
+                  rec("attention_bwd", "B1 N1024", "portable", 1.0, 100, 1000, nbytes=5e8)])
+    row = matrix.build([a])[0]
+    assert row["cells"]["a"]["portable"]["eff"] == pytest.approx(0.3)
+    assert row["cells"]["a"]["portable"]["shape"] == "B1 N2048"
+    assert row["cells"]["a"]["best"]["eff"] == pytest.approx(0.8)
+
+
 def test_portable_is_what_ran_else_the_variant_label():
     r = rec("mhc_pre_fwd", "B4", None, 1.0, 100, 1000)
     del r["impl"]

@@ -91,7 +91,10 @@ typedef struct attp_keys_smem {
     int64_t lim[ATTP_QT];
 } __attribute__((aligned(16))) attp_keys_smem;
 
+/* emulated (tests): host functions only, none offloaded */
+#ifndef OMPK_EMULATE
 #pragma omp declare target
+#endif
 
 /* The polynomial 2^x of attention_portable.c (att_exp2): exact 0 below -126.5, NaN for NaN. */
 ATTP_INLINE float attp_exp2(float x0) {
@@ -472,7 +475,9 @@ ATTP_INLINE void attp_keys_team(const ompk_attn_geom *g, const void *dout, const
 #undef ATTP_KEYS0
 }
 
+#ifndef OMPK_EMULATE
 #pragma omp end declare target
+#endif
 
 #ifndef OMPK_EMULATE
 int ompk_attn_bwd_tiled_ok(ompk_exec ex, const ompk_attn_geom *g) {

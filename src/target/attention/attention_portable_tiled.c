@@ -62,7 +62,10 @@ typedef struct {
     float f[4];
 } ATTP_ALIGN attp_f4;
 
+/* emulated (tests): host functions only, none offloaded */
+#ifndef OMPK_EMULATE
 #pragma omp declare target
+#endif
 
 /* o += P V over the ATTP_VK keys of the V chunk in sv4 (keys jc.. of the head, columns of P^T
  * from c0); with CUT, a pair whose key the row does not see adds exactly 0 (a select: 0 * v
@@ -278,7 +281,9 @@ static __attribute__((noinline)) void attp_fwd_rows(const ompk_attn_geom *g, con
 }
 #endif
 
+#ifndef OMPK_EMULATE
 #pragma omp end declare target
+#endif
 
 #ifndef OMPK_EMULATE
 
