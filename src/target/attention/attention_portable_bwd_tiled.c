@@ -23,8 +23,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "attention_kernels.h"
-#include "bf16.h"
+#include "attention_portable.h"
 
 #ifndef OMPK_EMULATE
 #include <omp.h>
@@ -41,8 +40,6 @@
 #define ATTP_E (ATTP_DMAX / ATTP_NS)      /* largest slice */
 #define ATTP_ROW (ATTP_NS * (ATTP_E + 4)) /* largest shared row (attp_pitch) */
 #define ATTP_PW (ATTP_RB * ATTP_NS + 1)   /* partial sums of one tile row; odd: no bank conflicts */
-#define ATTP_LOG2E 1.4426950408889634f
-#define ATTP_LN2 0.6931471805599453f
 
 #define ATTP_INLINE static inline __attribute__((always_inline))
 /* Loops over a thread's register arrays unroll completely on the GPU, or the arrays go to local
@@ -95,24 +92,6 @@ typedef struct attp_keys_smem {
 #ifndef OMPK_EMULATE
 #pragma omp declare target
 #endif
-
-/* The polynomial 2^x of attention_portable.c (att_exp2): exact 0 below -126.5, NaN for NaN. */
-ATTP_INLINE float attp_exp2(float x0) {
-    float x = x0 < 127.f ? x0 : 127.f;
-    x = x > -127.f ? x : -127.f;
-    float n = (x + 12582912.f) - 12582912.f;
-    float f = x - n;
-    float p = 1.5403530e-4f;
-    p = p * f + 1.3333558e-3f;
-    p = p * f + 9.6181291e-3f;
-    p = p * f + 5.5504109e-2f;
-    p = p * f + 2.4022651e-1f;
-    p = p * f + 6.9314718e-1f;
-    p = p * f + 1.0f;
-    ompk_f32_bits e;
-    e.u = (uint32_t)((int32_t)n + 127) << 23;
-    return x0 == x0 ? p * e.f : x0;
-}
 
 /* A dot product from its ATTP_NS slice sums, in one fixed order. */
 ATTP_INLINE float attp_dot(const float *p) {
@@ -238,10 +217,10 @@ ATTP_INLINE void attp_rows_item(const ompk_attn_geom *g, const void *dout, const
                 if (j0 + t >= lim[u]) continue;
                 const float x = attp_score(&sm->ps[t][(gi + u * NG) * NS], sc);
                 if (x > mr[u]) { /* a NaN score leaves m alone and turns l into NaN below */
-                    lr[u] *= attp_exp2((mr[u] - x) * ATTP_LOG2E);
+                    lr[u] *= att_exp2((mr[u] - x) * ATT_LOG2E);
                     mr[u] = x;
                 }
-                lr[u] += attp_exp2((x - (mr[u] == -INFINITY ? 0.f : mr[u])) * ATTP_LOG2E);
+                lr[u] += att_exp2((x - (mr[u] == -INFINITY ? 0.f : mr[u])) * ATT_LOG2E);
             }
         }
         ATTP_SYNC();
@@ -260,8 +239,8 @@ ATTP_INLINE void attp_rows_item(const ompk_attn_geom *g, const void *dout, const
         for (int z = 0; z < NS; z++) mx = sm->cm[r * NS + z] > mx ? sm->cm[r * NS + z] : mx;
         const float base = mx == -INFINITY ? 0.f : mx;
         for (int z = 0; z < NS; z++)
-            l += sm->cl[r * NS + z] * attp_exp2((sm->cm[r * NS + z] - base) * ATTP_LOG2E);
-        const float lse = lim[u] == 0 ? -INFINITY : l > 0.f ? mx + log2f(l) * ATTP_LN2 : NAN;
+            l += sm->cl[r * NS + z] * att_exp2((sm->cm[r * NS + z] - base) * ATT_LOG2E);
+        const float lse = lim[u] == 0 ? -INFINITY : l > 0.f ? mx + log2f(l) * ATT_LN2 : NAN;
         if (s == 0 && r < rb) lw[(b * g->Hq + h) * N + i0 + r] = lse;
         l2[u] = lse;
     }
@@ -299,7 +278,7 @@ ATTP_INLINE void attp_rows_item(const ompk_attn_geom *g, const void *dout, const
             for (int u = 0; u < R; u++) {
                 const int r = gi + u * NG;
                 const float x = attp_score(&sm->ps[t][r * NS], sc);
-                const float p = attp_exp2((x - l2[u]) * ATTP_LOG2E);
+                const float p = att_exp2((x - l2[u]) * ATT_LOG2E);
                 sm->ds[r][t] = p * (attp_dot(&sm->pd[t][r * NS]) - Di[u]);
             }
         }
@@ -401,7 +380,7 @@ ATTP_INLINE void attp_keys_item(const ompk_attn_geom *g, const void *dout, const
                 for (int u = 0; u < R; u++) {
                     const int c = gi + u * NG;
                     const float x = attp_score(&sm->ps[t][c * NS], sc);
-                    const float p = attp_exp2((x - sm->lse[t]) * ATTP_LOG2E);
+                    const float p = att_exp2((x - sm->lse[t]) * ATT_LOG2E);
                     sm->p[t][c] = p;
                     sm->ds[t][c] = p * (attp_dot(&sm->pd[t][c * NS]) - sm->dsum[t]);
                 }
