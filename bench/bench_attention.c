@@ -124,8 +124,8 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
                 else if (!gpu)
                     rc |= bench_shape(ctx, bwd, dts[d], masks[m], 1, 8, 2048, 128, var);
                 else if (bwd && !fast)
-                    /* the portable GPU backward (one thread per key or row, ~0.2 TFLOP/s
-                     * measured on an H200) would take ~7 s per call at B4 N4096 */
+                    /* a smaller shape for the portable GPU backward: where it runs its row
+                     * kernels (GCC builds, dh 256) a call at B4 N4096 takes seconds */
                     rc |= bench_shape(ctx, bwd, dts[d], masks[m], 1, 16, 2048, 128, var);
                 else
                     rc |= bench_shape(ctx, bwd, dts[d], masks[m], 4, 16, 4096, 128, var);
