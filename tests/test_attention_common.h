@@ -95,6 +95,25 @@ static inline ompk_tensor att_host(const tu_buf *b, const ompk_tensor *t) {
     return h;
 }
 
+#ifdef OMPK_ATTENTION_KERNELS_H
+/* The kernels' geometry of case c (suites that call the kernels directly): shapes, the strides of
+ * its nine tensors, its scale and mask, bf16 from its dtype. */
+static inline ompk_attn_geom att_case_geom(const att_case *c) {
+    ompk_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
+    const ompk_tensor *ts[9] = {&c->tq,    &c->tk,  &c->tv,  &c->tout, &c->tlse,
+                                &c->tdout, &c->tdq, &c->tdk, &c->tdv};
+    int64_t *ss[9] = {g.qs, g.ks, g.vs, g.os, g.ls, g.dos, g.dqs, g.dks, g.dvs};
+    for (int i = 0; i < 9; i++)
+        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
+    g.scale = (float)c->scale;
+    g.mask = (int)c->p.mask;
+    g.bf16 = c->dt == OMPK_BF16;
+    return g;
+}
+#endif
+
 static inline ompk_status att_fwd(att_case *c) {
     return ompk_attention_fwd(&c->tq, &c->tk, &c->tv, &c->tout, &c->tlse, &c->p);
 }

@@ -47,17 +47,7 @@ static int emu_grid(int64_t items, void (*fn)(void *), emu_args *a) {
 /* Forward on the host (out for D), then the rows kernel (D, lse, dq) and the keys kernel. */
 static int emu_bwd(att_case *c) {
     cr_assert_eq(att_fwd(c), OMPK_OK, "%s", ompk_last_error());
-    ompk_attn_geom g;
-    memset(&g, 0, sizeof g);
-    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
-    const ompk_tensor *ts[9] = {&c->tq,    &c->tk,  &c->tv,  &c->tout, &c->tlse,
-                                &c->tdout, &c->tdq, &c->tdk, &c->tdv};
-    int64_t *ss[9] = {g.qs, g.ks, g.vs, g.os, g.ls, g.dos, g.dqs, g.dks, g.dvs};
-    for (int i = 0; i < 9; i++)
-        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
-    g.scale = (float)c->scale;
-    g.mask = (int)c->p.mask;
-    g.bf16 = c->dt == OMPK_BF16;
+    ompk_attn_geom g = att_case_geom(c);
     const int64_t rows = g.B * g.Hq * g.N;
     float *dsum = malloc(sizeof(float) * (size_t)(rows + 1));
     float *lw = malloc(sizeof(float) * (size_t)(rows + 1));

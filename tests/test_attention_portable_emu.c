@@ -50,23 +50,9 @@ static void item_thread(void *p) {
 #undef EMU_ITEM
 }
 
-static ompk_attn_geom geom_of(const att_case *c) {
-    ompk_attn_geom g;
-    memset(&g, 0, sizeof g);
-    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
-    const ompk_tensor *ts[5] = {&c->tq, &c->tk, &c->tv, &c->tout, &c->tlse};
-    int64_t *ss[5] = {g.qs, g.ks, g.vs, g.os, g.ls};
-    for (int i = 0; i < 5; i++)
-        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
-    g.scale = (float)c->scale;
-    g.mask = (int)c->p.mask;
-    g.bf16 = c->dt == OMPK_BF16;
-    return g;
-}
-
 /* Every work item in turn, as one emulated team of 128; 0 when a team diverged. */
 static int emu_run(att_case *c) {
-    const ompk_attn_geom g = geom_of(c);
+    const ompk_attn_geom g = att_case_geom(c);
     const int64_t items = g.B * g.Hq * ((g.N + ATTP_BQ - 1) / ATTP_BQ);
     for (int64_t w = 0; w < items; w++) {
         item_args a = {&g, c->q.host, c->k.host, c->v.host, c->out.host, c->lse.host, w};
@@ -77,7 +63,7 @@ static int emu_run(att_case *c) {
 
 /* The library's entry with if(target: 0): the real OpenMP constructs on the host. */
 static int omp_run(att_case *c) {
-    const ompk_attn_geom g = geom_of(c);
+    const ompk_attn_geom g = att_case_geom(c);
     cr_assert(ompk_attn_fwd_tiled_ok(&g));
     const ompk_exec ex = {0, omp_get_initial_device()};
     ompk_attn_fwd_tiled(ex, &g, c->q.host, c->k.host, c->v.host, c->out.host, c->lse.host);
