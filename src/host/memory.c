@@ -28,7 +28,17 @@ static void tgt_free(void *p, int dev) {
     omp_target_free(p, dev);
 }
 static int tgt_memcpy(void *d, const void *s, size_t n, int dd, int sd) {
-    return omp_target_memcpy(d, s, n, 0, 0, dd, sd);
+    const int rc = omp_target_memcpy(d, s, n, 0, 0, dd, sd);
+#ifdef OMPK_OFFLOAD_GCC_NVPTX
+    /* GCC 12's nvptx plugin returns from a device-to-device copy before the copy ends (an async
+     * copy on the default stream); a target region there waits for it, as ompk_memcpy promises */
+    if (rc == 0 && dd != omp_get_initial_device() && sd != omp_get_initial_device()) {
+#pragma omp target device(dd)
+        {
+        }
+    }
+#endif
+    return rc;
 }
 #else
 static void *tgt_alloc(size_t n, int dev) {

@@ -27,7 +27,10 @@
 #endif
 #define ATT_STR(x) #x
 
+/* Emulated builds (tests) are host code only: no offload image for GCC's linker to ask for. */
+#ifndef OMPK_EMULATE
 #pragma omp declare target
+#endif
 
 /* 2^x for x <= 127, exact 0 below -126.5 (masked and underflowing terms), NaN for NaN. Degree-6
  * Taylor on the rounded-off fraction in [-0.5, 0.5]: relative error about 1e-7. The clamps are
@@ -168,6 +171,8 @@ ATT_INLINE void att_fwd_block(const ompk_attn_geom *g, const void *q, const void
     }
 }
 
+#ifndef OMPK_EMULATE
 #pragma omp end declare target
+#endif
 
 #endif
