@@ -18,9 +18,10 @@
 
 #define ATT_INLINE static inline __attribute__((always_inline))
 
-/* Reductions the host may reorder into vector lanes; the GPU image has no vector lanes to use
- * (there a simd request would only fail to apply). */
-#if defined(__NVPTX__) || defined(__AMDGCN__)
+/* Reductions the host may reorder into vector lanes. Not in a GPU image (clang's __NVPTX__,
+ * GCC's __nvptx__): GCC runs a simd loop there across a warp's lanes, an order that changes with
+ * the context, so two dot products of one score could round differently. */
+#if defined(__NVPTX__) || defined(__nvptx__) || defined(__AMDGCN__)
 #define ATT_SIMD_SUM(x)
 #else
 #define ATT_SIMD_SUM(x) _Pragma(ATT_STR(omp simd reduction(+ : x)))
