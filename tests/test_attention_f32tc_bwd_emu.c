@@ -85,16 +85,7 @@ static int emu_grid(int64_t teams, void (*fn)(void *), void *a) {
  * its own scores), D = rowsum(dout * out), then the emulated lse, dV, dK and dQ grids. */
 static int emu_bwd(att_case *c) {
     cr_assert_eq(att_fwd(c), OMPK_OK, "%s", ompk_last_error());
-    ompk_attn_geom g;
-    memset(&g, 0, sizeof g);
-    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
-    const ompk_tensor *ts[9] = {&c->tq,    &c->tk,  &c->tv,  &c->tout, &c->tlse,
-                                &c->tdout, &c->tdq, &c->tdk, &c->tdv};
-    int64_t *ss[9] = {g.qs, g.ks, g.vs, g.os, g.ls, g.dos, g.dqs, g.dks, g.dvs};
-    for (int i = 0; i < 9; i++)
-        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
-    g.scale = (float)c->scale;
-    g.mask = (int)c->p.mask;
+    ompk_attn_geom g = att_case_geom(c);
     g.bf16 = 0;
     const tu_buf *in[4] = {&c->q, &c->k, &c->v, &c->dout};
     const int safe = any_nonfinite(in, 4);

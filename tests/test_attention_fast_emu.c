@@ -33,15 +33,7 @@ static void fwd_thread(void *p) {
 
 /* The forward's geometry of a case (bf16). */
 static ompk_attn_geom fwd_geom(const att_case *c) {
-    ompk_attn_geom g;
-    memset(&g, 0, sizeof g);
-    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
-    const ompk_tensor *ts[5] = {&c->tq, &c->tk, &c->tv, &c->tout, &c->tlse};
-    int64_t *ss[5] = {g.qs, g.ks, g.vs, g.os, g.ls};
-    for (int i = 0; i < 5; i++)
-        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
-    g.scale = (float)c->scale;
-    g.mask = (int)c->p.mask;
+    ompk_attn_geom g = att_case_geom(c);
     g.bf16 = 1;
     return g;
 }
@@ -204,16 +196,7 @@ static void dq_thread(void *p) {
  * dQ teams. */
 static int emu_bwd(att_case *c) {
     cr_assert_eq(att_fwd(c), OMPK_OK, "%s", ompk_last_error());
-    ompk_attn_geom g;
-    memset(&g, 0, sizeof g);
-    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
-    const ompk_tensor *ts[9] = {&c->tq,    &c->tk,  &c->tv,  &c->tout, &c->tlse,
-                                &c->tdout, &c->tdq, &c->tdk, &c->tdv};
-    int64_t *ss[9] = {g.qs, g.ks, g.vs, g.os, g.ls, g.dos, g.dqs, g.dks, g.dvs};
-    for (int i = 0; i < 9; i++)
-        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
-    g.scale = (float)c->scale;
-    g.mask = (int)c->p.mask;
+    ompk_attn_geom g = att_case_geom(c);
     g.bf16 = 1;
     const int64_t rows = g.B * g.Hq * g.N;
     float *dsum = malloc(sizeof(float) * (size_t)(rows + 1));

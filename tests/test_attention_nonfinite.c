@@ -54,17 +54,8 @@ static void run_api(att_case *c, const char *label) {
 /* Forward and backward of c (host buffers) through the portable kernels' GPU form (one row or
  * key per thread), run on the initial device: CI checks here what the GPU runs. */
 static void run_scalar_bwd(att_case *c, int fwd_too) {
-    ompk_attn_geom g;
-    memset(&g, 0, sizeof g);
-    g.B = c->B, g.Hq = c->Hq, g.Hkv = c->Hkv, g.N = c->N, g.M = c->M, g.dh = c->dh;
-    const ompk_tensor *ts[9] = {&c->tq,    &c->tk,  &c->tv,  &c->tout, &c->tlse,
-                                &c->tdout, &c->tdq, &c->tdk, &c->tdv};
-    int64_t *ss[9] = {g.qs, g.ks, g.vs, g.os, g.ls, g.dos, g.dqs, g.dks, g.dvs};
-    for (int i = 0; i < 9; i++)
-        for (int d = 0; d < 3; d++) ss[i][d] = ts[i]->strides[d];
-    g.scale = c->p.scale != 0.f ? c->p.scale : (float)c->scale;
-    g.mask = (int)c->p.mask;
-    g.bf16 = c->dt == OMPK_BF16;
+    ompk_attn_geom g = att_case_geom(c);
+    if (c->p.scale != 0.f) g.scale = c->p.scale;
     const ompk_exec ex = {1, omp_get_initial_device()};
     float *dsum = malloc(sizeof(float) * (size_t)(2 * c->B * c->Hq * c->N + 1));
     if (fwd_too)
