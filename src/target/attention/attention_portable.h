@@ -18,10 +18,11 @@
 
 #define ATT_INLINE static inline __attribute__((always_inline))
 
-/* Reductions the host may reorder into vector lanes. Not in a GPU image (clang's __NVPTX__,
- * GCC's __nvptx__): GCC runs a simd loop there across a warp's lanes, an order that changes with
- * the context, so two dot products of one score could round differently. */
-#if defined(__NVPTX__) || defined(__nvptx__) || defined(__AMDGCN__)
+/* Reductions the host may reorder into vector lanes. Not in a GPU image: clang compiles the
+ * source again for the GPU (__NVPTX__, __AMDGCN__); GCC preprocesses it once, for the host, and
+ * its GPU image runs a simd loop across a warp's lanes in an order that changes with the context,
+ * so two dot products of one score round differently. GCC offload builds go without. */
+#if defined(__NVPTX__) || defined(__AMDGCN__) || defined(OMPK_OFFLOAD_GCC_NVPTX)
 #define ATT_SIMD_SUM(x)
 #else
 #define ATT_SIMD_SUM(x) _Pragma(ATT_STR(omp simd reduction(+ : x)))
@@ -55,9 +56,15 @@ ATT_INLINE float att_exp2(float x0) {
     return x0 == x0 ? p * e.f : x0;
 }
 
-/* A score in natural units, rounded to fp32 on every compiler (see ATT_ROUNDED). */
+/* A score in natural units, rounded to fp32 on every compiler (see ATT_ROUNDED). GCC's GPU images
+ * leave mul and sub without a rounding mode, and the driver's PTX compiler fuses such a pair
+ * through any barrier; an fma with a -0 addend (the product rounded once) is not fused again. */
 ATT_INLINE float att_score(float dot, float scale) {
+#if defined(OMPK_OFFLOAD_GCC_NVPTX)
+    return ATT_ROUNDED(fmaf(dot, scale, -0.0f));
+#else
     return ATT_ROUNDED(dot * scale);
+#endif
 }
 
 ATT_INLINE float att_ld(const void *p, int64_t i, const int bf) {
