@@ -6,7 +6,9 @@
  * Its ATTP_T threads form a 16 x 8 grid (tr = tid / 8, tc = tid % 8): thread (tr, tc) owns rows
  * tr + 16 i (i < 4), for S = Q K^T the keys tc + 8 j (j < 8) of each tile and for O the columns
  * 32 e + 4 tc .. + 3 (e < DHP / 32), all in registers. Q and K reach shared memory in chunks of
- * ATTP_DC columns, V in chunks of ATTP_VK keys; P goes through shared memory transposed, four rows
+ * ATTP_DC columns, V in chunks of ATTP_VK keys, as f32 whatever the input type: a thread loads
+ * its groups of 4 elements (one load each where the layout is aligned) into registers, all of
+ * them before the barrier, then stores them. P goes through shared memory transposed, four rows
  * of a key side by side, so every inner-loop operand is one 16-byte load that a warp reads
  * without bank conflicts. A row's running max is combined over its 8 threads through shared
  * memory at every tile; each thread keeps its own partial sum l (same max, same rescaling), and
@@ -36,11 +38,9 @@
 #if defined(__clang__)
 #define ATTP_UNROLL _Pragma("unroll")
 #define ATTP_NO_UNROLL _Pragma("unroll 1")
-#define ATTP_UNROLL2 _Pragma("unroll 2")
 #else
 #define ATTP_UNROLL _Pragma("GCC unroll 16")
 #define ATTP_NO_UNROLL _Pragma("GCC unroll 1")
-#define ATTP_UNROLL2 _Pragma("GCC unroll 2")
 #endif
 
 #define ATTP_BQ 64   /* query rows per team */
@@ -55,6 +55,7 @@
 #define ATTP_SQK (2 * ATTP_BQ * ATTP_LQ)
 #define ATTP_SP (ATTP_BK * ATTP_LP)
 #define ATTP_SR (8 * ATTP_BQ)
+#define ATTP_NQK (ATTP_BQ * ATTP_DC / 4 / ATTP_T) /* 4-element loads of Q (and K) a thread */
 /* The shared arrays are 16-byte aligned and read through attp_f4, four floats of a row, which
  * the compiler then loads at once (the alignment of a float would not let it). */
 #define ATTP_ALIGN __attribute__((aligned(16)))
@@ -62,10 +63,42 @@ typedef struct {
     float f[4];
 } ATTP_ALIGN attp_f4;
 
+/* four bf16 elements, one 8-byte load */
+typedef struct {
+    uint16_t u[4];
+} __attribute__((aligned(8))) attp_h4;
+
 /* emulated (tests): host functions only, none offloaded */
 #ifndef OMPK_EMULATE
 #pragma omp declare target
 #endif
+
+/* Elements i .. i + 3 of a row of q, k or v as floats, n of them left in the row (0 past the
+ * end or for a row out of range: zeros). With vec (attp_vec_ok) one load of an aligned group,
+ * else one load each. */
+ATT_INLINE attp_f4 attp_ld4(const void *p, int64_t i, int64_t n, const int vec, const int bf) {
+    attp_f4 r = {{0.f, 0.f, 0.f, 0.f}};
+    if (vec && n > 0) {
+        if (bf) {
+            const attp_h4 h = *(const attp_h4 *)((const uint16_t *)p + i);
+            ATTP_UNROLL
+            for (int c = 0; c < 4; c++) r.f[c] = ompk_bf16_to_f32(h.u[c]);
+        } else {
+            r = *(const attp_f4 *)((const float *)p + i);
+        }
+    } else if (!vec) {
+        ATTP_UNROLL
+        for (int c = 0; c < 4; c++) r.f[c] = c < n ? att_ld(p, i + c, bf) : 0.f;
+    }
+    return r;
+}
+
+/* Whether every row of the tensor (element offsets of b, h, n strides s) starts at a multiple of
+ * 4 elements of an aligned array and dh is a multiple of 4: then the chunks load 4 at once. */
+ATT_INLINE int attp_vec_ok(const void *p, const int64_t s[3], int64_t dh, const int bf) {
+    return dh % 4 == 0 && s[0] % 4 == 0 && s[1] % 4 == 0 && s[2] % 4 == 0 &&
+           (uintptr_t)p % (bf ? 8u : 16u) == 0;
+}
 
 /* o += P V over the ATTP_VK keys of the V chunk in sv4 (keys jc.. of the head, columns of P^T
  * from c0); with CUT, a pair whose key the row does not see adds exactly 0 (a select: 0 * v
@@ -114,6 +147,10 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
     float *const sq = sqk, *const sk = sqk + ATTP_BQ * ATTP_LQ;
     const attp_f4 *const sq4 = (const attp_f4 *)sq, *const sk4 = (const attp_f4 *)sk;
     const attp_f4 *const sv4 = (const attp_f4 *)sqk, *const sp4 = (const attp_f4 *)sp;
+    attp_f4 *const sq4w = (attp_f4 *)sq, *const sk4w = (attp_f4 *)sk, *const sv4w = (attp_f4 *)sqk;
+    /* 4 elements a load where the rows allow it; the layout decides, alike for every thread */
+    const int vqk = attp_vec_ok(q, g->qs, dh, bf) && attp_vec_ok(k, g->ks, dh, bf);
+    const int vv = attp_vec_ok(v, g->vs, dh, bf);
 
     /* the block's key range: all threads compute it alike from the rows' limits */
     int64_t jmax = 0, jfull = M;
@@ -146,15 +183,24 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
             for (int j = 0; j < 8; j++) s[i][j] = 0.f;
         }
         for (int d0 = 0; d0 < DH; d0 += ATTP_DC) {
+            /* all of a thread's loads first, then its stores: the loads overlap */
+            attp_f4 rq[ATTP_NQK], rk[ATTP_NQK];
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_NQK; it++) {
+                const int e = tid + ATTP_T * it, r = e / (ATTP_DC / 4);
+                const int64_t dd = d0 + 4 * (e % (ATTP_DC / 4));
+                rq[it] = attp_ld4(q, qbase + (i0 + r) * g->qs[2] + dd, i0 + r < N ? dh - dd : 0,
+                                  vqk, bf);
+                rk[it] = attp_ld4(k, kbase + (j0 + r) * g->ks[2] + dd, j0 + r < M ? dh - dd : 0,
+                                  vqk, bf);
+            }
             ATTP_SYNC(); /* the previous users of the chunks are done */
-            ATTP_UNROLL2
-            for (int it = 0; it < ATTP_BQ * ATTP_DC / ATTP_T; it++) {
-                const int e = tid + ATTP_T * it, r = e / ATTP_DC, d = e % ATTP_DC;
-                const int64_t qi = i0 + r, kj = j0 + r, dd = d0 + d;
-                sq[r * ATTP_LQ + d] =
-                    qi < N && dd < dh ? att_ld(q, qbase + qi * g->qs[2] + dd, bf) : 0.f;
-                sk[r * ATTP_LQ + d] =
-                    kj < M && dd < dh ? att_ld(k, kbase + kj * g->ks[2] + dd, bf) : 0.f;
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_NQK; it++) {
+                const int e = tid + ATTP_T * it;
+                const int at = e / (ATTP_DC / 4) * (ATTP_LQ / 4) + e % (ATTP_DC / 4);
+                sq4w[at] = rq[it];
+                sk4w[at] = rk[it];
             }
             ATTP_SYNC();
             ATTP_NO_UNROLL
@@ -219,13 +265,16 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
          * keys cuts, each pair is selected */
         const int cut = j0 + ATTP_BK > jfull;
         for (int c0 = 0; c0 < ATTP_BK; c0 += ATTP_VK) {
-            ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
-            ATTP_UNROLL2
-            for (int it = 0; it < ATTP_VK * DH / ATTP_T; it++) {
-                const int e = tid + ATTP_T * it, r = e / DH, d = e % DH;
-                const int64_t kj = j0 + c0 + r;
-                sqk[r * DH + d] = kj < M && d < dh ? att_ld(v, vbase + kj * g->vs[2] + d, bf) : 0.f;
+            attp_f4 rv[ATTP_VK * ATTP_DHP / 4 / ATTP_T];
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) {
+                const int e = tid + ATTP_T * it, d = 4 * (e % (DH / 4));
+                const int64_t kj = j0 + c0 + e / (DH / 4);
+                rv[it] = attp_ld4(v, vbase + kj * g->vs[2] + d, kj < M ? dh - d : 0, vv, bf);
             }
+            ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) sv4w[tid + ATTP_T * it] = rv[it];
             ATTP_SYNC();
             /* two instances: the uncut one is plain FMAs */
             if (cut)
