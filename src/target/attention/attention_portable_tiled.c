@@ -8,7 +8,8 @@
  * 32 e + 4 tc .. + 3 (e < DHP / 32), all in registers. Q and K reach shared memory in chunks of
  * ATTP_DC columns, V in chunks of ATTP_VK keys, as f32 whatever the input type: a thread loads
  * its groups of 4 elements (one load each where the layout is aligned) into registers, all of
- * them before the barrier, then stores them. P goes through shared memory transposed, four rows
+ * them before the barrier, then stores them; Q and K chunks alternate between two buffers (the
+ * second is P's), so each takes one barrier. P goes through shared memory transposed, four rows
  * of a key side by side, so every inner-loop operand is one 16-byte load that a warp reads
  * without bank conflicts. A row's running max is combined over its 8 threads through shared
  * memory at every tile; each thread keeps its own partial sum l (same max, same rescaling), and
@@ -53,7 +54,8 @@
 #define ATTP_DHP 128 /* the largest padded head dim */
 /* floats of the team-shared arrays: the Q and K chunks (or one V chunk), P^T, partial maxima */
 #define ATTP_SQK (2 * ATTP_BQ * ATTP_LQ)
-#define ATTP_SP (ATTP_BK * ATTP_LP)
+/* P^T, or the odd chunks of Q and K (two buffers: one barrier a chunk) */
+#define ATTP_SP (ATTP_BK * ATTP_LP > ATTP_SQK ? ATTP_BK * ATTP_LP : ATTP_SQK)
 #define ATTP_SR (8 * ATTP_BQ)
 #define ATTP_NQK (ATTP_BQ * ATTP_DC / 4 / ATTP_T) /* 4-element loads of Q (and K) a thread */
 /* The shared arrays are 16-byte aligned and read through attp_f4, four floats of a row, which
@@ -144,10 +146,8 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
     const int64_t i0 = qb * ATTP_BQ;
     const int64_t qbase = att_row(g->qs, b, h, 0), kbase = att_row(g->ks, b, hk, 0);
     const int64_t vbase = att_row(g->vs, b, hk, 0);
-    float *const sq = sqk, *const sk = sqk + ATTP_BQ * ATTP_LQ;
-    const attp_f4 *const sq4 = (const attp_f4 *)sq, *const sk4 = (const attp_f4 *)sk;
     const attp_f4 *const sv4 = (const attp_f4 *)sqk, *const sp4 = (const attp_f4 *)sp;
-    attp_f4 *const sq4w = (attp_f4 *)sq, *const sk4w = (attp_f4 *)sk, *const sv4w = (attp_f4 *)sqk;
+    attp_f4 *const sv4w = (attp_f4 *)sqk;
     /* 4 elements a load where the rows allow it; the layout decides, alike for every thread */
     const int vqk = attp_vec_ok(q, g->qs, dh, bf) && attp_vec_ok(k, g->ks, dh, bf);
     const int vv = attp_vec_ok(v, g->vs, dh, bf);
@@ -194,13 +194,19 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
                 rk[it] = attp_ld4(k, kbase + (j0 + r) * g->ks[2] + dd, j0 + r < M ? dh - dd : 0,
                                   vqk, bf);
             }
-            ATTP_SYNC(); /* the previous users of the chunks are done */
+            /* even chunks in sqk, odd ones in sp: every thread read the buffer's previous chunk
+             * before it reached the barrier that completed the last one */
+            attp_f4 *const sq4 = (attp_f4 *)(d0 & ATTP_DC ? sp : sqk);
+            attp_f4 *const sk4 = sq4 + ATTP_BQ * ATTP_LQ / 4;
+            if (d0 == 0) {
+                ATTP_SYNC(); /* the last tile's users of V and P are done */
+            }
             ATTP_UNROLL
             for (int it = 0; it < ATTP_NQK; it++) {
                 const int e = tid + ATTP_T * it;
                 const int at = e / (ATTP_DC / 4) * (ATTP_LQ / 4) + e % (ATTP_DC / 4);
-                sq4w[at] = rq[it];
-                sk4w[at] = rk[it];
+                sq4[at] = rq[it];
+                sk4[at] = rk[it];
             }
             ATTP_SYNC();
             ATTP_NO_UNROLL
