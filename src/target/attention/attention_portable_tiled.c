@@ -7,22 +7,22 @@
  * tr + 16 i (i < 4), for S = Q K^T the keys tc + 8 j (j < 8) of each tile and for O the columns
  * 32 e + 4 tc .. + 3 (e < DHP / 32), all in registers. Q and K reach shared memory in chunks of
  * ATTP_DC columns, V in chunks of ATTP_VK keys, as f32 whatever the input type: a thread loads
- * its groups of 4 elements (one load each where the layout is aligned) into registers one
- * chunk ahead, during the math on the chunk before, then stores them; Q and K chunks alternate
- * between two buffers (the second is P's), so each takes one barrier. P goes through shared memory
- * transposed, four rows of a key side by side, so every inner-loop operand is one 16-byte load that
- * a warp reads without bank conflicts. A row's running max is combined over its 8 threads through
- * shared memory at every tile; each thread keeps its own partial sum l (same max, same rescaling),
- * and the 8 partial sums are added once at the end. The math is att_fwd_block's
- * (attention_portable.h): natural-unit scores rounded as att_score, the max taken with the
- * comparison that skips NaN, exponentials by att_exp2 of differences, rescaling only when alpha !=
- * 1, a masked pair adding exactly 0 (a select, never 0 * v), a row that sees no key giving 0 and
- * -inf. Only the order of the sum l over a row's keys differs (8 partial sums), so results agree to
- * rounding, deterministically (no atomics). Head dims that are not a multiple of 32 run padded to
- * one (zero columns add exactly 0); dh 256 would need twice the accumulators, so
- * ompk_attn_fwd_tiled_ok leaves it to the per-row kernel. tests/test_attention_portable_emu.c runs
- * the team function on the host with emulated teams (OMPK_EMULATE) and ompk_attn_fwd_tiled itself
- * with if(target: 0). */
+ * its groups of 4 elements (one load each where the layout is aligned) into registers one chunk
+ * ahead, during the math on the chunk before, then stores them; Q and K chunks alternate between
+ * two buffers (the second is P's), so each takes one barrier. P goes through shared memory
+ * transposed, four rows of a key side by side, so every inner-loop operand is one 16-byte load
+ * that a warp reads without bank conflicts. A row's running max is combined over its 8 threads
+ * through shared memory at every tile; each thread keeps its own partial sum l (same max, same
+ * rescaling), and the 8 partial sums are added once at the end.
+ * The math is att_fwd_block's (attention_portable.h): natural-unit scores rounded as att_score,
+ * the max taken with the comparison that skips NaN, exponentials by att_exp2 of differences,
+ * rescaling only when alpha != 1, a masked pair adding exactly 0 (a select, never 0 * v), a row
+ * that sees no key giving 0 and -inf. Only the order of the sum l over a row's keys differs
+ * (8 partial sums), so results agree to rounding, deterministically (no atomics).
+ * Head dims that are not a multiple of 32 run padded to one (zero columns add exactly 0); dh 256
+ * would need twice the accumulators, so ompk_attn_fwd_tiled_ok leaves it to the per-row kernel.
+ * tests/test_attention_portable_emu.c runs the team function on the host with emulated teams
+ * (OMPK_EMULATE) and ompk_attn_fwd_tiled itself with if(target: 0). */
 #include <stdint.h>
 
 #include "attention_portable.h"
@@ -226,6 +226,19 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
 #if ATTP_PREFETCH
             if (j0 == 0 && d0 == 0)
                 attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0, d0, 0, tid, vqk, vv, DH, bf);
+#else
+            /* all of a thread's loads first, then its stores: the loads overlap */
+            attp_f4 pf[2 * ATTP_NQK];
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_NQK; it++) {
+                const int e = tid + ATTP_T * it, r = e / (ATTP_DC / 4);
+                const int64_t dd = d0 + 4 * (e % (ATTP_DC / 4));
+                pf[it] = attp_ld4(q, qbase + (i0 + r) * g->qs[2] + dd, i0 + r < N ? dh - dd : 0,
+                                  vqk, bf);
+                pf[ATTP_NQK + it] = attp_ld4(k, kbase + (j0 + r) * g->ks[2] + dd,
+                                             j0 + r < M ? dh - dd : 0, vqk, bf);
+            }
+#endif
             /* even chunks in sqk, odd ones in sp: every thread read the buffer's previous chunk
              * before it reached the barrier that completed the last one */
             attp_f4 *const sq4 = (attp_f4 *)(d0 & ATTP_DC ? sp : sqk);
@@ -241,36 +254,10 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
                 sk4[at] = pf[ATTP_NQK + it];
             }
             ATTP_SYNC();
+#if ATTP_PREFETCH
             if (d0 + ATTP_DC < DH)
                 attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0, d0 + ATTP_DC, 0, tid, vqk,
                           vv, DH, bf);
-#else
-            /* all of a thread's loads first, then its stores: the loads overlap */
-            attp_f4 rq[ATTP_NQK], rk[ATTP_NQK];
-            ATTP_UNROLL
-            for (int it = 0; it < ATTP_NQK; it++) {
-                const int e = tid + ATTP_T * it, r = e / (ATTP_DC / 4);
-                const int64_t dd = d0 + 4 * (e % (ATTP_DC / 4));
-                rq[it] = attp_ld4(q, qbase + (i0 + r) * g->qs[2] + dd, i0 + r < N ? dh - dd : 0,
-                                  vqk, bf);
-                rk[it] = attp_ld4(k, kbase + (j0 + r) * g->ks[2] + dd, j0 + r < M ? dh - dd : 0,
-                                  vqk, bf);
-            }
-            /* even chunks in sqk, odd ones in sp: every thread read the buffer's previous chunk
-             * before it reached the barrier that completed the last one */
-            attp_f4 *const sq4 = (attp_f4 *)(d0 & ATTP_DC ? sp : sqk);
-            attp_f4 *const sk4 = sq4 + ATTP_BQ * ATTP_LQ / 4;
-            if (d0 == 0) {
-                ATTP_SYNC(); /* the last tile's users of V and P are done */
-            }
-            ATTP_UNROLL
-            for (int it = 0; it < ATTP_NQK; it++) {
-                const int e = tid + ATTP_T * it;
-                const int at = e / (ATTP_DC / 4) * (ATTP_LQ / 4) + e % (ATTP_DC / 4);
-                sq4[at] = rq[it];
-                sk4[at] = rk[it];
-            }
-            ATTP_SYNC();
 #endif
             ATTP_NO_UNROLL
             for (int d4 = 0; d4 < ATTP_DC / 4; d4++) {
@@ -344,28 +331,26 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
             if (c0 == 0)
                 attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + c0, 0, 1, tid, vqk, vv, DH,
                           bf);
+#else
+            attp_f4 pf[ATTP_VK * ATTP_DHP / 4 / ATTP_T];
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) {
+                const int e = tid + ATTP_T * it, d = 4 * (e % (DH / 4));
+                const int64_t kj = j0 + c0 + e / (DH / 4);
+                pf[it] = attp_ld4(v, vbase + kj * g->vs[2] + d, kj < M ? dh - d : 0, vv, bf);
+            }
+#endif
             ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
             ATTP_UNROLL
             for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) sv4w[tid + ATTP_T * it] = pf[it];
             ATTP_SYNC();
+#if ATTP_PREFETCH
             if (c0 + ATTP_VK < ATTP_BK)
                 attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + c0 + ATTP_VK, 0, 1, tid,
                           vqk, vv, DH, bf);
             else if (j0 + ATTP_BK < jmax)
                 attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + ATTP_BK, 0, 0, tid, vqk, vv,
                           DH, bf);
-#else
-            attp_f4 rv[ATTP_VK * ATTP_DHP / 4 / ATTP_T];
-            ATTP_UNROLL
-            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) {
-                const int e = tid + ATTP_T * it, d = 4 * (e % (DH / 4));
-                const int64_t kj = j0 + c0 + e / (DH / 4);
-                rv[it] = attp_ld4(v, vbase + kj * g->vs[2] + d, kj < M ? dh - d : 0, vv, bf);
-            }
-            ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
-            ATTP_UNROLL
-            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) sv4w[tid + ATTP_T * it] = rv[it];
-            ATTP_SYNC();
 #endif
             /* two instances: the uncut one is plain FMAs */
             if (cut)
