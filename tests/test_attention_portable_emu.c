@@ -118,6 +118,8 @@ Test(attention_portable_emu, masks_gqa_odd_lengths) {
         check(dt, 1, 2, 1, 17, 1, 32, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 0, 1.0, 1.0, s + 3);
         check(dt, 1, 1, 1, 1, 1, 80, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 0, 1.0, 1.0, s + 4);
         check(dt, 1, 2, 1, 100, 140, 64, OMPK_ATTN_MASK_CAUSAL_BOTTOM_RIGHT, 1, 1.0, 1.0, s + 5);
+        /* dh 70: rows not on 4-element boundaries, so the tiles load element by element */
+        check(dt, 1, 2, 1, 67, 70, 70, OMPK_ATTN_MASK_CAUSAL_TOP_LEFT, 1, 1.0, 1.0, s + 6);
     }
 }
 

@@ -6,11 +6,14 @@
  * Its ATTP_T threads form a 16 x 8 grid (tr = tid / 8, tc = tid % 8): thread (tr, tc) owns rows
  * tr + 16 i (i < 4), for S = Q K^T the keys tc + 8 j (j < 8) of each tile and for O the columns
  * 32 e + 4 tc .. + 3 (e < DHP / 32), all in registers. Q and K reach shared memory in chunks of
- * ATTP_DC columns, V in chunks of ATTP_VK keys; P goes through shared memory transposed, four rows
- * of a key side by side, so every inner-loop operand is one 16-byte load that a warp reads
- * without bank conflicts. A row's running max is combined over its 8 threads through shared
- * memory at every tile; each thread keeps its own partial sum l (same max, same rescaling), and
- * the 8 partial sums are added once at the end.
+ * ATTP_DC columns, V in chunks of ATTP_VK keys, as f32 whatever the input type: a thread loads
+ * its groups of 4 elements (one load each where the layout is aligned) into registers one chunk
+ * ahead, during the math on the chunk before, then stores them; Q and K chunks alternate between
+ * two buffers (the second is P's), so each takes one barrier. P goes through shared memory
+ * transposed, four rows of a key side by side, so every inner-loop operand is one 16-byte load
+ * that a warp reads without bank conflicts. A row's running max is combined over its 8 threads
+ * through shared memory at every tile; each thread keeps its own partial sum l (same max, same
+ * rescaling), and the 8 partial sums are added once at the end.
  * The math is att_fwd_block's (attention_portable.h): natural-unit scores rounded as att_score,
  * the max taken with the comparison that skips NaN, exponentials by att_exp2 of differences,
  * rescaling only when alpha != 1, a masked pair adding exactly 0 (a select, never 0 * v), a row
@@ -36,11 +39,9 @@
 #if defined(__clang__)
 #define ATTP_UNROLL _Pragma("unroll")
 #define ATTP_NO_UNROLL _Pragma("unroll 1")
-#define ATTP_UNROLL2 _Pragma("unroll 2")
 #else
 #define ATTP_UNROLL _Pragma("GCC unroll 16")
 #define ATTP_NO_UNROLL _Pragma("GCC unroll 1")
-#define ATTP_UNROLL2 _Pragma("GCC unroll 2")
 #endif
 
 #define ATTP_BQ 64   /* query rows per team */
@@ -53,8 +54,16 @@
 #define ATTP_DHP 128 /* the largest padded head dim */
 /* floats of the team-shared arrays: the Q and K chunks (or one V chunk), P^T, partial maxima */
 #define ATTP_SQK (2 * ATTP_BQ * ATTP_LQ)
-#define ATTP_SP (ATTP_BK * ATTP_LP)
+/* P^T, or the odd chunks of Q and K (two buffers: one barrier a chunk) */
+#define ATTP_SP (ATTP_BK * ATTP_LP > ATTP_SQK ? ATTP_BK * ATTP_LP : ATTP_SQK)
 #define ATTP_SR (8 * ATTP_BQ)
+/* 1: each chunk's global loads go out one chunk ahead, during the math on the chunk before;
+ * 0: just before the barrier that frees the shared chunk. A build-time choice for timing. */
+#ifndef ATTP_PREFETCH
+#define ATTP_PREFETCH 1
+#endif
+#define ATTP_NQK (ATTP_BQ * ATTP_DC / 4 / ATTP_T) /* 4-element loads of Q (and K) a thread */
+_Static_assert((ATTP_VK * ATTP_DHP) / 4 / ATTP_T <= 2 * ATTP_NQK, "a V chunk fits the loads");
 /* The shared arrays are 16-byte aligned and read through attp_f4, four floats of a row, which
  * the compiler then loads at once (the alignment of a float would not let it). */
 #define ATTP_ALIGN __attribute__((aligned(16)))
@@ -62,9 +71,70 @@ typedef struct {
     float f[4];
 } ATTP_ALIGN attp_f4;
 
+/* four bf16 elements, one 8-byte load */
+typedef struct {
+    uint16_t u[4];
+} __attribute__((aligned(8))) attp_h4;
+
 /* emulated (tests): host functions only, none offloaded */
 #ifndef OMPK_EMULATE
 #pragma omp declare target
+#endif
+
+/* Elements i .. i + 3 of a row of q, k or v as floats, n of them left in the row (0 past the
+ * end or for a row out of range: zeros). With vec (attp_vec_ok) one load of an aligned group,
+ * else one load each. */
+ATT_INLINE attp_f4 attp_ld4(const void *p, int64_t i, int64_t n, const int vec, const int bf) {
+    attp_f4 r = {{0.f, 0.f, 0.f, 0.f}};
+    if (vec && n > 0) {
+        if (bf) {
+            const attp_h4 h = *(const attp_h4 *)((const uint16_t *)p + i);
+            ATTP_UNROLL
+            for (int c = 0; c < 4; c++) r.f[c] = ompk_bf16_to_f32(h.u[c]);
+        } else {
+            r = *(const attp_f4 *)((const float *)p + i);
+        }
+    } else if (!vec) {
+        ATTP_UNROLL
+        for (int c = 0; c < 4; c++) r.f[c] = c < n ? att_ld(p, i + c, bf) : 0.f;
+    }
+    return r;
+}
+
+/* Whether every row of the tensor (element offsets of b, h, n strides s) starts at a multiple of
+ * 4 elements of an aligned array and dh is a multiple of 4: then the chunks load 4 at once. */
+ATT_INLINE int attp_vec_ok(const void *p, const int64_t s[3], int64_t dh, const int bf) {
+    return dh % 4 == 0 && s[0] % 4 == 0 && s[1] % 4 == 0 && s[2] % 4 == 0 &&
+           (uintptr_t)p % (bf ? 8u : 16u) == 0;
+}
+
+#if ATTP_PREFETCH
+/* A thread's share of a chunk, into registers: columns d0.. of Q (rows i0..) and of K (keys j..),
+ * ATTP_NQK groups each (isv 0), or V for the keys j.., ATTP_VK * DH / 4 / ATTP_T groups (isv 1). */
+ATT_INLINE void attp_load(attp_f4 *pf, const ompk_attn_geom *g, const void *q, const void *k,
+                          const void *v, int64_t qbase, int64_t kbase, int64_t vbase, int64_t i0,
+                          int64_t j, int d0, int isv, int tid, int vqk, int vv, const int DH,
+                          const int bf) {
+    const int64_t dh = g->dh;
+    if (!isv) {
+        ATTP_UNROLL
+        for (int it = 0; it < ATTP_NQK; it++) {
+            const int e = tid + ATTP_T * it, r = e / (ATTP_DC / 4);
+            const int64_t dd = d0 + 4 * (e % (ATTP_DC / 4));
+            pf[it] =
+                attp_ld4(q, qbase + (i0 + r) * g->qs[2] + dd, i0 + r < g->N ? dh - dd : 0, vqk, bf);
+            pf[ATTP_NQK + it] =
+                attp_ld4(k, kbase + (j + r) * g->ks[2] + dd, j + r < g->M ? dh - dd : 0, vqk, bf);
+        }
+    } else {
+        ATTP_UNROLL
+        for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) {
+            const int e = tid + ATTP_T * it, d = 4 * (e % (DH / 4));
+            const int64_t kj = j + e / (DH / 4);
+            pf[it] = attp_ld4(v, vbase + kj * g->vs[2] + d, kj < g->M ? dh - d : 0, vv, bf);
+        }
+    }
+}
 #endif
 
 /* o += P V over the ATTP_VK keys of the V chunk in sv4 (keys jc.. of the head, columns of P^T
@@ -111,9 +181,11 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
     const int64_t i0 = qb * ATTP_BQ;
     const int64_t qbase = att_row(g->qs, b, h, 0), kbase = att_row(g->ks, b, hk, 0);
     const int64_t vbase = att_row(g->vs, b, hk, 0);
-    float *const sq = sqk, *const sk = sqk + ATTP_BQ * ATTP_LQ;
-    const attp_f4 *const sq4 = (const attp_f4 *)sq, *const sk4 = (const attp_f4 *)sk;
     const attp_f4 *const sv4 = (const attp_f4 *)sqk, *const sp4 = (const attp_f4 *)sp;
+    attp_f4 *const sv4w = (attp_f4 *)sqk;
+    /* 4 elements a load where the rows allow it; the layout decides, alike for every thread */
+    const int vqk = attp_vec_ok(q, g->qs, dh, bf) && attp_vec_ok(k, g->ks, dh, bf);
+    const int vv = attp_vec_ok(v, g->vs, dh, bf);
 
     /* the block's key range: all threads compute it alike from the rows' limits */
     int64_t jmax = 0, jfull = M;
@@ -137,6 +209,11 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
         }
     }
 
+#if ATTP_PREFETCH
+    /* The thread's share of the next chunk, loaded one chunk ahead: in flight during the math
+     * on the chunk before (the first of a tile's V chunks excepted: it waits for the softmax). */
+    attp_f4 pf[2 * ATTP_NQK];
+#endif
     for (int64_t j0 = 0; j0 < jmax; j0 += ATTP_BK) {
         /* S = Q K^T over dh in chunks; the sum over d runs in order, as att_dot's */
         float s[4][8];
@@ -146,30 +223,61 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
             for (int j = 0; j < 8; j++) s[i][j] = 0.f;
         }
         for (int d0 = 0; d0 < DH; d0 += ATTP_DC) {
-            ATTP_SYNC(); /* the previous users of the chunks are done */
-            ATTP_UNROLL2
-            for (int it = 0; it < ATTP_BQ * ATTP_DC / ATTP_T; it++) {
-                const int e = tid + ATTP_T * it, r = e / ATTP_DC, d = e % ATTP_DC;
-                const int64_t qi = i0 + r, kj = j0 + r, dd = d0 + d;
-                sq[r * ATTP_LQ + d] =
-                    qi < N && dd < dh ? att_ld(q, qbase + qi * g->qs[2] + dd, bf) : 0.f;
-                sk[r * ATTP_LQ + d] =
-                    kj < M && dd < dh ? att_ld(k, kbase + kj * g->ks[2] + dd, bf) : 0.f;
+#if ATTP_PREFETCH
+            if (j0 == 0 && d0 == 0)
+                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0, d0, 0, tid, vqk, vv, DH, bf);
+#else
+            /* all of a thread's loads first, then its stores: the loads overlap */
+            attp_f4 pf[2 * ATTP_NQK];
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_NQK; it++) {
+                const int e = tid + ATTP_T * it, r = e / (ATTP_DC / 4);
+                const int64_t dd = d0 + 4 * (e % (ATTP_DC / 4));
+                pf[it] = attp_ld4(q, qbase + (i0 + r) * g->qs[2] + dd, i0 + r < N ? dh - dd : 0,
+                                  vqk, bf);
+                pf[ATTP_NQK + it] = attp_ld4(k, kbase + (j0 + r) * g->ks[2] + dd,
+                                             j0 + r < M ? dh - dd : 0, vqk, bf);
+            }
+#endif
+            /* even chunks in sqk, odd ones in sp: every thread read the buffer's previous chunk
+             * before it reached the barrier that completed the last one */
+            attp_f4 *const sq4 = (attp_f4 *)(d0 & ATTP_DC ? sp : sqk);
+            attp_f4 *const sk4 = sq4 + ATTP_BQ * ATTP_LQ / 4;
+            if (d0 == 0) {
+                ATTP_SYNC(); /* the last tile's users of V and P are done */
+            }
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_NQK; it++) {
+                const int e = tid + ATTP_T * it;
+                const int at = e / (ATTP_DC / 4) * (ATTP_LQ / 4) + e % (ATTP_DC / 4);
+                sq4[at] = pf[it];
+                sk4[at] = pf[ATTP_NQK + it];
             }
             ATTP_SYNC();
+#if ATTP_PREFETCH
+            if (d0 + ATTP_DC < DH)
+                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0, d0 + ATTP_DC, 0, tid, vqk,
+                          vv, DH, bf);
+#endif
             ATTP_NO_UNROLL
             for (int d4 = 0; d4 < ATTP_DC / 4; d4++) {
-                attp_f4 qa[4], ka[8];
+                attp_f4 qa[4];
                 ATTP_UNROLL
                 for (int i = 0; i < 4; i++) qa[i] = sq4[(tr + 16 * i) * (ATTP_LQ / 4) + d4];
+                /* the keys in two halves: fewer operands live at once */
                 ATTP_UNROLL
-                for (int j = 0; j < 8; j++) ka[j] = sk4[(tc + 8 * j) * (ATTP_LQ / 4) + d4];
-                ATTP_UNROLL
-                for (int c = 0; c < 4; c++) {
+                for (int jh = 0; jh < 8; jh += 4) {
+                    attp_f4 ka[4];
                     ATTP_UNROLL
-                    for (int i = 0; i < 4; i++) {
+                    for (int j = 0; j < 4; j++)
+                        ka[j] = sk4[(tc + 8 * (jh + j)) * (ATTP_LQ / 4) + d4];
+                    ATTP_UNROLL
+                    for (int c = 0; c < 4; c++) {
                         ATTP_UNROLL
-                        for (int j = 0; j < 8; j++) s[i][j] += qa[i].f[c] * ka[j].f[c];
+                        for (int i = 0; i < 4; i++) {
+                            ATTP_UNROLL
+                            for (int j = 0; j < 4; j++) s[i][jh + j] += qa[i].f[c] * ka[j].f[c];
+                        }
                     }
                 }
             }
@@ -219,14 +327,31 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
          * keys cuts, each pair is selected */
         const int cut = j0 + ATTP_BK > jfull;
         for (int c0 = 0; c0 < ATTP_BK; c0 += ATTP_VK) {
-            ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
-            ATTP_UNROLL2
-            for (int it = 0; it < ATTP_VK * DH / ATTP_T; it++) {
-                const int e = tid + ATTP_T * it, r = e / DH, d = e % DH;
-                const int64_t kj = j0 + c0 + r;
-                sqk[r * DH + d] = kj < M && d < dh ? att_ld(v, vbase + kj * g->vs[2] + d, bf) : 0.f;
+#if ATTP_PREFETCH
+            if (c0 == 0)
+                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + c0, 0, 1, tid, vqk, vv, DH,
+                          bf);
+#else
+            attp_f4 pf[ATTP_VK * ATTP_DHP / 4 / ATTP_T];
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) {
+                const int e = tid + ATTP_T * it, d = 4 * (e % (DH / 4));
+                const int64_t kj = j0 + c0 + e / (DH / 4);
+                pf[it] = attp_ld4(v, vbase + kj * g->vs[2] + d, kj < M ? dh - d : 0, vv, bf);
             }
+#endif
+            ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
+            ATTP_UNROLL
+            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) sv4w[tid + ATTP_T * it] = pf[it];
             ATTP_SYNC();
+#if ATTP_PREFETCH
+            if (c0 + ATTP_VK < ATTP_BK)
+                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + c0 + ATTP_VK, 0, 1, tid,
+                          vqk, vv, DH, bf);
+            else if (j0 + ATTP_BK < jmax)
+                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + ATTP_BK, 0, 0, tid, vqk, vv,
+                          DH, bf);
+#endif
             /* two instances: the uncut one is plain FMAs */
             if (cut)
                 attp_pv(o, sp4, sv4, c0, j0 + c0, lim, tr, tc, DH, 1);
