@@ -7,9 +7,9 @@
  * tr + 16 i (i < 4), for S = Q K^T the keys tc + 8 j (j < 8) of each tile and for O the columns
  * 32 e + 4 tc .. + 3 (e < DHP / 32), all in registers. Q and K reach shared memory in chunks of
  * ATTP_DC columns, V in chunks of ATTP_VK keys, as f32 whatever the input type: a thread loads
- * its groups of 4 elements (one load each where the layout is aligned) into registers one chunk
- * ahead, during the math on the chunk before, then stores them; Q and K chunks alternate between
- * two buffers (the second is P's), so each takes one barrier. P goes through shared memory
+ * its groups of 4 elements (one load each where the layout is aligned) into registers, all
+ * before the barrier that frees the shared chunk, then stores them; Q and K chunks alternate
+ * between two buffers (the second is P's), so each takes one barrier. P goes through shared memory
  * transposed, four rows of a key side by side, so every inner-loop operand is one 16-byte load
  * that a warp reads without bank conflicts. A row's running max is combined over its 8 threads
  * through shared memory at every tile; each thread keeps its own partial sum l (same max, same
@@ -57,11 +57,6 @@
 /* P^T, or the odd chunks of Q and K (two buffers: one barrier a chunk) */
 #define ATTP_SP (ATTP_BK * ATTP_LP > ATTP_SQK ? ATTP_BK * ATTP_LP : ATTP_SQK)
 #define ATTP_SR (8 * ATTP_BQ)
-/* 1: each chunk's global loads go out one chunk ahead, during the math on the chunk before;
- * 0: just before the barrier that frees the shared chunk. A build-time choice for timing. */
-#ifndef ATTP_PREFETCH
-#define ATTP_PREFETCH 1
-#endif
 #define ATTP_NQK (ATTP_BQ * ATTP_DC / 4 / ATTP_T) /* 4-element loads of Q (and K) a thread */
 _Static_assert((ATTP_VK * ATTP_DHP) / 4 / ATTP_T <= 2 * ATTP_NQK, "a V chunk fits the loads");
 /* The shared arrays are 16-byte aligned and read through attp_f4, four floats of a row, which
@@ -107,35 +102,6 @@ ATT_INLINE int attp_vec_ok(const void *p, const int64_t s[3], int64_t dh, const 
     return dh % 4 == 0 && s[0] % 4 == 0 && s[1] % 4 == 0 && s[2] % 4 == 0 &&
            (uintptr_t)p % (bf ? 8u : 16u) == 0;
 }
-
-#if ATTP_PREFETCH
-/* A thread's share of a chunk, into registers: columns d0.. of Q (rows i0..) and of K (keys j..),
- * ATTP_NQK groups each (isv 0), or V for the keys j.., ATTP_VK * DH / 4 / ATTP_T groups (isv 1). */
-ATT_INLINE void attp_load(attp_f4 *pf, const ompk_attn_geom *g, const void *q, const void *k,
-                          const void *v, int64_t qbase, int64_t kbase, int64_t vbase, int64_t i0,
-                          int64_t j, int d0, int isv, int tid, int vqk, int vv, const int DH,
-                          const int bf) {
-    const int64_t dh = g->dh;
-    if (!isv) {
-        ATTP_UNROLL
-        for (int it = 0; it < ATTP_NQK; it++) {
-            const int e = tid + ATTP_T * it, r = e / (ATTP_DC / 4);
-            const int64_t dd = d0 + 4 * (e % (ATTP_DC / 4));
-            pf[it] =
-                attp_ld4(q, qbase + (i0 + r) * g->qs[2] + dd, i0 + r < g->N ? dh - dd : 0, vqk, bf);
-            pf[ATTP_NQK + it] =
-                attp_ld4(k, kbase + (j + r) * g->ks[2] + dd, j + r < g->M ? dh - dd : 0, vqk, bf);
-        }
-    } else {
-        ATTP_UNROLL
-        for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) {
-            const int e = tid + ATTP_T * it, d = 4 * (e % (DH / 4));
-            const int64_t kj = j + e / (DH / 4);
-            pf[it] = attp_ld4(v, vbase + kj * g->vs[2] + d, kj < g->M ? dh - d : 0, vv, bf);
-        }
-    }
-}
-#endif
 
 /* o += P V over the ATTP_VK keys of the V chunk in sv4 (keys jc.. of the head, columns of P^T
  * from c0); with CUT, a pair whose key the row does not see adds exactly 0 (a select: 0 * v
@@ -209,11 +175,6 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
         }
     }
 
-#if ATTP_PREFETCH
-    /* The thread's share of the next chunk, loaded one chunk ahead: in flight during the math
-     * on the chunk before (the first of a tile's V chunks excepted: it waits for the softmax). */
-    attp_f4 pf[2 * ATTP_NQK];
-#endif
     for (int64_t j0 = 0; j0 < jmax; j0 += ATTP_BK) {
         /* S = Q K^T over dh in chunks; the sum over d runs in order, as att_dot's */
         float s[4][8];
@@ -223,10 +184,6 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
             for (int j = 0; j < 8; j++) s[i][j] = 0.f;
         }
         for (int d0 = 0; d0 < DH; d0 += ATTP_DC) {
-#if ATTP_PREFETCH
-            if (j0 == 0 && d0 == 0)
-                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0, d0, 0, tid, vqk, vv, DH, bf);
-#else
             /* all of a thread's loads first, then its stores: the loads overlap */
             attp_f4 pf[2 * ATTP_NQK];
             ATTP_UNROLL
@@ -238,7 +195,6 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
                 pf[ATTP_NQK + it] = attp_ld4(k, kbase + (j0 + r) * g->ks[2] + dd,
                                              j0 + r < M ? dh - dd : 0, vqk, bf);
             }
-#endif
             /* even chunks in sqk, odd ones in sp: every thread read the buffer's previous chunk
              * before it reached the barrier that completed the last one */
             attp_f4 *const sq4 = (attp_f4 *)(d0 & ATTP_DC ? sp : sqk);
@@ -254,11 +210,6 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
                 sk4[at] = pf[ATTP_NQK + it];
             }
             ATTP_SYNC();
-#if ATTP_PREFETCH
-            if (d0 + ATTP_DC < DH)
-                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0, d0 + ATTP_DC, 0, tid, vqk,
-                          vv, DH, bf);
-#endif
             ATTP_NO_UNROLL
             for (int d4 = 0; d4 < ATTP_DC / 4; d4++) {
                 attp_f4 qa[4];
@@ -327,11 +278,6 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
          * keys cuts, each pair is selected */
         const int cut = j0 + ATTP_BK > jfull;
         for (int c0 = 0; c0 < ATTP_BK; c0 += ATTP_VK) {
-#if ATTP_PREFETCH
-            if (c0 == 0)
-                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + c0, 0, 1, tid, vqk, vv, DH,
-                          bf);
-#else
             attp_f4 pf[ATTP_VK * ATTP_DHP / 4 / ATTP_T];
             ATTP_UNROLL
             for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) {
@@ -339,19 +285,10 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
                 const int64_t kj = j0 + c0 + e / (DH / 4);
                 pf[it] = attp_ld4(v, vbase + kj * g->vs[2] + d, kj < M ? dh - d : 0, vv, bf);
             }
-#endif
             ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
             ATTP_UNROLL
             for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) sv4w[tid + ATTP_T * it] = pf[it];
             ATTP_SYNC();
-#if ATTP_PREFETCH
-            if (c0 + ATTP_VK < ATTP_BK)
-                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + c0 + ATTP_VK, 0, 1, tid,
-                          vqk, vv, DH, bf);
-            else if (j0 + ATTP_BK < jmax)
-                attp_load(pf, g, q, k, v, qbase, kbase, vbase, i0, j0 + ATTP_BK, 0, 0, tid, vqk, vv,
-                          DH, bf);
-#endif
             /* two instances: the uncut one is plain FMAs */
             if (cut)
                 attp_pv(o, sp4, sv4, c0, j0 + c0, lim, tr, tc, DH, 1);
