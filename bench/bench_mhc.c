@@ -113,6 +113,10 @@ static int bench_post(ompk_bench_ctx *ctx) {
     static const int n_other[] = {8, 1, 2, 6};
     for (int i = 0; !ctx->quick && i < 4; i++)
         rc |= bench_post_shape(ctx, OMPK_BF16, 4, 4096, n_other[i], 2048, dflt, 1);
+    /* decode-size calls, as bench_mhc_pre.c times the pre forward there */
+    static const int t_decode[] = {1, 16, 64};
+    for (int i = 0; !ctx->quick && i < 3; i++)
+        rc |= bench_post_shape(ctx, OMPK_BF16, 1, t_decode[i], 4, 4096, dflt, 1);
     return rc;
 }
 

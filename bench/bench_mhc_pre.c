@@ -256,6 +256,10 @@ static int bench_mhc_pre(ompk_bench_ctx *ctx) {
     static const int n_other[] = {1, 2, 6};
     for (int i = 0; !ctx->quick && i < 3; i++)
         rc |= bench_shape(ctx, 4, 4096, n_other[i], 2048, NULL, 0);
+    /* decode-size calls (T = 1, 16, 64 tokens at n4 D4096): latency, not bandwidth */
+    static const int t_decode[] = {1, 16, 64};
+    for (int i = 0; !ctx->quick && i < 3; i++)
+        rc |= bench_shape(ctx, 1, t_decode[i], 4, 4096, NULL, 0);
     return rc;
 }
 
