@@ -20,16 +20,30 @@ static float exp2_emu(float x0) {
     p = fmaf(p, f, 2.4022651e-1f);
     p = fmaf(p, f, 6.9314718e-1f);
     p = fmaf(p, f, 1.0f);
-    union { uint32_t u; float f; } e;
+    union {
+        uint32_t u;
+        float f;
+    } e;
     e.u = (uint32_t)((int32_t)n + 127) << 23;
     return x0 == x0 ? p * e.f : x0;
 }
-static int64_t lim_of(int64_t i) { int64_t l = i + 1 + M - N; return l > M ? M : l; }
+static int64_t lim_of(int64_t i) {
+    int64_t l = i + 1 + M - N;
+    return l > M ? M : l;
+}
 int main(int argc, char **argv) {
     FILE *fp = fopen(argv[1], "rb");
-    static float q[R*D], k[M*D], v[M*D], dout[R*D], out[R*D], hw[2*R], dq[R*D], dk[M*D], dv[M*D];
-    fread(q,4,R*D,fp); fread(k,4,M*D,fp); fread(v,4,M*D,fp); fread(dout,4,R*D,fp); fread(out,4,R*D,fp);
-    fread(hw,4,2*R,fp); fread(dq,4,R*D,fp); fread(dk,4,M*D,fp); fread(dv,4,M*D,fp);
+    static float q[R * D], k[M * D], v[M * D], dout[R * D], out[R * D], hw[2 * R], dq[R * D],
+        dk[M * D], dv[M * D];
+    fread(q, 4, R * D, fp);
+    fread(k, 4, M * D, fp);
+    fread(v, 4, M * D, fp);
+    fread(dout, 4, R * D, fp);
+    fread(out, 4, R * D, fp);
+    fread(hw, 4, 2 * R, fp);
+    fread(dq, 4, R * D, fp);
+    fread(dk, 4, M * D, fp);
+    fread(dv, 4, M * D, fp);
     const float *lw = hw + R;
     const float L2E = 1.4426950408889634f;
     for (int var = 0; var < 5; var++) {
@@ -42,15 +56,28 @@ int main(int argc, char **argv) {
                 if (j >= lim_of(i)) continue;
                 float dot = 0.f;
                 for (int d = 0; d < D; d++) {
-                    if (var == 3) { volatile float pr = q[r*D+d]*k[j*D+d]; dot = dot + pr; }
-                    else dot = fmaf(q[r*D+d], k[j*D+d], dot);
+                    if (var == 3) {
+                        volatile float pr = q[r * D + d] * k[j * D + d];
+                        dot = dot + pr;
+                    } else
+                        dot = fmaf(q[r * D + d], k[j * D + d], dot);
                 }
                 volatile float s = dot * 0.1f;
                 float x;
-                if (var == 1) { volatile float dd = fmaf(dot, 0.1f, -lw[r]); x = dd * L2E; }
-                else if (var == 2) { x = fmaf(s, L2E, -lw[r] * L2E); }
-                else if (var == 4) { volatile float dd = s - lw[r]; x = dd * L2E; /* then exp via expf */ p[r] = exp2f(x); continue; }
-                else { volatile float dd = s - lw[r]; x = dd * L2E; }
+                if (var == 1) {
+                    volatile float dd = fmaf(dot, 0.1f, -lw[r]);
+                    x = dd * L2E;
+                } else if (var == 2) {
+                    x = fmaf(s, L2E, -lw[r] * L2E);
+                } else if (var == 4) {
+                    volatile float dd = s - lw[r];
+                    x = dd * L2E; /* then exp via expf */
+                    p[r] = exp2f(x);
+                    continue;
+                } else {
+                    volatile float dd = s - lw[r];
+                    x = dd * L2E;
+                }
                 p[r] = exp2_emu(x);
             }
             for (int d = 0; d < D; d++) {
@@ -58,11 +85,11 @@ int main(int argc, char **argv) {
                 for (int64_t r = 0; r < R; r++) {
                     int64_t i = r % N;
                     if (j >= lim_of(i)) continue;
-                    e = fmaf(p[r], dout[r*D+d], e);
+                    e = fmaf(p[r], dout[r * D + d], e);
                 }
-                match += e == dv[j*D+d];
+                match += e == dv[j * D + d];
             }
         }
-        printf("%s var %d: dv bit matches %lld of %d\n", argv[1], var, (long long)match, M*D);
+        printf("%s var %d: dv bit matches %lld of %d\n", argv[1], var, (long long)match, M * D);
     }
 }
