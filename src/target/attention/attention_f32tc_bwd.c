@@ -99,7 +99,7 @@ ATTT_INLINE void attb_probs(float (*st)[4], float (*dpt)[4], const int NT, int k
             const int vis = (float)(e < 2 ? kl0 : kl1) < sc[col];
             /* the score rounded on its own, as attb_lse_team has it: fused into x - lse, a
              * one-hot row's p would miss 1 */
-            const float x = ATT_ROUNDED(st[nt][e] * scale);
+            const float x = ATT_ROUNDED_MUL(st[nt][e], scale);
             const float p = vis ? attt_ex2((x - sl[col]) * ATTT_LOG2E) : 0.f;
             if (dpt)
                 st[nt][e] = vis ? p * (dpt[nt][e] - sd[col]) : 0.f;
@@ -154,7 +154,7 @@ ATTT_INLINE void attb_lse_team(const ompk_attn_geom *g, const float *q, const fl
             for (int e = 0; e < 4; e++) {
                 const int rr = e >> 1;
                 if (kt + nt * 8 + t4 * 2 + (e & 1) >= lim[rr]) continue;
-                const float x = ATT_ROUNDED(s[nt][e] * g->scale);
+                const float x = ATT_ROUNDED_MUL(s[nt][e], g->scale);
                 if (x > m[rr]) { /* a NaN score leaves m alone and turns l into NaN below */
                     l[rr] *= attt_ex2((m[rr] - x) * ATTT_LOG2E);
                     m[rr] = x;
@@ -387,7 +387,7 @@ ATTT_INLINE void attb_dq_team(const ompk_attn_geom *g, const float *q, const flo
             for (int e = 0; e < 4; e++) {
                 const int key = nt * 8 + t4 * 2 + (e & 1), rr = e >> 1;
                 const int vis = (float)key < c[rr];
-                const float x = ATT_ROUNDED(s[nt][e] * g->scale); /* as in attb_probs */
+                const float x = ATT_ROUNDED_MUL(s[nt][e], g->scale); /* as in attb_probs */
                 const float p = vis ? attt_ex2((x - sl[rr]) * ATTT_LOG2E) : 0.f;
                 s[nt][e] = vis ? p * (dp[nt][e] - sd[rr]) : 0.f;
             }

@@ -3,6 +3,7 @@
 #ifndef OMPK_ATTENTION_KERNELS_H
 #define OMPK_ATTENTION_KERNELS_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "route.h"
@@ -15,6 +16,15 @@
 #define ATT_ROUNDED(x) __builtin_assoc_barrier(x)
 #else
 #define ATT_ROUNDED(x) (x)
+#endif
+
+/* The scalar product a * b rounded as above, on every compiler and device. GCC's GPU images write
+ * mul and sub without a rounding mode, and the driver's PTX compiler fuses such a pair through any
+ * barrier; an fma with a -0 addend (the product rounded once) is not fused again. */
+#if defined(OMPK_OFFLOAD_GCC_NVPTX)
+#define ATT_ROUNDED_MUL(a, b) ATT_ROUNDED(fmaf((a), (b), -0.0f))
+#else
+#define ATT_ROUNDED_MUL(a, b) ATT_ROUNDED((a) * (b))
 #endif
 
 /* Shape, strides (elements, order b, h, n; dh has stride 1) and options of one call. */

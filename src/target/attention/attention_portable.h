@@ -56,15 +56,9 @@ ATT_INLINE float att_exp2(float x0) {
     return x0 == x0 ? p * e.f : x0;
 }
 
-/* A score in natural units, rounded to fp32 on every compiler (see ATT_ROUNDED). GCC's GPU images
- * leave mul and sub without a rounding mode, and the driver's PTX compiler fuses such a pair
- * through any barrier; an fma with a -0 addend (the product rounded once) is not fused again. */
+/* A score in natural units, rounded to fp32 on every compiler (see ATT_ROUNDED_MUL). */
 ATT_INLINE float att_score(float dot, float scale) {
-#if defined(OMPK_OFFLOAD_GCC_NVPTX)
-    return ATT_ROUNDED(fmaf(dot, scale, -0.0f));
-#else
-    return ATT_ROUNDED(dot * scale);
-#endif
+    return ATT_ROUNDED_MUL(dot, scale);
 }
 
 ATT_INLINE float att_ld(const void *p, int64_t i, const int bf) {

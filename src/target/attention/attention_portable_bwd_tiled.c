@@ -98,9 +98,9 @@ ATTP_INLINE float attp_dot(const float *p) {
     return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
-/* A score in natural units, rounded to fp32 before its next use (ATT_ROUNDED). */
+/* A score in natural units, rounded to fp32 before its next use (ATT_ROUNDED_MUL). */
 ATTP_INLINE float attp_score(const float *p, float scale) {
-    return ATT_ROUNDED(attp_dot(p) * scale);
+    return ATT_ROUNDED_MUL(attp_dot(p), scale);
 }
 
 ATTP_INLINE int64_t attp_row(const int64_t s[3], int64_t b, int64_t h, int64_t n) {
