@@ -1,5 +1,6 @@
 /* ompk-bench entries for mHC pre forward (Sinkhorn fused), Sinkhorn forward/backward, pre
- * backward, the training chain (pre fwd + Sinkhorn bwd + pre bwd) and post backward.
+ * backward, the training chain (pre fwd + Sinkhorn bwd + pre bwd), post backward, and layer l's
+ * post forward + layer l+1's pre forward as one call (mhc_post_pre_fwd) and as the two calls.
  * GPU: B4 S4096 n4 D4096 bf16 (the issue's shape), and B4 S4096 D2048 at n = 8, 1, 2, 6. Host: B1
  * S1024 n4 D2048 bf16, small enough for the 2-core CI machine; bench/peers/mhc_peer.py times
  * PyTorch on the same keys. */
@@ -170,6 +171,48 @@ static void emit(ompk_bench_ctx *ctx, mhc_bufs *m, const char *kernel, double ms
     emit_v(ctx, m, kernel, NULL, ms, mn, bytes, flops, extra);
 }
 
+/* layer l's post forward into dout (the new residual), then the pre forward on it: post's comb
+ * and weights are the dcombp and dpost buffers, so that no output overlaps an input */
+static ompk_status call_post_then_pre(void *p) {
+    mhc_bufs *m = p;
+    ompk_status st = ompk_mhc_post_fwd(&m->tx, &m->tdcombp, &m->tdpost, &m->tf, &m->tdout);
+    if (st != OMPK_OK) return st;
+    return ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &m->tdout,
+                                                     .phi = &m->tphi,
+                                                     .gamma = &m->tgamma,
+                                                     .alpha = &m->talpha,
+                                                     .bias = &m->tbias,
+                                                     .h_in = &m->th_in,
+                                                     .h_post = &m->th_post,
+                                                     .res_logits = &m->tlogits,
+                                                     .comb = &m->tcomb,
+                                                     .h_mix = &m->th_mix,
+                                                     .inv_rms = &m->tinv,
+                                                     .h_pre = &m->th_pre},
+                            &m->p);
+}
+
+static ompk_status call_post_pre(void *p) {
+    mhc_bufs *m = p;
+    const ompk_mhc_post_pre_fwd_args a = {.x = &m->tx,
+                                          .comb = &m->tdcombp,
+                                          .post = &m->tdpost,
+                                          .f = &m->tf,
+                                          .x_out = &m->tdout,
+                                          .pre = {.phi = &m->tphi,
+                                                  .gamma = &m->tgamma,
+                                                  .alpha = &m->talpha,
+                                                  .bias = &m->tbias,
+                                                  .h_in = &m->th_in,
+                                                  .h_post = &m->th_post,
+                                                  .res_logits = &m->tlogits,
+                                                  .comb = &m->tcomb,
+                                                  .h_mix = &m->th_mix,
+                                                  .inv_rms = &m->tinv,
+                                                  .h_pre = &m->th_pre}};
+    return ompk_mhc_post_pre_fwd(&a, &m->p);
+}
+
 static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int64_t D,
                        const char *const *variants, int nvar) {
     mhc_bufs m;
@@ -234,6 +277,18 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
     else
         emit(ctx, &m, "mhc_post_bwd", ms, mn, T * (3 * K * e + 2 * Dd * e + (2 * nn + 2 * nd) * 4),
              T * Dd * (4 * nn + 4 * nd), -1);
+    /* x and f read, x_out and h_in written once each (the floor of a fused pass) */
+    const double pp_bytes = T * (2 * K * e + 2 * Dd * e);
+    ms = ompk_bench_time(ctx, call_post_then_pre, &m, &mn);
+    if (ms < 0)
+        rc = 1;
+    else
+        emit(ctx, &m, "mhc_post_then_pre_fwd", ms, mn, pp_bytes, gemm, -1);
+    ms = ompk_bench_time(ctx, call_post_pre, &m, &mn);
+    if (ms < 0)
+        rc = 1;
+    else
+        emit(ctx, &m, "mhc_post_pre_fwd", ms, mn, pp_bytes, gemm, -1);
     bufs_free(ctx, &m);
     return rc;
 }

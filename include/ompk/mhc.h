@@ -53,6 +53,29 @@ typedef struct ompk_mhc_pre_fwd_args {
 /* args must not be NULL; params NULL = ompk_mhc_params_default(). */
 ompk_status ompk_mhc_pre_fwd(const ompk_mhc_pre_fwd_args *args, const ompk_mhc_params *params);
 
+/* post(l) + pre(l+1), forward (docs/KERNELS.md 1.7): layer l's post forward
+ *     x_out[b,s,o,d] = post[b,s,o] * f[b,s,d] + sum_i comb[b,s,i,o] * x[b,s,i,d]
+ * (ompk_mhc_post_fwd, rounded once to x's dtype) followed by layer l+1's pre forward on x_out
+ * (ompk_mhc_pre_fwd), in one call: the results equal those two calls' bit for bit. Decode-size
+ * calls on a GPU (T = B*S <= 64) run as one target region that forms x_out and the pre's GEMM in
+ * the same pass; larger calls run the two kernels. For training the two backwards need nothing
+ * more: ompk_mhc_post_bwd with this call's x, comb, post, f, and ompk_mhc_pre_bwd with x = x_out
+ * and the pre outputs saved here (h_mix, inv_rms, h_pre, h_post). */
+typedef struct ompk_mhc_post_pre_fwd_args {
+    /* Layer l's post inputs, as ompk_mhc_post_fwd's: x [B,S,n,D] f32|bf16 (any non-negative
+     * strides), comb [B,S,n,n] f32, post [B,S,n] f32, f [B,S,D] x's dtype. */
+    const ompk_tensor *x, *comb, *post, *f;
+    /* The new residual [B,S,n,D], x's dtype, unit stride on D; overlaps no other tensor. */
+    ompk_tensor *x_out;
+    /* Layer l+1's pre forward: phi, gamma, alpha, bias and the outputs as in
+     * ompk_mhc_pre_fwd_args; pre.x must be NULL or x_out. */
+    ompk_mhc_pre_fwd_args pre;
+} ompk_mhc_post_pre_fwd_args;
+
+/* args must not be NULL; params (layer l+1's pre) NULL = ompk_mhc_params_default(). */
+ompk_status ompk_mhc_post_pre_fwd(const ompk_mhc_post_pre_fwd_args *args,
+                                  const ompk_mhc_params *params);
+
 /* Sinkhorn-Knopp, forward (docs/KERNELS.md 1.3): logits [B,S,n,n] f32 -> comb [B,S,n,n] f32.
  * params: sinkhorn_repeat (1..1000) and sinkhorn_eps (finite, >= 0) are read (NULL = defaults). */
 ompk_status ompk_mhc_sinkhorn_fwd(const ompk_tensor *logits, ompk_tensor *comb,

@@ -273,7 +273,7 @@ static int impl_serves(const ompk_impl *e, const void *args) {
     return ompk_impl_available(e) && (!e->ok || e->ok(args));
 }
 
-static ompk_status impl_run_one(const ompk_impl *e, const void *args, ompk_device device,
+ompk_status ompk_impl_run_entry(const ompk_impl *e, const void *args, ompk_device device,
                                 const char *fn) {
     const int64_t bytes = e->workspace ? e->workspace(args) : 0;
     void *ws = NULL;
@@ -288,13 +288,30 @@ static ompk_status impl_run_one(const ompk_impl *e, const void *args, ompk_devic
     return st;
 }
 
+ompk_status ompk_impl_pick(ompk_op op, const void *args, const char *fn, const ompk_impl **pick) {
+    const ompk_impl *named;
+    *pick = NULL;
+    const ompk_status st = ompk_variant_selected(op, fn, &named);
+    if (st != OMPK_OK) return st;
+    if (named && impl_serves(named, args)) {
+        *pick = named;
+        return OMPK_OK;
+    }
+    const ompk_impl_list t = ompk_impl_table(op);
+    for (int i = 0; i < t.count && !*pick; i++) {
+        const ompk_impl *e = &t.impl[i];
+        if (!e->named_only && e != named && impl_serves(e, args)) *pick = e;
+    }
+    return OMPK_OK;
+}
+
 ompk_status ompk_impl_run(ompk_op op, const void *args, ompk_device device, const char *fn,
                           const ompk_impl **ran) {
     const ompk_impl *named;
     ompk_status st = ompk_variant_selected(op, fn, &named);
     if (st != OMPK_OK) return st;
     if (named && impl_serves(named, args)) {
-        st = impl_run_one(named, args, device, fn);
+        st = ompk_impl_run_entry(named, args, device, fn);
         if (st != OMPK_ERR_UNSUPPORTED) {
             if (ran) *ran = named;
             last_ran[op] = named;
@@ -305,7 +322,7 @@ ompk_status ompk_impl_run(ompk_op op, const void *args, ompk_device device, cons
     for (int i = 0; i < t.count; i++) {
         const ompk_impl *e = &t.impl[i];
         if (e->named_only || e == named || !impl_serves(e, args)) continue;
-        st = impl_run_one(e, args, device, fn);
+        st = ompk_impl_run_entry(e, args, device, fn);
         if (st != OMPK_ERR_UNSUPPORTED) {
             if (ran) *ran = e;
             last_ran[op] = e;

@@ -60,6 +60,15 @@ const char *ompk_op_name(ompk_op op);
 ompk_status ompk_impl_run(ompk_op op, const void *args, ompk_device device, const char *fn,
                           const ompk_impl **ran);
 
+/* The entry ompk_impl_run would run first for args (*pick NULL: none serves them); an entry that
+ * then declines hands over to the next, so this is the entry that runs unless it declines. */
+ompk_status ompk_impl_pick(ompk_op op, const void *args, const char *fn, const ompk_impl **pick);
+
+/* Runs entry e (one that serves args) with its workspace: what ompk_impl_run does with the entry
+ * it picks, without the decline hand-over. */
+ompk_status ompk_impl_run_entry(const ompk_impl *e, const void *args, ompk_device device,
+                                const char *fn);
+
 /* The entry a selection names for op (NULL: none) after the process-wide selection has been
  * checked; a bad selection returns OMPK_ERR_INVALID_ARGUMENT with the message recorded for fn. */
 ompk_status ompk_variant_selected(ompk_op op, const char *fn, const ompk_impl **named);

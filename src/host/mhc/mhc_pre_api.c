@@ -49,18 +49,21 @@ typedef struct pre_dims {
 } pre_dims;
 
 /* The inputs pre forward and pre backward share: x [B,S,n,D], phi [M,K], gamma [K] or NULL,
- * alpha [3]. Fills the dimensions (all 0 unless x passed its checks, so that no product is
+ * alpha [3]; x_out: x is written by the call (a post forward in front of the pre) rather than
+ * read. Fills the dimensions (all 0 unless x passed its checks, so that no product is
  * formed from an unchecked n; with 1 <= n <= 8, D >= 1 and x within the size policy, none of
  * them can overflow). */
 static void check_pre_inputs(ompk_call *c, const ompk_tensor *x, const ompk_tensor *phi,
-                             const ompk_tensor *gamma, const ompk_tensor *alpha, pre_dims *z) {
+                             const ompk_tensor *gamma, const ompk_tensor *alpha, int x_out,
+                             pre_dims *z) {
     memset(z, 0, sizeof *z);
-    if (ompk_call_input(c, "x", x, 4, OMPK_DT_FLOAT)) {
+    /* x_out: registered and checked as an output by the post forward's checks already */
+    if (x_out ? x != NULL && ompk_call_ok(c) : ompk_call_input(c, "x", x, 4, OMPK_DT_FLOAT)) {
         const int64_t n = x->shape[2], D = x->shape[3];
         ompk_call_require(c, n >= 1 && n <= 8, OMPK_ERR_INVALID_ARGUMENT,
                           "n = %lld streams, must be 1..8", (long long)n);
         ompk_call_require(c, D >= 1, OMPK_ERR_INVALID_ARGUMENT, "D must be >= 1");
-        ompk_call_unit_stride(c, "x", x, 3);
+        ompk_call_unit_stride(c, x_out ? "x_out" : "x", x, 3);
         if (ompk_call_ok(c)) {
             z->B = x->shape[0], z->S = x->shape[1], z->n = n, z->D = D;
             z->T = z->B * z->S, z->K = n * D, z->M = 2 * n + n * n;
@@ -121,45 +124,49 @@ static void pre_fwd_report(const ompk_verify_io *io, int i) {
     }
 }
 
-static ompk_status pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const ompk_tensor *gamma,
-                           const ompk_tensor *alpha, const ompk_tensor *bias,
-                           const ompk_mhc_params *params, ompk_tensor *h_in, ompk_tensor *h_post,
-                           ompk_tensor *res_logits, ompk_tensor *comb, ompk_tensor *h_mix,
-                           ompk_tensor *inv_rms, ompk_tensor *h_pre) {
-    ompk_call c;
-    ompk_call_begin(&c, "ompk_mhc_pre_fwd");
-    const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
-    check_params(&c, &p);
+void ompk_mhc_pre_fwd_check(ompk_call *c, const ompk_mhc_pre_fwd_args *g, const ompk_mhc_params *p,
+                            int x_out) {
+    const ompk_tensor *x = g->x, *bias = g->bias, *h_in = g->h_in, *h_post = g->h_post;
+    const ompk_tensor *res_logits = g->res_logits, *comb = g->comb, *h_mix = g->h_mix;
+    const ompk_tensor *inv_rms = g->inv_rms, *h_pre = g->h_pre;
+    check_params(c, p);
     pre_dims z;
-    check_pre_inputs(&c, x, phi, gamma, alpha, &z);
+    check_pre_inputs(c, x, g->phi, g->gamma, g->alpha, x_out, &z);
     const int64_t B = z.B, S = z.S, n = z.n, D = z.D, T = z.T, M = z.M;
-    ompk_call_input(&c, "bias", bias, 1, OMPK_DT(OMPK_F32));
-    ompk_call_dim(&c, "bias", bias, 0, M);
-    ompk_call_output(&c, "h_in", h_in, 3, OMPK_DT_FLOAT);
-    dims(&c, "h_in", h_in, 3, (int64_t[]){B, S, D});
-    ompk_call_same_dtype(&c, "x", x, "h_in", h_in);
-    ompk_call_unit_stride(&c, "h_in", h_in, 2);
-    ompk_call_output(&c, "h_post", h_post, 3, OMPK_DT(OMPK_F32));
-    dims(&c, "h_post", h_post, 3, (int64_t[]){B, S, n});
-    if (p.fuse_sinkhorn) {
-        ompk_call_output(&c, "comb", comb, 4, OMPK_DT(OMPK_F32));
-        ompk_call_tensor(&c, "res_logits", res_logits, 4, OMPK_DT(OMPK_F32), 1, 1);
+    ompk_call_input(c, "bias", bias, 1, OMPK_DT(OMPK_F32));
+    ompk_call_dim(c, "bias", bias, 0, M);
+    ompk_call_output(c, "h_in", h_in, 3, OMPK_DT_FLOAT);
+    dims(c, "h_in", h_in, 3, (int64_t[]){B, S, D});
+    ompk_call_same_dtype(c, x_out ? "x_out" : "x", x, "h_in", h_in);
+    ompk_call_unit_stride(c, "h_in", h_in, 2);
+    ompk_call_output(c, "h_post", h_post, 3, OMPK_DT(OMPK_F32));
+    dims(c, "h_post", h_post, 3, (int64_t[]){B, S, n});
+    if (p->fuse_sinkhorn) {
+        ompk_call_output(c, "comb", comb, 4, OMPK_DT(OMPK_F32));
+        ompk_call_tensor(c, "res_logits", res_logits, 4, OMPK_DT(OMPK_F32), 1, 1);
     } else {
-        ompk_call_require(&c, comb == NULL, OMPK_ERR_INVALID_ARGUMENT,
+        ompk_call_require(c, comb == NULL, OMPK_ERR_INVALID_ARGUMENT,
                           "comb must be NULL when Sinkhorn is not fused");
-        ompk_call_output(&c, "res_logits", res_logits, 4, OMPK_DT(OMPK_F32));
+        ompk_call_output(c, "res_logits", res_logits, 4, OMPK_DT(OMPK_F32));
     }
-    dims(&c, "comb", comb, 4, (int64_t[]){B, S, n, n});
-    dims(&c, "res_logits", res_logits, 4, (int64_t[]){B, S, n, n});
-    ompk_call_tensor(&c, "h_mix", h_mix, 2, OMPK_DT(OMPK_F32), 1, 1);
-    dims(&c, "h_mix", h_mix, 2, (int64_t[]){T, M});
-    ompk_call_tensor(&c, "inv_rms", inv_rms, 1, OMPK_DT(OMPK_F32), 1, 1);
-    dims(&c, "inv_rms", inv_rms, 1, (int64_t[]){T});
-    ompk_call_tensor(&c, "h_pre", h_pre, 2, OMPK_DT(OMPK_F32), 1, 1);
-    dims(&c, "h_pre", h_pre, 2, (int64_t[]){T, n});
-    ompk_status st = ompk_call_end(&c);
-    if (st != OMPK_OK) return st;
+    dims(c, "comb", comb, 4, (int64_t[]){B, S, n, n});
+    dims(c, "res_logits", res_logits, 4, (int64_t[]){B, S, n, n});
+    ompk_call_tensor(c, "h_mix", h_mix, 2, OMPK_DT(OMPK_F32), 1, 1);
+    dims(c, "h_mix", h_mix, 2, (int64_t[]){T, M});
+    ompk_call_tensor(c, "inv_rms", inv_rms, 1, OMPK_DT(OMPK_F32), 1, 1);
+    dims(c, "inv_rms", inv_rms, 1, (int64_t[]){T});
+    ompk_call_tensor(c, "h_pre", h_pre, 2, OMPK_DT(OMPK_F32), 1, 1);
+    dims(c, "h_pre", h_pre, 2, (int64_t[]){T, n});
+}
 
+void ompk_mhc_pre_fwd_build(const ompk_mhc_pre_fwd_args *g, const ompk_mhc_params *params,
+                            mhc_pre_fwd_args *out) {
+    const ompk_mhc_params p = *params;
+    const ompk_tensor *x = g->x, *phi = g->phi, *gamma = g->gamma, *alpha = g->alpha;
+    const ompk_tensor *bias = g->bias, *h_in = g->h_in, *h_post = g->h_post;
+    const ompk_tensor *res_logits = g->res_logits, *comb = g->comb, *h_mix = g->h_mix;
+    const ompk_tensor *inv_rms = g->inv_rms, *h_pre = g->h_pre;
+    const int64_t B = x->shape[0], S = x->shape[1], n = x->shape[2], D = x->shape[3];
     mhc_pre_fwd_args a;
     memset(&a, 0, sizeof a);
     a.x = x->data;
@@ -189,35 +196,53 @@ static ompk_status pre_fwd(const ompk_tensor *x, const ompk_tensor *phi, const o
         a.shpre[1] = h_pre->strides[1];
     a.norm_eps = p.norm_eps, a.hc_eps = p.hc_eps, a.post_mult = p.post_mult;
     a.sk_eps = p.sinkhorn_eps, a.repeat = p.sinkhorn_repeat;
-    if (T == 0) return OMPK_OK;
+    *out = a;
+}
 
-    const mhc_pre_fwd_call call = {ompk_exec_for(c.device), &a};
+void ompk_mhc_pre_fwd_verify(const ompk_mhc_pre_fwd_args *g, const ompk_mhc_params *params) {
+    const ompk_mhc_params p = *params;
+    const ompk_tensor *x = g->x, *phi = g->phi, *gamma = g->gamma, *alpha = g->alpha;
+    const ompk_tensor *bias = g->bias, *h_in = g->h_in, *h_post = g->h_post;
+    const ompk_tensor *res_logits = g->res_logits, *comb = g->comb, *h_mix = g->h_mix;
+    const ompk_tensor *inv_rms = g->inv_rms, *h_pre = g->h_pre;
+    const int64_t n = x->shape[2], T = x->shape[0] * x->shape[1], M = 2 * n + n * n;
+    /* the reference always forms res_logits, h_mix, inv_rms and h_pre; comb only if asked */
+    const ompk_verify_arg args[12] = {{"x", x, 1, 0, 0, NULL},
+                                      {"phi", phi, 1, 0, 0, NULL},
+                                      {"gamma", gamma, 1, 0, 0, NULL},
+                                      {"alpha", alpha, 1, 0, 0, NULL},
+                                      {"bias", bias, 1, 0, 0, NULL},
+                                      {"h_in", h_in, 1, 1, 0, NULL},
+                                      {"h_post", h_post, 1, 1, 0, NULL},
+                                      {"res_logits", res_logits, 1, 1, T * n * n, NULL},
+                                      {"comb", comb, 1, 1, 0, NULL},
+                                      {"h_mix", h_mix, 1, 1, T * M, NULL},
+                                      {"inv_rms", inv_rms, 1, 1, T, NULL},
+                                      {"h_pre", h_pre, 1, 1, T * n, NULL}};
+    const ompk_verify_op op = {.fn = "mhc_pre_fwd",
+                               .args = args,
+                               .nargs = 12,
+                               .gather = 1,
+                               .ctx = &p,
+                               .ref = pre_fwd_ref,
+                               .report = pre_fwd_report};
+    ompk_verify_run(&op);
+}
+
+static ompk_status pre_fwd(const ompk_mhc_pre_fwd_args *g, const ompk_mhc_params *params) {
+    ompk_call c;
+    ompk_call_begin(&c, "ompk_mhc_pre_fwd");
+    const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
+    ompk_mhc_pre_fwd_check(&c, g, &p, 0);
+    ompk_status st = ompk_call_end(&c);
+    if (st != OMPK_OK) return st;
+    mhc_pre_fwd_args a;
+    ompk_mhc_pre_fwd_build(g, &p, &a);
+    if (a.B * a.S == 0) return OMPK_OK;
+    const mhc_pre_fwd_call call = {ompk_exec_for(c.device), &a, NULL};
     st = ompk_impl_run(OMPK_OP_MHC_PRE_FWD, &call, c.device, c.fn, NULL);
     if (st != OMPK_OK) return st;
-
-    if (ompk_verify_enabled() || ompk_trace_enabled()) {
-        /* the reference always forms res_logits, h_mix, inv_rms and h_pre; comb only if asked */
-        const ompk_verify_arg args[12] = {{"x", x, 1, 0, 0, NULL},
-                                          {"phi", phi, 1, 0, 0, NULL},
-                                          {"gamma", gamma, 1, 0, 0, NULL},
-                                          {"alpha", alpha, 1, 0, 0, NULL},
-                                          {"bias", bias, 1, 0, 0, NULL},
-                                          {"h_in", h_in, 1, 1, 0, NULL},
-                                          {"h_post", h_post, 1, 1, 0, NULL},
-                                          {"res_logits", res_logits, 1, 1, T * n * n, NULL},
-                                          {"comb", comb, 1, 1, 0, NULL},
-                                          {"h_mix", h_mix, 1, 1, T * M, NULL},
-                                          {"inv_rms", inv_rms, 1, 1, T, NULL},
-                                          {"h_pre", h_pre, 1, 1, T * n, NULL}};
-        const ompk_verify_op op = {.fn = "mhc_pre_fwd",
-                                   .args = args,
-                                   .nargs = 12,
-                                   .gather = 1,
-                                   .ctx = &p,
-                                   .ref = pre_fwd_ref,
-                                   .report = pre_fwd_report};
-        ompk_verify_run(&op);
-    }
+    if (ompk_verify_enabled() || ompk_trace_enabled()) ompk_mhc_pre_fwd_verify(g, &p);
     return OMPK_OK;
 }
 
@@ -275,7 +300,7 @@ static ompk_status pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const o
     const ompk_mhc_params p = params ? *params : ompk_mhc_params_default();
     check_params(&c, &p);
     pre_dims z;
-    check_pre_inputs(&c, x, phi, gamma, alpha, &z);
+    check_pre_inputs(&c, x, phi, gamma, alpha, 0, &z);
     const int64_t B = z.B, S = z.S, n = z.n, D = z.D, T = z.T, K = z.K, M = z.M;
     ompk_call_input(&c, "dh_in", dh_in, 3, OMPK_DT_FLOAT);
     dims(&c, "dh_in", dh_in, 3, (int64_t[]){B, S, D});
@@ -380,8 +405,7 @@ static ompk_status pre_bwd(const ompk_tensor *x, const ompk_tensor *phi, const o
 
 ompk_status ompk_mhc_pre_fwd(const ompk_mhc_pre_fwd_args *a, const ompk_mhc_params *params) {
     if (!a) return ompk_fail(OMPK_ERR_INVALID_ARGUMENT, "ompk_mhc_pre_fwd", "args is NULL");
-    return pre_fwd(a->x, a->phi, a->gamma, a->alpha, a->bias, params, a->h_in, a->h_post,
-                   a->res_logits, a->comb, a->h_mix, a->inv_rms, a->h_pre);
+    return pre_fwd(a, params);
 }
 
 ompk_status ompk_mhc_pre_bwd(const ompk_mhc_pre_bwd_args *a, const ompk_mhc_params *params) {

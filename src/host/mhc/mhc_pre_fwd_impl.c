@@ -1,8 +1,11 @@
-/* mHC pre forward: the implementation list (variant.h), most specialised first. Defaults: the
- * wide-load tensor-core GEMM for n <= 4, the register GEMM with rotated stages and L2 fills above
- * (GPU, bf16); the host form on the host; the SIMT kernels everywhere else. Lab builds (OMPK_LAB)
- * add the benchmark alternatives as named-only entries (bench/results/INDEX.md, Decisions). */
+/* mHC pre forward: the implementation list (variant.h). Defaults: the host form on the host; on a
+ * GPU the one-region decode kernel for calls of at most MHC_DEC_TMAX tokens, else the wide-load
+ * tensor-core GEMM for n <= 4, the register GEMM with rotated stages and L2 fills above (bf16);
+ * the SIMT kernels everywhere else. The decode kernel runs on the host when named. Lab builds
+ * (OMPK_LAB) add the benchmark alternatives as named-only entries (bench/results/INDEX.md,
+ * Decisions). */
 #include "mhc_impl.h"
+#include "target/mhc/mhc_pre_dec.h"
 
 /* teams the wide-load GEMM aims at (0: its default; a knob of lab builds) */
 static int pre_teams(void) {
@@ -60,6 +63,14 @@ static ompk_status run_host(const void *p, void *ws) {
     const mhc_pre_fwd_cfg c = {1, 0, 0, 0, 0, 3, 0};
     return pre_run_cfg(p, ws, c);
 }
+static int ok_decode(const void *p) {
+    return mhc_pre_dec_ok(((const mhc_pre_fwd_call *)p)->a);
+}
+static ompk_status run_decode(const void *p, void *ws) {
+    const mhc_pre_fwd_call *k = p;
+    mhc_pre_dec_kernel(k->ex, k->a, k->post, ws);
+    return OMPK_OK;
+}
 static ompk_status run_portable(const void *p, void *ws) {
     const mhc_pre_fwd_cfg c = {0, 0, 0, 0, 0, 3, 0};
     return pre_run_cfg(p, ws, c);
@@ -67,6 +78,8 @@ static ompk_status run_portable(const void *p, void *ws) {
 
 #define TC(name, id, named) {name, named, ompk_nv_kernels_built, ok_##id, pre_ws, run_##id}
 static const ompk_impl impls[] = {
+    {"host", 0, NULL, ok_host, pre_ws, run_host},
+    {"decode", 0, NULL, ok_decode, pre_ws, run_decode},
     TC("tc-wide", wide, 0),
     TC("tc-l2fill", l2fill, 0),
 #ifdef OMPK_LAB
@@ -79,7 +92,6 @@ static const ompk_impl impls[] = {
     TC("tc-fused", fused, 1),
     TC("tc-wide-ring2", ring2, 1),
 #endif
-    {"host", 0, NULL, ok_host, pre_ws, run_host},
     {"portable", 0, NULL, NULL, pre_ws, run_portable},
 };
 #undef TC

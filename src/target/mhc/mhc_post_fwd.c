@@ -28,6 +28,8 @@ static inline __attribute__((always_inline)) void post_load8(const int n, const 
     ompk_load8(f, bf16, fv);
 }
 
+/* Every post kernel forms out as one product and then an fmaf a stream, so that no compiler's
+ * contraction choices change the bits between kernels (ompk_mhc_post_pre_fwd relies on it). */
 static inline __attribute__((always_inline)) void
 post_compute8(const int n, const float xv[NMAX][8], const float fv[8], const float cw[NMAX][NMAX],
               const float pw[NMAX], char *out, int64_t osi, int bf16, int esz) {
@@ -41,7 +43,7 @@ post_compute8(const int n, const float xv[NMAX][8], const float fv[8], const flo
         for (int i = 0; i < NMAX; i++) {
             if (i >= n) continue;
 #pragma GCC unroll 8
-            for (int e = 0; e < 8; e++) acc[e] += cw[o][i] * xv[i][e];
+            for (int e = 0; e < 8; e++) acc[e] = fmaf(cw[o][i], xv[i][e], acc[e]);
         }
         ompk_store8(out + o * osi * esz, bf16, acc);
     }
@@ -87,7 +89,8 @@ post_token_raw(const int n, const int bf16, const char *restrict xt, int64_t xsi
             for (int i = 0; i < NMAX; i++) {
                 if (i >= n) continue;
 #pragma GCC unroll 8
-                for (int e = 0; e < 8; e++) acc[e] += cw[o][i] * raw_elem(xr[i], e, bf16);
+                for (int e = 0; e < 8; e++)
+                    acc[e] = fmaf(cw[o][i], raw_elem(xr[i], e, bf16), acc[e]);
             }
             ompk_store8(ot + (o * osi + c * 8) * esz, bf16, acc);
         }
@@ -111,7 +114,7 @@ post_elem(const int n, const void *x, int64_t xo, int64_t xsi, const float *comb
         float acc = post[o * pso] * fv;
 #pragma GCC unroll 8
         for (int i = 0; i < NMAX; i++)
-            if (i < n) acc += comb[i * csi + o * cso] * xv[i];
+            if (i < n) acc = fmaf(comb[i * csi + o * cso], xv[i], acc);
         ompk_store_f(out, oo + o * osi, acc, bf16);
     }
 }

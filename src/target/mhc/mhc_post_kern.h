@@ -4,6 +4,7 @@
 #ifndef OMPK_MHC_POST_KERN_H
 #define OMPK_MHC_POST_KERN_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "bare.h"
@@ -159,7 +160,8 @@ PS_INLINE void ps_mix_chunks(const int n, const int bf16, const int U, const int
             for (int i = 0; i < NMAX; i++) {
                 if (i >= n) continue;
 #pragma GCC unroll 8
-                for (int e = 0; e < 8; e++) acc[e] += cw[o][i] * raw_elem(xr[u][i], e, bf16);
+                for (int e = 0; e < 8; e++)
+                    acc[e] = fmaf(cw[o][i], raw_elem(xr[u][i], e, bf16), acc[e]);
             }
             char *dst = ot + o * osb + off;
             if (bf16) {
