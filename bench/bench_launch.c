@@ -23,7 +23,8 @@ static int bench_launch(ompk_bench_ctx *ctx) {
         const char *name;
     } forms[] = {{OMPK_PROBE_BARE, "bare"},
                  {OMPK_PROBE_COMBINED, "combined"},
-                 {OMPK_PROBE_NOWAIT, "combined_nowait_taskwait"}};
+                 {OMPK_PROBE_NOWAIT, "combined_nowait_taskwait"},
+                 {OMPK_PROBE_STRUCT, "combined_struct512"}};
     launch_arg a = {ctx->dev.id, OMPK_PROBE_BARE, ompk_bench_alloc_random(ctx, OMPK_I32, 1, 1)};
     if (!a.word) return 1;
     int rc = 0;

@@ -68,8 +68,7 @@ static int ok_decode(const void *p) {
 }
 static ompk_status run_decode(const void *p, void *ws) {
     const mhc_pre_fwd_call *k = p;
-    mhc_pre_dec_kernel(k->ex, k->a, k->post, ws);
-    return OMPK_OK;
+    return mhc_pre_dec_kernel(k->ex, k->a, k->post, ws) == 0 ? OMPK_OK : OMPK_ERR_OUT_OF_MEMORY;
 }
 static ompk_status run_portable(const void *p, void *ws) {
     const mhc_pre_fwd_cfg c = {0, 0, 0, 0, 0, 3, 0};

@@ -8,21 +8,21 @@
  * 32 e + 4 tc .. + 3 (e < DHP / 32), all in registers. Q and K reach shared memory in chunks of
  * ATTP_DC columns, V in chunks of ATTP_VK keys, as f32 whatever the input type: a thread loads
  * its groups of 4 elements (one load each where the layout is aligned) into registers, all
- * before the barrier that frees the shared chunk, then stores them; Q and K chunks alternate
- * between two buffers (the second is P's), so each takes one barrier. P goes through shared memory
- * transposed, four rows of a key side by side, so every inner-loop operand is one 16-byte load
- * that a warp reads without bank conflicts. A row's running max is combined over its 8 threads
- * through shared memory at every tile; each thread keeps its own partial sum l (same max, same
- * rescaling), and the 8 partial sums are added once at the end.
- * The math is att_fwd_block's (attention_portable.h): natural-unit scores rounded as att_score,
- * the max taken with the comparison that skips NaN, exponentials by att_exp2 of differences,
- * rescaling only when alpha != 1, a masked pair adding exactly 0 (a select, never 0 * v), a row
- * that sees no key giving 0 and -inf. Only the order of the sum l over a row's keys differs
- * (8 partial sums), so results agree to rounding, deterministically (no atomics).
- * Head dims that are not a multiple of 32 run padded to one (zero columns add exactly 0); dh 256
- * would need twice the accumulators, so ompk_attn_fwd_tiled_ok leaves it to the per-row kernel.
- * tests/test_attention_portable_emu.c runs the team function on the host with emulated teams
- * (OMPK_EMULATE) and ompk_attn_fwd_tiled itself with if(target: 0). */
+ * before the barrier that frees the shared chunk, then converts (bf16) and stores them; Q and K
+ * chunks alternate between two buffers (the second is P's), so each takes one barrier. P goes
+ * through shared memory transposed, four rows of a key side by side, so every inner-loop operand is
+ * one 16-byte load that a warp reads without bank conflicts. A row's running max is combined over
+ * its 8 threads through shared memory at every tile; each thread keeps its own partial sum l (same
+ * max, same rescaling), and the 8 partial sums are added once at the end. The math is
+ * att_fwd_block's (attention_portable.h): natural-unit scores rounded as att_score, the max taken
+ * with the comparison that skips NaN, exponentials by att_exp2 of differences, rescaling only when
+ * alpha != 1, a masked pair adding exactly 0 (a select, never 0 * v), a row that sees no key giving
+ * 0 and -inf. Only the order of the sum l over a row's keys differs (8 partial sums), so results
+ * agree to rounding, deterministically (no atomics). Head dims that are not a multiple of 32 run
+ * padded to one (zero columns add exactly 0); dh 256 would need twice the accumulators, so
+ * ompk_attn_fwd_tiled_ok leaves it to the per-row kernel. tests/test_attention_portable_emu.c runs
+ * the team function on the host with emulated teams (OMPK_EMULATE) and ompk_attn_fwd_tiled itself
+ * with if(target: 0). */
 #include <stdint.h>
 
 #include "attention_portable.h"
@@ -76,24 +76,44 @@ typedef struct {
 #pragma omp declare target
 #endif
 
-/* Elements i .. i + 3 of a row of q, k or v as floats, n of them left in the row (0 past the
- * end or for a row out of range: zeros). With vec (attp_vec_ok) one load of an aligned group,
- * else one load each. */
+/* Elements i .. i + 3 of a row of q, k or v, n of them left in the row (0 past the end or for a
+ * row out of range: zeros), as loaded: f32 as floats, bf16 as their raw bits in the first 8 bytes
+ * (attp_cvt4 converts them). A thread issues all its loads before a conversion waits on one.
+ * With vec (attp_vec_ok) one load of an aligned group, else one load each. */
+typedef union {
+    attp_f4 f;
+    attp_h4 h;
+} attp_raw4;
+
 ATT_INLINE attp_f4 attp_ld4(const void *p, int64_t i, int64_t n, const int vec, const int bf) {
-    attp_f4 r = {{0.f, 0.f, 0.f, 0.f}};
+    attp_raw4 r;
+    r.f = (attp_f4){{0.f, 0.f, 0.f, 0.f}};
     if (vec && n > 0) {
-        if (bf) {
-            const attp_h4 h = *(const attp_h4 *)((const uint16_t *)p + i);
-            ATTP_UNROLL
-            for (int c = 0; c < 4; c++) r.f[c] = ompk_bf16_to_f32(h.u[c]);
-        } else {
-            r = *(const attp_f4 *)((const float *)p + i);
-        }
+        if (bf)
+            r.h = *(const attp_h4 *)((const uint16_t *)p + i);
+        else
+            r.f = *(const attp_f4 *)((const float *)p + i);
     } else if (!vec) {
         ATTP_UNROLL
-        for (int c = 0; c < 4; c++) r.f[c] = c < n ? att_ld(p, i + c, bf) : 0.f;
+        for (int c = 0; c < 4; c++) {
+            if (bf)
+                r.h.u[c] = c < n ? ((const uint16_t *)p)[i + c] : 0;
+            else
+                r.f.f[c] = c < n ? ((const float *)p)[i + c] : 0.f;
+        }
     }
-    return r;
+    return r.f;
+}
+
+/* attp_ld4's group as floats */
+ATT_INLINE attp_f4 attp_cvt4(attp_f4 v, const int bf) {
+    if (!bf) return v;
+    attp_raw4 r;
+    r.f = v;
+    attp_f4 o;
+    ATTP_UNROLL
+    for (int c = 0; c < 4; c++) o.f[c] = ompk_bf16_to_f32(r.h.u[c]);
+    return o;
 }
 
 /* Whether every row of the tensor (element offsets of b, h, n strides s) starts at a multiple of
@@ -206,8 +226,8 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
             for (int it = 0; it < ATTP_NQK; it++) {
                 const int e = tid + ATTP_T * it;
                 const int at = e / (ATTP_DC / 4) * (ATTP_LQ / 4) + e % (ATTP_DC / 4);
-                sq4[at] = pf[it];
-                sk4[at] = pf[ATTP_NQK + it];
+                sq4[at] = attp_cvt4(pf[it], bf);
+                sk4[at] = attp_cvt4(pf[ATTP_NQK + it], bf);
             }
             ATTP_SYNC();
             ATTP_NO_UNROLL
@@ -287,7 +307,8 @@ ATT_INLINE void attp_fwd_item(const ompk_attn_geom *g, const void *q, const void
             }
             ATTP_SYNC(); /* P is complete; the chunks' previous users are done */
             ATTP_UNROLL
-            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++) sv4w[tid + ATTP_T * it] = pf[it];
+            for (int it = 0; it < ATTP_VK * DH / 4 / ATTP_T; it++)
+                sv4w[tid + ATTP_T * it] = attp_cvt4(pf[it], bf);
             ATTP_SYNC();
             /* two instances: the uncut one is plain FMAs */
             if (cut)

@@ -55,6 +55,16 @@ int ompk_probe_launch(int dev, ompk_probe_form form, int *word) {
         for (int i = 0; i < 1; i++) word[i] += 1;
 #pragma omp taskwait
         return 0;
+    case OMPK_PROBE_STRUCT: {
+        /* an aggregate argument reaches the device by a host-to-device copy of its own */
+        struct {
+            int v[128];
+        } blk;
+        for (int i = 0; i < 128; i++) blk.v[i] = i;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(word) firstprivate(blk)
+        for (int i = 0; i < 1; i++) word[i] += blk.v[1];
+        return 0;
+    }
     }
     return -1;
 }

@@ -10,7 +10,8 @@ int ompk_probe_device(int dev);
 typedef enum ompk_probe_form {
     OMPK_PROBE_BARE,     /* target teams ompx_bare, one warp (the GPU fast kernels' form) */
     OMPK_PROBE_COMBINED, /* target teams distribute parallel for (the portable kernels' form) */
-    OMPK_PROBE_NOWAIT    /* the same with nowait, then taskwait */
+    OMPK_PROBE_NOWAIT,   /* the same with nowait, then taskwait */
+    OMPK_PROBE_STRUCT    /* combined with a 512-byte firstprivate struct (an argument block) */
 } ompk_probe_form;
 
 /* One synchronous, near-empty target region of the given form on `dev`, incrementing *word (a

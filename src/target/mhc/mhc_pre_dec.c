@@ -2,7 +2,9 @@
  * OpenMP source for GPU and host: target teams, one parallel region a team, barriers and
  * team-shared arrays (omp_pteam_mem_alloc where clang maps it to GPU shared memory). */
 #include <omp.h>
+#include <string.h>
 
+#include "counters.h"
 #include "mhc_pre_dec.h"
 
 #define NMAX 8
@@ -31,15 +33,25 @@
 #define MHC_UNROLL4 _Pragma("GCC unroll 4")
 #endif
 
-/* What the region reads, mapped to the device once a call (one transfer); ctr, the per-token
- * arrival counters, arrive zeroed that way. */
+/* What the region reads. It travels as DEC_NW 8-byte kernel arguments: a struct argument would
+ * cost a host-to-device copy of its own (ompk-bench launch_overhead, combined_struct512). ctr:
+ * the per-token arrival counters, a zeroed block of the pool (counters.h) that the region leaves
+ * zeroed. */
 typedef struct mhc_dec_launch {
     mhc_pre_fwd_args pre;
     mhc_dec_post post;
     int fused;
     int64_t T, KS, DS, K;
-    int ctr[MHC_DEC_TMAX];
+    int *ctr;
 } mhc_dec_launch;
+
+#define DEC_NW 96
+_Static_assert(sizeof(mhc_dec_launch) <= DEC_NW * 8, "mhc_dec_launch fits DEC_NW words");
+_Static_assert(MHC_DEC_TMAX <= OMPK_COUNTERS_MAX, "a counter block has a counter a token");
+// clang-format off
+#define DEC_WORDS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31) X(32) X(33) X(34) X(35) X(36) X(37) X(38) X(39) X(40) X(41) X(42) X(43) X(44) X(45) X(46) X(47) X(48) X(49) X(50) X(51) X(52) X(53) X(54) X(55) X(56) X(57) X(58) X(59) X(60) X(61) X(62) X(63) X(64) X(65) X(66) X(67) X(68) X(69) X(70) X(71) X(72) X(73) X(74) X(75) X(76) X(77) X(78) X(79) X(80) X(81) X(82) X(83) X(84) X(85) X(86) X(87) X(88) X(89) X(90) X(91) X(92) X(93) X(94) X(95)
+#define DEC_NAMES w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, w16, w17, w18, w19, w20, w21, w22, w23, w24, w25, w26, w27, w28, w29, w30, w31, w32, w33, w34, w35, w36, w37, w38, w39, w40, w41, w42, w43, w44, w45, w46, w47, w48, w49, w50, w51, w52, w53, w54, w55, w56, w57, w58, w59, w60, w61, w62, w63, w64, w65, w66, w67, w68, w69, w70, w71, w72, w73, w74, w75, w76, w77, w78, w79, w80, w81, w82, w83, w84, w85, w86, w87, w88, w89, w90, w91, w92, w93, w94, w95
+// clang-format on
 
 /* d ranges a token is split into: about MHC_DEC_ITEMS items in all, at most MHC_DEC_KS ranges,
  * at least 32 d a range */
@@ -69,7 +81,7 @@ int64_t mhc_pre_dec_workspace(const mhc_pre_fwd_args *a) {
 /* Token t's epilogue by the whole team, pre_token's arithmetic spread over its threads: thread m
  * sums column m of the partial rows in range order, thread i forms h_pre[i] and h_post[i], and
  * thread e = i N + j the logit c[i][j] and its Sinkhorn iterations, rows and columns summed through
- * the team-shared sm in mhc_sk_fwd's order; so the bits are pre_token's. tok: MMAX + 1 and sm: 64
+ * the team-shared sm in mhc_sk_fwd's order; so the bits are pre_token's. tok: MMAX + 1 and sm: 128
  * team-shared floats. A team of fewer than N^2 threads runs pre_token on its first thread. */
 MHC_INLINE void pre_dec_token(const int N, const mhc_dec_launch *P, int64_t t, const float *part,
                               float *hp_ws, float *tok, float *sm, int tid, int nth) {
@@ -110,7 +122,10 @@ MHC_INLINE void pre_dec_token(const int N, const mhc_dec_launch *P, int64_t t, c
             a->logits[b * a->slog[0] + s * a->slog[1] + i * a->slog[2] + j * a->slog[3]] = v;
     }
     if (!a->comb) return;
+    /* sm holds two matrices: a step writes one and reads it after one barrier; the one it
+     * overwrites was last read two steps back, before the barrier between */
     const float eps = a->sk_eps;
+    int pb = 0;
     if (mine) sm[e] = v;
     MHC_SYNC();
     if (mine) {
@@ -118,32 +133,32 @@ MHC_INLINE void pre_dec_token(const int N, const mhc_dec_launch *P, int64_t t, c
         for (int jj = 1; jj < N; jj++) mx = sm[i * N + jj] > mx ? sm[i * N + jj] : mx;
         v = expf(v - mx);
     }
-    MHC_SYNC();
-    if (mine) sm[e] = v;
+    pb = 1;
+    if (mine) sm[64 + e] = v;
     MHC_SYNC();
     if (mine) {
         float sum = 0.f;
-        for (int jj = 0; jj < N; jj++) sum += sm[i * N + jj];
+        for (int jj = 0; jj < N; jj++) sum += sm[64 + i * N + jj];
         v = v / sum + eps;
     }
     for (int rep = 0; rep < a->repeat; rep++) {
         if (rep > 0) {
-            MHC_SYNC();
-            if (mine) sm[e] = v;
+            pb ^= 1;
+            if (mine) sm[pb * 64 + e] = v;
             MHC_SYNC();
             if (mine) {
                 float sum = 0.f;
-                for (int jj = 0; jj < N; jj++) sum += sm[i * N + jj];
+                for (int jj = 0; jj < N; jj++) sum += sm[pb * 64 + i * N + jj];
                 sum += eps;
                 v = v / sum;
             }
         }
-        MHC_SYNC();
-        if (mine) sm[e] = v;
+        pb ^= 1;
+        if (mine) sm[pb * 64 + e] = v;
         MHC_SYNC();
         if (mine) {
             float sum = 0.f;
-            for (int ii = 0; ii < N; ii++) sum += sm[ii * N + j];
+            for (int ii = 0; ii < N; ii++) sum += sm[pb * 64 + ii * N + j];
             sum += eps;
             v = v / sum;
         }
@@ -152,10 +167,10 @@ MHC_INLINE void pre_dec_token(const int N, const mhc_dec_launch *P, int64_t t, c
 }
 
 /* One item: token t, d range c of every stream. part: the partial rows [KS][T][M+1]; hp_ws:
- * h_pre [T][N] for h_in; red: MHC_DEC_THREADS rows of M+1, tok: MMAX + 1 and sm: 64 team-shared
- * floats; last: one team-shared int. */
-MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *red, float *tok,
-                             float *sm, int *last, float *part, float *hp_ws) {
+ * h_pre [T][N] for h_in; red: MHC_DEC_THREADS rows of M+1, red4: 4 rows of M+1, tok: MMAX + 1
+ * and sm: 128 team-shared floats; last: one team-shared int. */
+MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *red, float *red4,
+                             float *tok, float *sm, int *last, float *part, float *hp_ws) {
     const int M = 2 * N + N * N, MP = M + 1;
     const mhc_pre_fwd_args *a = &P->pre;
     const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -216,12 +231,18 @@ MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *r
         for (int m = 0; m <= MMAX; m++)
             if (m < MP) red[ln * MP + m] = acc[m];
     }
+    /* the lanes' rows summed in 4 groups of 32, then the groups in order */
     MHC_SYNC();
-    for (int m = tid; m < MP; m += nth) {
+    for (int q = tid; q < 4 * MP; q += nth) {
+        const int g = q / MP, m = q - g * MP;
         float sum = 0.f;
-        for (int j = 0; j < MHC_DEC_THREADS; j++) sum += red[j * MP + m];
-        part[(c * T + t) * MP + m] = sum;
+        for (int j = 32 * g; j < 32 * g + 32; j++) sum += red[j * MP + m];
+        red4[q] = sum;
     }
+    MHC_SYNC();
+    for (int m = tid; m < MP; m += nth)
+        part[(c * T + t) * MP + m] =
+            ((red4[m] + red4[MP + m]) + red4[2 * MP + m]) + red4[3 * MP + m];
     /* this team's partial row and x_out visible to the team that finishes the token */
 #pragma omp flush
     MHC_SYNC();
@@ -230,6 +251,8 @@ MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *r
 #pragma omp atomic capture seq_cst
         old = P->ctr[t]++;
         last[0] = old == KS - 1;
+        /* the token's other teams are done with its counter: zero again for the pool */
+        if (last[0]) P->ctr[t] = 0;
     }
     MHC_SYNC();
     if (last[0]) {
@@ -247,18 +270,25 @@ MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *r
 #define MHC_N_INC "mhc_pre_dec_n.inc"
 #include "mhc_each_n.inc"
 
-void mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_dec_post *post,
-                        void *ws) {
+int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_dec_post *post,
+                       void *ws) {
+    const ompk_device dev = ex.on_target ? ompk_device_target(ex.device) : ompk_device_host();
     mhc_dec_launch L;
+    memset(&L, 0, sizeof L);
     L.pre = *a;
     L.fused = post != NULL;
     if (post) L.post = *post;
     L.T = a->B * a->S;
     L.K = (int64_t)a->n * a->D;
     dec_geometry(a, &L.KS, &L.DS);
-    for (int i = 0; i < MHC_DEC_TMAX; i++) L.ctr[i] = 0;
+    L.ctr = ompk_counters_alloc(dev);
+    if (!L.ctr) return -1;
+    uint64_t wv[DEC_NW] = {0};
+    memcpy(wv, &L, sizeof L);
     float *part = (float *)ws, *hp_ws = part + L.KS * L.T * (2 * a->n + a->n * a->n + 1);
-#define PRE_DEC(N) MHC_CAT(pre_dec, N)(ex, &L, part, hp_ws)
+#define PRE_DEC(N) MHC_CAT(pre_dec, N)(ex, wv, L.T * L.KS, part, hp_ws)
     MHC_SWITCH_N(a->n, PRE_DEC)
 #undef PRE_DEC
+    ompk_counters_free(dev, L.ctr);
+    return 0;
 }

@@ -29,8 +29,9 @@ typedef struct mhc_dec_post {
 int mhc_pre_dec_ok(const mhc_pre_fwd_args *a);
 /* Workspace bytes on the call's device. */
 int64_t mhc_pre_dec_workspace(const mhc_pre_fwd_args *a);
-/* post == NULL: the pre forward alone. */
-void mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_dec_post *post,
-                        void *ws);
+/* post == NULL: the pre forward alone. Returns 0, or -1 (nothing run, ompk_last_error set) when
+ * no counter block could be had. */
+int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_dec_post *post,
+                       void *ws);
 
 #endif
