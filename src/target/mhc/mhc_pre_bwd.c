@@ -210,6 +210,21 @@ MHC_INLINE void kc_load(const int KC, const char *p, int64_t st, int bf16, int v
     }
 }
 
+/* The FAST stage-4 form of kc_load: the KC bf16 elements at p as one raw word, converted by
+ * kc_unraw where they are used. A conversion next to its load would wait for the load there,
+ * and undo the loading ahead of bwd_dxdw's token slots. */
+MHC_INLINE uint32_t kc_raw(const int KC, const char *p) {
+    return KC == 2 ? *(const uint32_t *)p : *(const uint16_t *)p;
+}
+
+MHC_INLINE void kc_unraw(const int KC, uint32_t u, float *v) {
+    ompk_f32_bits lo, hi;
+    lo.u = u << 16;
+    hi.u = u & 0xffff0000u;
+    v[0] = lo.f;
+    if (KC == 2) v[1] = hi.f;
+}
+
 MHC_INLINE void kc_store(const int KC, char *p, int64_t st, int bf16, int vec, int ne,
                          const float *v) {
     if (vec && bf16 && KC == 2) {
@@ -307,12 +322,19 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
     bwd_cur cx, cd, co, cg;
     const int64_t s0 = cur_make4(io, t0, t1, &cx, &cd, &co, &cg);
     int64_t sl = s0, sc = s0;
-    /* slot j holds token tg+j; once that token is done the slot is refilled with token tg+j+TG */
+    /* slot j holds token tg+j; once that token is done the slot is refilled with token tg+j+TG
+     * (x and dh_in as raw words when FAST) */
     float vs[BWD_TGMAX][BWD_KCMAX], gs[BWD_TGMAX][BWD_KCMAX], cs[BWD_TGMAX], hs[BWD_TGMAX];
+    uint32_t vr[BWD_TGMAX], gr[BWD_TGMAX];
 #define BWD_FILL(j, t)                                                                             \
     do {                                                                                           \
-        kc_load(KC, xb + cx.off * esz, sx3, bf16, vec, ne, vs[j]);                                 \
-        kc_load(KC, db + cd.off * dsz, sd2, dbf16, vec, ne, gs[j]);                                \
+        if (FAST) {                                                                                \
+            vr[j] = kc_raw(KC, xb + cx.off * esz);                                                 \
+            gr[j] = kc_raw(KC, db + cd.off * dsz);                                                 \
+        } else {                                                                                   \
+            kc_load(KC, xb + cx.off * esz, sx3, bf16, vec, ne, vs[j]);                             \
+            kc_load(KC, db + cd.off * dsz, sd2, dbf16, vec, ne, gs[j]);                            \
+        }                                                                                          \
         cs[j] = coef[t];                                                                           \
         hs[j] = hb[(t) * sh0];                                                                     \
         const int wr_ = ++sl == S;                                                                 \
@@ -323,6 +345,7 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
     MHC_UNROLL
     for (int j = 0; j < TG; j++) {
         cs[j] = hs[j] = 0.f;
+        vr[j] = gr[j] = 0;
         MHC_UNROLL
         for (int e = 0; e < KC; e++) vs[j][e] = gs[j][e] = 0.f;
         if (t0 + j < t1) BWD_FILL(j, t0 + j);
@@ -333,6 +356,14 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
             const int64_t t = tg + j;
             if (t >= t1) break;
             const mhc_f4 *row = (const mhc_f4 *)(dhm_ws + t * MW);
+            float xv[BWD_KCMAX], gv[BWD_KCMAX];
+            if (FAST) {
+                kc_unraw(KC, vr[j], xv);
+                kc_unraw(KC, gr[j], gv);
+            } else {
+                MHC_UNROLL
+                for (int e = 0; e < KC; e++) xv[e] = vs[j][e], gv[e] = gs[j][e];
+            }
             float s0v[BWD_KCMAX], s1v[BWD_KCMAX];
             MHC_UNROLL
             for (int e = 0; e < KC; e++) s0v[e] = s1v[e] = 0.f;
@@ -350,7 +381,7 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
                             s1v[e] += r4.v[u] * w[m][e];
                         else
                             s0v[e] += r4.v[u] * w[m][e];
-                        acc[m][e] += r4.v[u] * vs[j][e];
+                        acc[m][e] += r4.v[u] * xv[e];
                     }
                 }
             }
@@ -358,7 +389,7 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
             if (gb) kc_load(KC, gb + cg.off * gsz, sg3, gbf16, vec, ne, gx);
             MHC_UNROLL
             for (int e = 0; e < KC; e++) {
-                val[e] = (s0v[e] + s1v[e]) - cs[j] * vs[j][e] + hs[j] * gs[j][e];
+                val[e] = (s0v[e] + s1v[e]) - cs[j] * xv[e] + hs[j] * gv[e];
                 if (gb) val[e] += gx[e];
             }
             kc_store(KC, ob + co.off * esz, so3, bf16, vec, ne, val);
