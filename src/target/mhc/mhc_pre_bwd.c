@@ -318,22 +318,25 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
     char *ob = dx + (i * io->sdx[2] + d0 * so3) * esz;
     const float *hb = h_pre + i * io->shpre[1];
     const int64_t sh0 = io->shpre[0];
-    /* load cursors (x, dh_in) run TG tokens ahead of the store cursors (dx, grad_x_post) */
+    /* load cursors (x, dh_in, grad_x_post) run TG tokens ahead of the store cursor (dx) */
     bwd_cur cx, cd, co, cg;
     const int64_t s0 = cur_make4(io, t0, t1, &cx, &cd, &co, &cg);
     int64_t sl = s0, sc = s0;
     /* slot j holds token tg+j; once that token is done the slot is refilled with token tg+j+TG
-     * (x and dh_in as raw words when FAST) */
-    float vs[BWD_TGMAX][BWD_KCMAX], gs[BWD_TGMAX][BWD_KCMAX], cs[BWD_TGMAX], hs[BWD_TGMAX];
-    uint32_t vr[BWD_TGMAX], gr[BWD_TGMAX];
+     * (x, dh_in and grad_x_post as raw words when FAST) */
+    float vs[BWD_TGMAX][BWD_KCMAX], gs[BWD_TGMAX][BWD_KCMAX], ps[BWD_TGMAX][BWD_KCMAX];
+    float cs[BWD_TGMAX], hs[BWD_TGMAX];
+    uint32_t vr[BWD_TGMAX], gr[BWD_TGMAX], pr[BWD_TGMAX];
 #define BWD_FILL(j, t)                                                                             \
     do {                                                                                           \
         if (FAST) {                                                                                \
             vr[j] = kc_raw(KC, xb + cx.off * esz);                                                 \
             gr[j] = kc_raw(KC, db + cd.off * dsz);                                                 \
+            if (gb) pr[j] = kc_raw(KC, gb + cg.off * gsz);                                         \
         } else {                                                                                   \
             kc_load(KC, xb + cx.off * esz, sx3, bf16, vec, ne, vs[j]);                             \
             kc_load(KC, db + cd.off * dsz, sd2, dbf16, vec, ne, gs[j]);                            \
+            if (gb) kc_load(KC, gb + cg.off * gsz, sg3, gbf16, vec, ne, ps[j]);                    \
         }                                                                                          \
         cs[j] = coef[t];                                                                           \
         hs[j] = hb[(t) * sh0];                                                                     \
@@ -341,13 +344,14 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
         if (wr_) sl = 0;                                                                           \
         cur_next(&cx, wr_);                                                                        \
         cur_next(&cd, wr_);                                                                        \
+        cur_next(&cg, wr_);                                                                        \
     } while (0)
     MHC_UNROLL
     for (int j = 0; j < TG; j++) {
         cs[j] = hs[j] = 0.f;
-        vr[j] = gr[j] = 0;
+        vr[j] = gr[j] = pr[j] = 0;
         MHC_UNROLL
-        for (int e = 0; e < KC; e++) vs[j][e] = gs[j][e] = 0.f;
+        for (int e = 0; e < KC; e++) vs[j][e] = gs[j][e] = ps[j][e] = 0.f;
         if (t0 + j < t1) BWD_FILL(j, t0 + j);
     }
     for (int64_t tg = t0; tg < t1; tg += TG) {
@@ -356,13 +360,14 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
             const int64_t t = tg + j;
             if (t >= t1) break;
             const mhc_f4 *row = (const mhc_f4 *)(dhm_ws + t * MW);
-            float xv[BWD_KCMAX], gv[BWD_KCMAX];
+            float xv[BWD_KCMAX], gv[BWD_KCMAX], gx[BWD_KCMAX];
             if (FAST) {
                 kc_unraw(KC, vr[j], xv);
                 kc_unraw(KC, gr[j], gv);
+                kc_unraw(KC, pr[j], gx);
             } else {
                 MHC_UNROLL
-                for (int e = 0; e < KC; e++) xv[e] = vs[j][e], gv[e] = gs[j][e];
+                for (int e = 0; e < KC; e++) xv[e] = vs[j][e], gv[e] = gs[j][e], gx[e] = ps[j][e];
             }
             float s0v[BWD_KCMAX], s1v[BWD_KCMAX];
             MHC_UNROLL
@@ -385,8 +390,7 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
                     }
                 }
             }
-            float val[BWD_KCMAX], gx[BWD_KCMAX];
-            if (gb) kc_load(KC, gb + cg.off * gsz, sg3, gbf16, vec, ne, gx);
+            float val[BWD_KCMAX];
             MHC_UNROLL
             for (int e = 0; e < KC; e++) {
                 val[e] = (s0v[e] + s1v[e]) - cs[j] * xv[e] + hs[j] * gv[e];
@@ -396,7 +400,6 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
             const int wr = ++sc == S;
             if (wr) sc = 0;
             cur_next(&co, wr);
-            cur_next(&cg, wr);
             if (t + TG < t1) BWD_FILL(j, t + TG);
         }
     }
