@@ -1,5 +1,6 @@
 /* mHC pre, backward (docs/KERNELS.md 1.4), dW route; one OpenMP source for GPU and host.
- *  1. dh_pre partials: work item = (d chunk, token), all n streams of the chunk (the host: whole
+ *  1. dh_pre partials: work item = (token, lane c of NC), all n streams of the 16-element pieces
+ *     c, c + NC, c + 2 NC, .. of the row, so adjacent lanes read adjacent pieces (the host: whole
  *     token rows, one partial a token, bwd_dhpre_host).
  *  2. Per token: partials summed in fixed order; dz, dh_mix (padded rows), the dinv
  *     coefficient, and the token's dbias / dalpha terms.
@@ -36,7 +37,7 @@
 #define BWD_TGMAX 4
 
 typedef struct bwd_geom {
-    int64_t T, K, CD, NC, TBK, NB, NBLK;
+    int64_t T, K, NC, TBK, NB, NBLK;
     int64_t BR; /* rows of the block-sum region: NBLK (stage 3) or up to NB (tensor-core stage 4) */
     int MW, R;  /* R = M + 3: per-token dz (M) and dz*hm summed per group (3) */
 } bwd_geom;
@@ -58,16 +59,14 @@ static bwd_geom bwd_geometry(const mhc_pre_bwd_args *a) {
     g.K = (int64_t)n * a->D;
     g.MW = mhc_mw(n);
     g.R = M + 3;
+    /* stage 1: at least 32 lanes a token, so a warp's loads are runs of one row; more where T is
+     * small, for items enough to fill a GPU */
     int64_t T1 = g.T > 0 ? g.T : 1;
     int64_t nc = (((int64_t)1 << 17) + T1 - 1) / T1, maxc = (a->D + 15) / 16;
+    if (nc < 32) nc = 32;
     if (nc > maxc) nc = maxc;
     if (nc < 1) nc = 1;
-    int64_t cd = (a->D + nc - 1) / nc;
-    cd = (cd + 15) & ~(int64_t)15;
-    if (cd < 16) cd = 16;
-    g.CD = cd;
-    g.NC = (a->D + cd - 1) / cd;
-    if (g.NC < 1) g.NC = 1;
+    g.NC = nc;
     /* token blocks of the dx/dW pass: at most 64 blocks (bounded dW partials), enough items to
      * fill a GPU in several waves */
     g.TBK = (g.T + 63) / 64 > 64 ? (g.T + 63) / 64 : 64;
@@ -101,15 +100,16 @@ static int bwd_vec_ok(const mhc_pre_bwd_args *a) {
     return 1;
 }
 
-/* Stage 1 body: sum over d in [d0,d1) of dh_in[d]*x[i,d] for every stream i. */
+/* Stage 1 body: sum of dh_in[d]*x[i,d] for every stream i over the 16-element pieces at d0,
+ * d0 + step, .. below D. */
 MHC_INLINE void bwd_dhpre(const int N, const char *xrow, int64_t sx2, const char *grow, int64_t d0,
-                          int64_t d1, int bf16, int gbf16, int vec, float *out) {
+                          int64_t step, int64_t D, int bf16, int gbf16, int vec, float *out) {
     const int esz = bf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
     float acc[NMAX];
     MHC_UNROLL
     for (int i = 0; i < NMAX; i++) acc[i] = 0.f;
     int64_t d = d0;
-    for (; d + 16 <= d1; d += 16) {
+    for (; d + 16 <= D; d += step) {
         float gv[16], xv[16];
         mhc_load16(grow + d * gsz, gbf16, vec, gv);
         MHC_UNROLL
@@ -120,7 +120,7 @@ MHC_INLINE void bwd_dhpre(const int N, const char *xrow, int64_t sx2, const char
             for (int e = 0; e < 16; e++) acc[i] += gv[e] * xv[e];
         }
     }
-    for (; d < d1; d++) {
+    for (; d < D; d++) {
         const float gv = ompk_load_f(grow, d, gbf16);
         MHC_UNROLL
         for (int i = 0; i < NMAX; i++)
@@ -417,7 +417,7 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
 
 /* Host form of stage 1 for one token: dh_pre over the whole row (x has unit element stride) on
  * 8-float vectors, two accumulators a stream for independent FMA chains, then a fixed-order sum
- * of the 16 lanes. The GPU's items of CD = 16 elements cost the host a dependent chain of 16
+ * of the 16 lanes. The GPU items of 16-element pieces cost the host a dependent chain of 16
  * scalar FMAs a stream and the item bookkeeping: a third of the host backward (perf) for 8M
  * multiply-adds. */
 static inline void bwd_dhpre_host(const int N, const char *xrow, int64_t sx2, const char *grow,
