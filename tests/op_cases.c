@@ -97,23 +97,36 @@ static void pre_derive(int64_t *sym) {
     sym['M'] = 2 * n + n * n;
 }
 /* phi ~ N(0, 1/K), gamma ~ 1 + 0.2 N(0,1), alpha (0.8, 1.1, 1.3), bias ~ 0.3 N(0,1): sigmoid and
- * Sinkhorn arguments of order one, as a trained layer's (args 1..3 of both calls, bias 4 of the
- * forward) */
-static void pre_fill(tu_op_case *c, int bias) {
-    tu_buf *phi = &c->buf[1], *gamma = &c->buf[2], *alpha = &c->buf[3];
+ * Sinkhorn arguments of order one, as a trained layer's (phi, gamma, alpha from arg `at` on, the
+ * forwards' bias after them) */
+static void pre_fill(tu_op_case *c, int at, int bias) {
+    tu_buf *phi = &c->buf[at], *gamma = &c->buf[at + 1], *alpha = &c->buf[at + 2];
     fill_randn(phi, &c->rng, 1.0 / sqrt((double)c->sym['K']));
     for (int64_t k = 0; k < gamma->numel; k++) tu_buf_set(gamma, k, 1.0 + 0.2 * tu_normal(&c->rng));
     tu_buf_upload(gamma);
     const double al[3] = {0.8, 1.1, 1.3};
     for (int i = 0; i < 3; i++) tu_buf_set(alpha, i, al[i]);
     tu_buf_upload(alpha);
-    if (bias) fill_randn(&c->buf[4], &c->rng, 0.3);
+    if (bias) fill_randn(&c->buf[at + 3], &c->rng, 0.3);
 }
 static void pre_fwd_fill(tu_op_case *c) {
-    pre_fill(c, 1);
+    pre_fill(c, 1, 1);
 }
 static void pre_bwd_fill(tu_op_case *c) {
-    pre_fill(c, 0);
+    pre_fill(c, 1, 0);
+}
+/* post(l) + pre(l+1): the post's x, comb, post, f and x_out (args 0..4), then the pre forward's
+ * arguments less its x (which is x_out) */
+static ompk_status post_pre_fwd(tu_op_case *c, ompk_tensor *const *t) {
+    const ompk_mhc_params p = pre_params(c);
+    const ompk_mhc_pre_fwd_args pre = {
+        NULL,  t[5],  c->sym['g'] ? t[6] : NULL,      t[7],  t[8],  t[9],
+        t[10], t[11], p.fuse_sinkhorn ? t[12] : NULL, t[13], t[14], t[15]};
+    const ompk_mhc_post_pre_fwd_args a = {t[0], t[1], t[2], t[3], t[4], pre};
+    return ompk_mhc_post_pre_fwd(&a, &p);
+}
+static void post_pre_fill(tu_op_case *c) {
+    pre_fill(c, 5, 1);
 }
 /* The backward's saved tensors (h_mix, inv_rms, h_pre, h_post: args 8..11) from the forward on
  * the case's x, phi, gamma, alpha and a random bias. */
@@ -410,6 +423,35 @@ static const tu_op_spec ops[] = {
      .sets = {"B2 S3 n4 D16 g1 u1", "B2 S3 n1-8 D1,7,24,130 g0,1 u0,1", "bf16: B3 S37 n4 D4096"},
      .derive = pre_derive,
      .fill = pre_fwd_fill},
+    {.name = "ompk_mhc_post_pre_fwd",
+     .variant = "mhc_pre_fwd",
+     .nargs = 16,
+     .args = {{"x", IN, "BSnD", GRP(1, 1.0)},
+              {"comb", IN, "BSnn", F32},
+              {"post", IN, "BSn", F32S(1.0)},
+              {"f", IN, "BSD", GRP(1, 1.0)},
+              {"x_out", OUT, "BSnD", GRP(1, 0)},
+              {"phi", IN, "MK", F32},
+              {"gamma", OPT_IN, "K", F32},
+              {"alpha", IN, "a", F32},
+              {"bias", IN, "M", F32},
+              {"h_in", OUT, "BSD", GRP(1, 0)},
+              {"h_post", OUT, "BSn", F32},
+              {"res_logits", OPT_OUT, "BSnn", F32},
+              {"comb_next", OUT, "BSnn", F32},
+              {"h_mix", OPT_OUT, "TM", F32},
+              {"inv_rms", OPT_OUT, "T", F32},
+              {"h_pre", OPT_OUT, "Tn", F32}},
+     .syms = "B2 S3 n4 D16 T6 M24 K64 a3 g1 u1",
+     .bound = "TMKa",
+     .call = post_pre_fwd,
+     /* the pre forward's implementations by name (decode takes the post inside its region, the
+      * others run after the post kernel): every n at decode sizes, T = 1 and 64 (the decode
+      * kernel's most), and past it, where every entry runs the two kernels */
+     .sets = {"B2 S3 n4 D16 g1 u1", "B2 S3 n1-8 D1,7,130 g0,1 u0,1", "B1 S1,64 n4 D24,1024 g1 u1",
+              "B5 S13 n4 D24 g1 u1", "bf16: B3 S37 n4 D1024"},
+     .derive = pre_derive,
+     .fill = post_pre_fill},
     {.name = "ompk_mhc_pre_bwd",
      .variant = "mhc_pre_bwd",
      .nargs = 17,

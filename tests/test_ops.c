@@ -181,6 +181,9 @@ Test(ops, mhc_sinkhorn_bwd) {
 Test(ops, mhc_pre_fwd) {
     run_named("ompk_mhc_pre_fwd", NULL, NULL);
 }
+Test(ops, mhc_post_pre_fwd) {
+    run_named("ompk_mhc_post_pre_fwd", NULL, NULL);
+}
 Test(ops, mhc_pre_bwd) {
     run_named("ompk_mhc_pre_bwd", NULL, NULL);
 }

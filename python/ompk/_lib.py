@@ -148,6 +148,11 @@ class MhcPreFwdArgs(ctypes.Structure):
     ]
 
 
+class MhcPostPreFwdArgs(ctypes.Structure):
+    _fields_ = [(name, T_p) for name in ("x", "comb", "post", "f", "x_out")] + [
+        ("pre", MhcPreFwdArgs)]
+
+
 class MhcPreBwdArgs(ctypes.Structure):
     _fields_ = [
         (name, T_p)
@@ -221,6 +226,8 @@ _sigs = {
     "ompk_mhc_post_bwd": (_S, [_TP] * 9),
     "ompk_mhc_pre_fwd": (_S, [ctypes.POINTER(MhcPreFwdArgs), ctypes.POINTER(MhcParams)]),
     "ompk_mhc_pre_bwd": (_S, [ctypes.POINTER(MhcPreBwdArgs), ctypes.POINTER(MhcParams)]),
+    "ompk_mhc_post_pre_fwd": (_S, [ctypes.POINTER(MhcPostPreFwdArgs),
+                                   ctypes.POINTER(MhcParams)]),
     "ompk_mhc_sinkhorn_fwd": (_S, [_TP, _TP, ctypes.POINTER(MhcParams)]),
     "ompk_mhc_sinkhorn_bwd": (_S, [_TP, _TP, _TP, ctypes.POINTER(MhcParams)]),
     "ompk_attention_fwd": (_S, [_TP] * 5 + [ctypes.POINTER(AttentionParams)]),

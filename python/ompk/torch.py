@@ -75,7 +75,7 @@ def mhc_pre_op(x: Tensor, phi: Tensor, gamma: Optional[Tensor], alpha: Tensor, b
 
 
 @mhc_pre_op.register_fake
-def _(x, phi, gamma, alpha, bias, norm_eps, hc_eps, post_mult, repeat, sinkhorn_eps):
+def _mhc_pre_fake(x, phi, gamma, alpha, bias, norm_eps, hc_eps, post_mult, repeat, sinkhorn_eps):
     B, S, n, D = x.shape
     M, T = 2 * n + n * n, B * S
     f = lambda *s: x.new_empty(s, dtype=torch.float32)  # noqa: E731
@@ -135,17 +135,21 @@ def _zero_if_none(g, like):
     return torch.zeros_like(like) if g is None else g
 
 
-def _mhc_pre_backward(ctx, dh_in, dh_post, dcomb, dres, *unused):
-    x, phi, gamma, alpha, res, h_mix, inv_rms, h_pre, h_post = ctx.saved_tensors
-    hc_eps, post_mult, repeat, sk_eps = ctx.p
+def _pre_grads(saved, p, dh_in, dh_post, dcomb, dres):
+    """The pre's backward (Sinkhorn, then the pre) -> (dx, dphi, dgamma, dalpha, dbias)."""
+    x, phi, gamma, alpha, res, h_mix, inv_rms, h_pre, h_post = saved
+    hc_eps, post_mult, repeat, sk_eps = p
     dh_res = sinkhorn_bwd_op(res, _zero_if_none(dcomb, res), repeat, sk_eps)
     if dres is not None:
         dh_res = dh_res + dres
     dx, dphi, dalpha, dbias, dgamma = mhc_pre_bwd_op(
         x, phi, gamma, alpha, _zero_if_none(dh_in, x[:, :, 0]).to(x.dtype),
         _zero_if_none(dh_post, h_post), dh_res, h_mix, inv_rms, h_pre, h_post, hc_eps, post_mult)
-    return (dx, dphi, dgamma if gamma is not None else None, dalpha, dbias, None, None, None, None,
-            None)
+    return dx, dphi, dgamma if gamma is not None else None, dalpha, dbias
+
+
+def _mhc_pre_backward(ctx, dh_in, dh_post, dcomb, dres, *unused):
+    return _pre_grads(ctx.saved_tensors, ctx.p, dh_in, dh_post, dcomb, dres) + (None,) * 5
 
 
 mhc_pre_op.register_autograd(_mhc_pre_backward, setup_context=_mhc_pre_setup)
@@ -209,6 +213,74 @@ mhc_post_op.register_autograd(_mhc_post_backward, setup_context=_mhc_post_setup)
 def mhc_post(x, comb, post, f):
     """mHC post (docs/KERNELS.md 1.2): out[b,s,o,d] = post[b,s,o]*f[b,s,d] + sum_i comb[b,s,i,o]*x."""
     return mhc_post_op(x, comb, post, f)
+
+
+# ---- mHC post(l) + pre(l+1) -------------------------------------------------------------------
+
+
+@torch.library.custom_op("ompk::mhc_post_pre", mutates_args=())
+def mhc_post_pre_op(x: Tensor, comb: Tensor, post: Tensor, f: Tensor, phi: Tensor,
+                    gamma: Optional[Tensor], alpha: Tensor, bias: Tensor, norm_eps: float,
+                    hc_eps: float, post_mult: float, repeat: int,
+                    sinkhorn_eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                  Tensor, Tensor]:
+    """(x_out, h_in, h_post, comb, res_logits, h_mix, inv_rms, h_pre): mhc_post's x_out, then
+    mhc_pre's outputs on x_out."""
+    B, S, n, D = x.shape
+    M, T = 2 * n + n * n, B * S
+    x_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h_in = torch.empty((B, S, D), dtype=x.dtype, device=x.device)
+    h_post, comb_next, res = _f32(x, B, S, n), _f32(x, B, S, n, n), _f32(x, B, S, n, n)
+    h_mix, inv_rms, h_pre = _f32(x, T, M), _f32(x, T), _f32(x, T, n)
+    _sync(x)
+    p = _mhc_params(norm_eps, hc_eps, post_mult, repeat, sinkhorn_eps, 1)
+    views = [None if t is None else view(t)
+             for t in (x, comb, post, f, x_out, phi.contiguous(), gamma, alpha, bias, h_in,
+                       h_post, res, comb_next, h_mix, inv_rms, h_pre)]
+    ptrs = [None if v is None else ctypes.pointer(v.t) for v in views]
+    # the pre's x is x_out (NULL here)
+    args = _lib.MhcPostPreFwdArgs(*ptrs[:5], _lib.MhcPreFwdArgs(None, *ptrs[5:]))
+    call("ompk_mhc_post_pre_fwd", ctypes.byref(args), p)
+    return x_out, h_in, h_post, comb_next, res, h_mix, inv_rms, h_pre
+
+
+@mhc_post_pre_op.register_fake
+def _(x, comb, post, f, phi, gamma, alpha, bias, *params):
+    x_out = x.new_empty(x.shape)
+    return (x_out,) + _mhc_pre_fake(x_out, phi, gamma, alpha, bias, *params)
+
+
+def _mhc_post_pre_setup(ctx, inputs, output):
+    x, comb, post, f, phi, gamma, alpha, bias, norm_eps, hc_eps, post_mult, repeat, sk_eps = inputs
+    x_out, h_in, h_post, comb_next, res, h_mix, inv_rms, h_pre = output
+    ctx.save_for_backward(x, comb, post, f, x_out, phi, gamma, alpha, res, h_mix, inv_rms, h_pre,
+                          h_post)
+    ctx.p = (hc_eps, post_mult, repeat, sk_eps)
+
+
+def _mhc_post_pre_backward(ctx, dx_out, dh_in, dh_post, dcomb_next, dres, *unused):
+    x, comb, post, f, *pre_saved = ctx.saved_tensors
+    # x_out's gradient: what its other uses send plus the pre's, then through the post
+    dx_pre, dphi, dgamma, dalpha, dbias = _pre_grads(pre_saved, ctx.p, dh_in, dh_post, dcomb_next,
+                                                     dres)
+    if dx_out is not None:
+        dx_pre = dx_pre + dx_out
+    dx, df, dpost, dcomb = mhc_post_bwd_op(x, comb, post, f, dx_pre)
+    return (dx, dcomb, dpost, df, dphi, dgamma, dalpha, dbias) + (None,) * 5
+
+
+mhc_post_pre_op.register_autograd(_mhc_post_pre_backward, setup_context=_mhc_post_pre_setup)
+
+
+def mhc_post_pre(x, comb, post, f, phi, gamma, alpha, bias, *, norm_eps=1e-6, hc_eps=1e-6,
+                 post_mult=2.0, repeat=20, sinkhorn_eps=1e-6):
+    """Layer l's mHC post, then layer l+1's pre on its output, in one call (docs/KERNELS.md 1.7):
+    x_out = mhc_post(x, comb, post, f) and (h_in, h_post, comb_next) = mhc_pre(x_out, phi, gamma,
+    alpha, bias, ...) -> (x_out, h_in, h_post, comb_next), bit for bit those two ops' values and
+    gradients."""
+    out = mhc_post_pre_op(x, comb, post, f, phi, gamma, alpha, bias, norm_eps, hc_eps, post_mult,
+                          repeat, sinkhorn_eps)
+    return out[0], out[1], out[2], out[3]
 
 
 # ---- attention --------------------------------------------------------------------------------

@@ -116,6 +116,67 @@ def test_mhc_opcheck(device):
     opcheck(ot.mhc_post_bwd_op, tuple(a.detach() for a in args) + (torch.randn_like(x),))
 
 
+def post_pre_inputs(dev, gamma=True):
+    x, phi, g, alpha, bias = mhc_inputs(dev, gamma)
+    post_in = [x, torch.rand(B, S, n, n, device=dev), torch.rand(B, S, n, device=dev),
+               torch.randn(B, S, D, device=dev)]
+    return post_in + [phi, g, alpha, bias]
+
+
+def post_pre_reference(x, comb, post, f, *pre):
+    x_out = R.mhc_post(x, comb, post, f)
+    return (x_out,) + R.mhc_pre(x_out, *pre)
+
+
+@pytest.mark.parametrize("gamma", [True, False])
+def test_mhc_post_pre_matches_reference(device, gamma):
+    compare(ot.mhc_post_pre, post_pre_reference, post_pre_inputs(device, gamma), 2e-5)
+
+
+def test_mhc_post_pre_bf16(device):
+    x, comb, post, f, phi, g, alpha, bias = post_pre_inputs(device)
+    xb, fb = x.bfloat16(), f.bfloat16()
+    out = ot.mhc_post_pre(xb, comb, post, fb, phi, g, alpha, bias)
+    ref = post_pre_reference(*(t.double() for t in (xb, comb, post, fb, phi, g, alpha, bias)))
+    assert out[0].dtype == torch.bfloat16 and out[1].dtype == torch.bfloat16
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o.double(), r, rtol=1e-2, atol=1e-2 * r.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mhc_post_pre_equals_post_then_pre(device, dtype):
+    """Values and every input's gradient bit for bit those of ot.mhc_post followed by ot.mhc_pre,
+    x_out's gradient from outside included."""
+    inputs = post_pre_inputs(device)
+    inputs[0], inputs[3] = inputs[0].to(dtype), inputs[3].to(dtype)
+    a = [t.clone().requires_grad_() for t in inputs]
+    b = [t.clone().requires_grad_() for t in inputs]
+    fused = ot.mhc_post_pre(*a)
+    x_out = ot.mhc_post(*b[:4])
+    apart = (x_out,) + ot.mhc_pre(x_out, *b[4:])
+    ws = [torch.randn_like(o) for o in fused]
+    for o, p in zip(fused, apart):
+        assert o.dtype == p.dtype and torch.equal(o, p)
+    sum((o * w).sum() for o, w in zip(fused, ws)).backward()
+    sum((o * w).sum() for o, w in zip(apart, ws)).backward()
+    for i, (u, v) in enumerate(zip(a, b)):
+        assert u.grad is not None and torch.equal(u.grad, v.grad), f"input {i}"
+
+
+def test_mhc_post_pre_gradcheck(device):
+    inputs = post_pre_inputs(device)
+    for i in range(4):
+        inputs[i] = inputs[i][:1, :2]
+    gradcheck(lambda *a: ot.mhc_post_pre(*a), inputs)
+
+
+def test_mhc_post_pre_opcheck(device):
+    inputs = [t.requires_grad_() for t in post_pre_inputs(device)]
+    opcheck(ot.mhc_post_pre_op, tuple(inputs) + (1e-6, 1e-6, 2.0, 20, 1e-6))
+    opcheck(ot.mhc_post_pre_op, tuple(inputs[:5]) + (None,) + tuple(inputs[6:])
+            + (1e-6, 1e-6, 2.0, 20, 1e-6))
+
+
 # ---- attention ----------------------------------------------------------------------------------
 
 
