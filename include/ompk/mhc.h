@@ -57,10 +57,10 @@ ompk_status ompk_mhc_pre_fwd(const ompk_mhc_pre_fwd_args *args, const ompk_mhc_p
  *     x_out[b,s,o,d] = post[b,s,o] * f[b,s,d] + sum_i comb[b,s,i,o] * x[b,s,i,d]
  * (ompk_mhc_post_fwd, rounded once to x's dtype) followed by layer l+1's pre forward on x_out
  * (ompk_mhc_pre_fwd), in one call: the results equal those two calls' bit for bit. Decode-size
- * calls on a GPU (T = B*S <= 64) run as one target region that forms x_out and the pre's GEMM in
- * the same pass; larger calls run the two kernels. For training the two backwards need nothing
- * more: ompk_mhc_post_bwd with this call's x, comb, post, f, and ompk_mhc_pre_bwd with x = x_out
- * and the pre outputs saved here (h_mix, inv_rms, h_pre, h_post). */
+ * calls on a GPU (T = B*S <= 64, clang builds) run as one target region that forms x_out and the
+ * pre's GEMM in the same pass; larger calls run the two kernels. For training the two backwards
+ * need nothing more: ompk_mhc_post_bwd with this call's x, comb, post, f, and ompk_mhc_pre_bwd with
+ * x = x_out and the pre outputs saved here (h_mix, inv_rms, h_pre, h_post). */
 typedef struct ompk_mhc_post_pre_fwd_args {
     /* Layer l's post inputs, as ompk_mhc_post_fwd's: x [B,S,n,D] f32|bf16 (any non-negative
      * strides), comb [B,S,n,n] f32, post [B,S,n] f32, f [B,S,D] x's dtype. */
