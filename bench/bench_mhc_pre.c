@@ -86,21 +86,26 @@ static void bufs_free(ompk_bench_ctx *ctx, mhc_bufs *m) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ompk_bench_free(ctx, all[i]);
 }
 
+/* the pre forward's arguments on x (NULL: left to the caller) */
+static ompk_mhc_pre_fwd_args pre_args(mhc_bufs *m, const ompk_tensor *x) {
+    return (ompk_mhc_pre_fwd_args){.x = x,
+                                   .phi = &m->tphi,
+                                   .gamma = &m->tgamma,
+                                   .alpha = &m->talpha,
+                                   .bias = &m->tbias,
+                                   .h_in = &m->th_in,
+                                   .h_post = &m->th_post,
+                                   .res_logits = &m->tlogits,
+                                   .comb = &m->tcomb,
+                                   .h_mix = &m->th_mix,
+                                   .inv_rms = &m->tinv,
+                                   .h_pre = &m->th_pre};
+}
+
 static ompk_status call_pre_fwd(void *p) {
     mhc_bufs *m = p;
-    return ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &m->tx,
-                                                     .phi = &m->tphi,
-                                                     .gamma = &m->tgamma,
-                                                     .alpha = &m->talpha,
-                                                     .bias = &m->tbias,
-                                                     .h_in = &m->th_in,
-                                                     .h_post = &m->th_post,
-                                                     .res_logits = &m->tlogits,
-                                                     .comb = &m->tcomb,
-                                                     .h_mix = &m->th_mix,
-                                                     .inv_rms = &m->tinv,
-                                                     .h_pre = &m->th_pre},
-                            &m->p);
+    const ompk_mhc_pre_fwd_args a = pre_args(m, &m->tx);
+    return ompk_mhc_pre_fwd(&a, &m->p);
 }
 
 static ompk_status call_sk_fwd(void *p) {
@@ -177,19 +182,8 @@ static ompk_status call_post_then_pre(void *p) {
     mhc_bufs *m = p;
     ompk_status st = ompk_mhc_post_fwd(&m->tx, &m->tdcombp, &m->tdpost, &m->tf, &m->tdout);
     if (st != OMPK_OK) return st;
-    return ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &m->tdout,
-                                                     .phi = &m->tphi,
-                                                     .gamma = &m->tgamma,
-                                                     .alpha = &m->talpha,
-                                                     .bias = &m->tbias,
-                                                     .h_in = &m->th_in,
-                                                     .h_post = &m->th_post,
-                                                     .res_logits = &m->tlogits,
-                                                     .comb = &m->tcomb,
-                                                     .h_mix = &m->th_mix,
-                                                     .inv_rms = &m->tinv,
-                                                     .h_pre = &m->th_pre},
-                            &m->p);
+    const ompk_mhc_pre_fwd_args a = pre_args(m, &m->tdout);
+    return ompk_mhc_pre_fwd(&a, &m->p);
 }
 
 static ompk_status call_post_pre(void *p) {
@@ -199,17 +193,7 @@ static ompk_status call_post_pre(void *p) {
                                           .post = &m->tdpost,
                                           .f = &m->tf,
                                           .x_out = &m->tdout,
-                                          .pre = {.phi = &m->tphi,
-                                                  .gamma = &m->tgamma,
-                                                  .alpha = &m->talpha,
-                                                  .bias = &m->tbias,
-                                                  .h_in = &m->th_in,
-                                                  .h_post = &m->th_post,
-                                                  .res_logits = &m->tlogits,
-                                                  .comb = &m->tcomb,
-                                                  .h_mix = &m->th_mix,
-                                                  .inv_rms = &m->tinv,
-                                                  .h_pre = &m->th_pre}};
+                                          .pre = pre_args(m, NULL)};
     return ompk_mhc_post_pre_fwd(&a, &m->p);
 }
 

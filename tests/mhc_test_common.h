@@ -153,20 +153,25 @@ static inline ompk_tensor *opt(tt *r) {
     return r->live ? &r->t : NULL;
 }
 
+/* the pre forward's arguments of q (comb only when Sinkhorn is fused) */
+static inline ompk_mhc_pre_fwd_args pre_fwd_args(pre_prob *q) {
+    return (ompk_mhc_pre_fwd_args){.x = &q->x.t,
+                                   .phi = &q->phi.t,
+                                   .gamma = opt(&q->gamma),
+                                   .alpha = &q->alpha.t,
+                                   .bias = &q->bias.t,
+                                   .h_in = &q->h_in.t,
+                                   .h_post = &q->h_post.t,
+                                   .res_logits = &q->logits.t,
+                                   .comb = q->p.fuse_sinkhorn ? &q->comb.t : NULL,
+                                   .h_mix = &q->h_mix.t,
+                                   .inv_rms = &q->inv_rms.t,
+                                   .h_pre = &q->h_pre.t};
+}
+
 static inline ompk_status pre_run_fwd(pre_prob *q) {
-    return ompk_mhc_pre_fwd(&(ompk_mhc_pre_fwd_args){.x = &q->x.t,
-                                                     .phi = &q->phi.t,
-                                                     .gamma = opt(&q->gamma),
-                                                     .alpha = &q->alpha.t,
-                                                     .bias = &q->bias.t,
-                                                     .h_in = &q->h_in.t,
-                                                     .h_post = &q->h_post.t,
-                                                     .res_logits = &q->logits.t,
-                                                     .comb = q->p.fuse_sinkhorn ? &q->comb.t : NULL,
-                                                     .h_mix = &q->h_mix.t,
-                                                     .inv_rms = &q->inv_rms.t,
-                                                     .h_pre = &q->h_pre.t},
-                            &q->p);
+    const ompk_mhc_pre_fwd_args a = pre_fwd_args(q);
+    return ompk_mhc_pre_fwd(&a, &q->p);
 }
 
 static inline ompk_status pre_run_bwd(pre_prob *q, int with_gxp) {

@@ -36,28 +36,13 @@ static void pp_free(pp_case *c) {
     tt_free(&c->xin), tt_free(&c->f), tt_free(&c->comb_l), tt_free(&c->post_l);
 }
 
-static ompk_mhc_pre_fwd_args pre_args(pre_prob *q) {
-    return (ompk_mhc_pre_fwd_args){.x = &q->x.t,
-                                   .phi = &q->phi.t,
-                                   .gamma = opt(&q->gamma),
-                                   .alpha = &q->alpha.t,
-                                   .bias = &q->bias.t,
-                                   .h_in = &q->h_in.t,
-                                   .h_post = &q->h_post.t,
-                                   .res_logits = &q->logits.t,
-                                   .comb = &q->comb.t,
-                                   .h_mix = &q->h_mix.t,
-                                   .inv_rms = &q->inv_rms.t,
-                                   .h_pre = &q->h_pre.t};
-}
-
 static ompk_status pp_fused(pp_case *c) {
     ompk_mhc_post_pre_fwd_args a = {.x = &c->xin.t,
                                     .comb = &c->comb_l.t,
                                     .post = &c->post_l.t,
                                     .f = &c->f.t,
                                     .x_out = &c->q.x.t,
-                                    .pre = pre_args(&c->q)};
+                                    .pre = pre_fwd_args(&c->q)};
     a.pre.x = NULL;
     return ompk_mhc_post_pre_fwd(&a, &c->q.p);
 }
@@ -65,7 +50,7 @@ static ompk_status pp_fused(pp_case *c) {
 static ompk_status pp_two_calls(pp_case *c) {
     ompk_status st = ompk_mhc_post_fwd(&c->xin.t, &c->comb_l.t, &c->post_l.t, &c->f.t, &c->q.x.t);
     if (st != OMPK_OK) return st;
-    ompk_mhc_pre_fwd_args a = pre_args(&c->q);
+    ompk_mhc_pre_fwd_args a = pre_fwd_args(&c->q);
     return ompk_mhc_pre_fwd(&a, &c->q.p);
 }
 
@@ -252,7 +237,7 @@ Test(mhc_post_pre, bad_inputs) {
                                         .post = &c.post_l.t,
                                         .f = &c.f.t,
                                         .x_out = &c.q.x.t,
-                                        .pre = pre_args(&c.q)};
+                                        .pre = pre_fwd_args(&c.q)};
         ompk_mhc_post_pre_fwd_args b = a;
         b.pre.x = &c.xin.t;
         expect_rejected(&c, &b, "pre.x neither NULL nor x_out");

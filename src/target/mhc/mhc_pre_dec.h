@@ -31,7 +31,6 @@ int mhc_pre_dec_ok(const mhc_pre_fwd_args *a);
 int64_t mhc_pre_dec_workspace(const mhc_pre_fwd_args *a);
 /* post == NULL: the pre forward alone. Returns 0, or -1 (nothing run, ompk_last_error set) when
  * no counter block could be had. */
-int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_dec_post *post,
-                       void *ws);
+int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_dec_post *post, void *ws);
 
 #endif
