@@ -68,4 +68,8 @@ void ompk_bench_emit(ompk_bench_ctx *ctx, const ompk_bench_record *r);
 void *ompk_bench_alloc_random(ompk_bench_ctx *ctx, ompk_dtype dtype, int64_t numel, uint64_t seed);
 void ompk_bench_free(ompk_bench_ctx *ctx, void *p);
 
+/* After an entry named implementations of op itself: op back to what --impl named (or to the
+ * default order), so the entry's later records run what the pass says. */
+void ompk_bench_variant_restore(ompk_bench_ctx *ctx, const char *op);
+
 #endif

@@ -131,7 +131,7 @@ static int bench_dir(ompk_bench_ctx *ctx, int bwd) {
                     rc |= bench_shape(ctx, bwd, dts[d], masks[m], 4, 16, 4096, 128, var);
             }
     }
-    ompk_variant_force(op, NULL);
+    ompk_bench_variant_restore(ctx, op);
     return rc;
 }
 

@@ -77,7 +77,7 @@ static int bench_decode(ompk_bench_ctx *ctx) {
             rc |= dec_shape(ctx, shapes[s][0], shapes[s][1], shapes[s][2],
                             fast ? "tc-bf16" : "tc-bf16-splitkv");
     }
-    ompk_variant_force("attention_fwd", NULL);
+    ompk_bench_variant_restore(ctx, "attention_fwd");
     return rc;
 }
 

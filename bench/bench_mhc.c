@@ -55,7 +55,7 @@ static int bench_post_shape(ompk_bench_ctx *ctx, ompk_dtype dt, int64_t B, int64
             }
             double mn;
             double ms = ompk_bench_time(ctx, post_call, &a, &mn);
-            ompk_variant_force("mhc_post_fwd", NULL);
+            ompk_bench_variant_restore(ctx, "mhc_post_fwd");
 #ifdef OMPK_LAB
             ompk_variant_knob_force(OMPK_KNOB_MHC_POST_THREADS, 0);
 #endif

@@ -224,7 +224,7 @@ static int bench_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int
     for (int v = 0; v < nvar; v++) {
         if (ompk_variant_force("mhc_pre_fwd", variants[v]) != OMPK_OK) continue;
         ms = ompk_bench_time(ctx, call_pre_fwd, &m, &mn);
-        ompk_variant_force("mhc_pre_fwd", NULL);
+        ompk_bench_variant_restore(ctx, "mhc_pre_fwd");
         if (ms < 0)
             rc = 1;
         else

@@ -123,7 +123,7 @@ static int pb_shape(ompk_bench_ctx *ctx, int64_t B, int64_t S, int64_t n, int64_
             r.peak = "fp32";
             ompk_bench_emit(ctx, &r);
         }
-        ompk_variant_force("mhc_pre_bwd", NULL);
+        ompk_bench_variant_restore(ctx, "mhc_pre_bwd");
     }
     for (int i = 0; i < 21; i++) ompk_bench_free(ctx, mem[i]);
     return rc;

@@ -82,7 +82,7 @@ static int bench_fwd(ompk_bench_ctx *ctx) {
         ompk_variant_force("router_fwd", "warp1") == OMPK_OK) {
         for (int d = 0; d < 2; d++)
             for (int k = 0; k < 2; k++) rc |= bench_fwd_shape(ctx, dts[d], T, 64, ks[k], "warp1");
-        ompk_variant_force("router_fwd", NULL);
+        ompk_bench_variant_restore(ctx, "router_fwd");
     }
     return rc;
 }

@@ -258,6 +258,10 @@ static void impl_name_all(const char *name) {
     }
 }
 
+void ompk_bench_variant_restore(ompk_bench_ctx *ctx, const char *op) {
+    if (!ctx->impl || ompk_variant_force(op, ctx->impl) != OMPK_OK) ompk_variant_force(op, NULL);
+}
+
 /* Whether some op's list has an implementation called name. */
 static int impl_known(const char *name) {
     const ompk_impl *e;
