@@ -66,8 +66,7 @@ static ompk_status run_host(const void *p, void *ws) {
 static int ok_decode(const void *p) {
     const mhc_pre_fwd_call *k = p;
 #ifdef OMPK_OFFLOAD_GCC_NVPTX
-    /* not verified on a GPU in GCC builds (bench/results/2026-11-28-h100-s19): their GPU calls
-     * keep the other kernels */
+    /* not verified on a GPU in GCC builds: their GPU calls keep the other kernels */
     if (k->ex.on_target) return 0;
 #endif
     return mhc_pre_dec_ok(k->a);
