@@ -16,7 +16,7 @@
 typedef struct mhc_pre_fwd_call {
     ompk_exec ex;
     const mhc_pre_fwd_args *a;
-    const mhc_dec_post *post;
+    const ompk_mhc_post_args *post;
 } mhc_pre_fwd_call;
 
 typedef struct mhc_pre_bwd_call {

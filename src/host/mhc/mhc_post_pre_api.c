@@ -36,13 +36,7 @@ ompk_status ompk_mhc_post_pre_fwd(const ompk_mhc_post_pre_fwd_args *g,
     st = ompk_impl_pick(OMPK_OP_MHC_PRE_FWD, &call, fn, &pick);
     if (st != OMPK_OK) return st;
     if (pick && strcmp(pick->name, "decode") == 0) {
-        mhc_dec_post dp;
-        dp.x = pa.x, dp.f = pa.f, dp.comb = pa.comb, dp.post = pa.post;
-        memcpy(dp.sx, pa.sx, sizeof dp.sx);
-        memcpy(dp.sf, pa.sf, sizeof dp.sf);
-        memcpy(dp.sc, pa.sc, sizeof dp.sc);
-        memcpy(dp.sp, pa.sp, sizeof dp.sp);
-        call.post = &dp;
+        call.post = &pa;
         st = ompk_impl_run_entry(pick, &call, c.device, fn);
     } else {
         const mhc_post_fwd_call pc = {ex, &pa};

@@ -39,7 +39,7 @@
  * zeroed. */
 typedef struct mhc_dec_launch {
     mhc_pre_fwd_args pre;
-    mhc_dec_post post;
+    ompk_mhc_post_args post;
     int fused;
     int64_t T, KS, DS, K;
     int *ctr;
@@ -76,6 +76,19 @@ int64_t mhc_pre_dec_workspace(const mhc_pre_fwd_args *a) {
     dec_geometry(a, &KS, &DS);
     const int64_t T = a->B * a->S, M = 2 * a->n + a->n * a->n;
     return (int64_t)sizeof(float) * (KS * T * (M + 1) + T * a->n) + 64;
+}
+
+/* One Sinkhorn step of thread e = i N + j (mine: e < N^2): the team's matrix stored in buf, one
+ * barrier, then v / (the sum of row i (row) or column j, in mhc_sk_fwd's order, + eps). */
+MHC_INLINE float dec_sk_div(const int N, float *buf, int mine, int e, int i, int j, int row,
+                            float v, float eps) {
+    if (mine) buf[e] = v;
+    MHC_SYNC();
+    if (!mine) return v;
+    float sum = 0.f;
+    for (int k = 0; k < N; k++) sum += row ? buf[i * N + k] : buf[k * N + j];
+    sum += eps;
+    return v / sum;
 }
 
 /* Token t's epilogue by the whole team, pre_token's arithmetic spread over its threads: thread m
@@ -125,7 +138,6 @@ MHC_INLINE void pre_dec_token(const int N, const mhc_dec_launch *P, int64_t t, c
     /* sm holds two matrices: a step writes one and reads it after one barrier; the one it
      * overwrites was last read two steps back, before the barrier between */
     const float eps = a->sk_eps;
-    int pb = 0;
     if (mine) sm[e] = v;
     MHC_SYNC();
     if (mine) {
@@ -133,35 +145,10 @@ MHC_INLINE void pre_dec_token(const int N, const mhc_dec_launch *P, int64_t t, c
         for (int jj = 1; jj < N; jj++) mx = sm[i * N + jj] > mx ? sm[i * N + jj] : mx;
         v = expf(v - mx);
     }
-    pb = 1;
-    if (mine) sm[64 + e] = v;
-    MHC_SYNC();
-    if (mine) {
-        float sum = 0.f;
-        for (int jj = 0; jj < N; jj++) sum += sm[64 + i * N + jj];
-        v = v / sum + eps;
-    }
-    for (int rep = 0; rep < a->repeat; rep++) {
-        if (rep > 0) {
-            pb ^= 1;
-            if (mine) sm[pb * 64 + e] = v;
-            MHC_SYNC();
-            if (mine) {
-                float sum = 0.f;
-                for (int jj = 0; jj < N; jj++) sum += sm[pb * 64 + i * N + jj];
-                sum += eps;
-                v = v / sum;
-            }
-        }
-        pb ^= 1;
-        if (mine) sm[pb * 64 + e] = v;
-        MHC_SYNC();
-        if (mine) {
-            float sum = 0.f;
-            for (int ii = 0; ii < N; ii++) sum += sm[pb * 64 + ii * N + j];
-            sum += eps;
-            v = v / sum;
-        }
+    v = dec_sk_div(N, sm + 64, mine, e, i, j, 1, v, 0.f) + eps;
+    for (int rep = 0, pb = 1; rep < a->repeat; rep++) {
+        if (rep > 0) v = dec_sk_div(N, sm + 64 * (pb ^= 1), mine, e, i, j, 1, v, eps);
+        v = dec_sk_div(N, sm + 64 * (pb ^= 1), mine, e, i, j, 0, v, eps);
     }
     if (mine) a->comb[b * a->scomb[0] + s * a->scomb[1] + i * a->scomb[2] + j * a->scomb[3]] = v;
 }
@@ -188,7 +175,7 @@ MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *r
         for (int64_t d = d0 + ln; d < d1; d += MHC_DEC_THREADS) {
             float v[NMAX];
             if (P->fused) {
-                const mhc_dec_post *q = &P->post;
+                const ompk_mhc_post_args *q = &P->post;
                 const char *xi =
                     (const char *)q->x + (b * q->sx[0] + s * q->sx[1] + d * q->sx[3]) * esz;
                 const float *cm = q->comb + b * q->sc[0] + s * q->sc[1];
@@ -270,7 +257,7 @@ MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *r
 #define MHC_N_INC "mhc_pre_dec_n.inc"
 #include "mhc_each_n.inc"
 
-int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_dec_post *post,
+int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const ompk_mhc_post_args *post,
                        void *ws) {
     const ompk_device dev = ex.on_target ? ompk_device_target(ex.device) : ompk_device_host();
     mhc_dec_launch L;

@@ -14,23 +14,18 @@
 #define OMPK_MHC_PRE_DEC_H
 
 #include "mhc_kern.h"
+#include "mhc_post.h"
 
 #define MHC_DEC_TMAX 64 /* the most tokens a decode call takes */
-
-/* Layer l's post forward in front of the pre (all NULL: the pre alone, on pre->x). The pre's x
- * (pre->x) is then x_out, which the kernel writes. */
-typedef struct mhc_dec_post {
-    const void *x, *f;
-    const float *comb, *post;
-    int64_t sx[4], sf[3], sc[4], sp[3];
-} mhc_dec_post;
 
 /* Whether the decode kernel serves a pre forward of these sizes. */
 int mhc_pre_dec_ok(const mhc_pre_fwd_args *a);
 /* Workspace bytes on the call's device. */
 int64_t mhc_pre_dec_workspace(const mhc_pre_fwd_args *a);
-/* post == NULL: the pre forward alone. Returns 0, or -1 (nothing run, ompk_last_error set) when
+/* post: layer l's post forward in front of the pre (its out is a->x, x_out, which the kernel
+ * writes); NULL: the pre forward alone. Returns 0, or -1 (nothing run, ompk_last_error set) when
  * no counter block could be had. */
-int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_dec_post *post, void *ws);
+int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const ompk_mhc_post_args *post,
+                       void *ws);
 
 #endif
