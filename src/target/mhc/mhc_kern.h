@@ -23,6 +23,19 @@
 #define MHC_UNROLL
 #endif
 
+#define MHC_STR_(x) #x
+#define MHC_STR(x) MHC_STR_(x)
+/* Team-shared arrays of a teams region: omp_pteam_mem_alloc where clang maps it to GPU shared
+ * memory; GCC 12 has no allocate directive and shares the region's arrays with the team's
+ * threads as it shares any variable. */
+#if defined(__clang__) && (defined(__NVPTX__) || defined(__AMDGCN__))
+#define MHC_TEAM_ALLOC(...)                                                                        \
+    _Pragma(MHC_STR(omp allocate(__VA_ARGS__) allocator(omp_pteam_mem_alloc)))
+#else
+#define MHC_TEAM_ALLOC(...)
+#endif
+#define MHC_SYNC() _Pragma("omp barrier")
+
 /* 4 floats moved as one 16-byte word */
 typedef struct mhc_f4 {
     float v[4];

@@ -1,10 +1,8 @@
 /* mHC pre, forward (docs/KERNELS.md 1.1), Sinkhorn (1.3) optionally fused; one OpenMP source for
  * GPU and host. Three launches:
- *  1. GEMM + sum of squares in one pass over x. Work item = (K chunk, TPT tokens); adjacent
- *     GPU lanes take adjacent tokens of the same chunk, so the gamma-scaled, transposed phi row
- *     they read is one broadcast per warp, and each lane's x reads are whole 32-byte sectors.
- *     The M+1 sums of a token live in registers (n a compile-time constant: mhc_each_n.h);
- *     each item writes its partial sums.
+ *  1. GEMM + sum of squares in one pass over x (mhc_pre_tile.h): work item = (K chunk, tile of
+ *     tokens), the team's threads sharing the tile's x and weight rows through team-shared memory;
+ *     each item writes the partial sums of its tokens.
  *  2. Per token: the partials summed in fixed chunk order (deterministic), then rms, sigmoids,
  *     logits and the Sinkhorn iterations in registers.
  *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x.
@@ -20,6 +18,7 @@
 #include "mhc_pre_dec.h"
 #include "mhc_pre_tc.h"
 #include "mhc_pre_tcw.h"
+#include "mhc_pre_tile.h"
 
 #define NMAX 8
 #define MMAX (2 * NMAX + NMAX * NMAX)
@@ -27,13 +26,9 @@
 #include "mhc_pre_fwd_host.h"
 #include "mhc_pre_token.h"
 
-/* tokens per work item: amortises the phi broadcast loads over more FMAs where the register
- * budget allows it */
-#define MHC_TPT(N) ((2 * (N) + (N) * (N)) <= 24 ? 2 : 1)
-
 typedef struct pre_geom {
-    int64_t T, K, CD, NCD, NC, MP; /* chunk width, chunks per stream, chunks, partial row */
-    int MW, TPT;
+    int64_t T, K, CD, NCD, NC, MP, NTL; /* chunk width, chunks per stream, chunks, partial row,
+                                           token tiles */
 } pre_geom;
 
 static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
@@ -41,21 +36,18 @@ static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
     const int n = a->n, M = 2 * n + n * n;
     g.T = a->B * a->S;
     g.K = (int64_t)n * a->D;
-    g.MW = mhc_mw(n);
     g.MP = M + 1;
-    g.TPT = MHC_TPT(n);
-    /* about 2^17 work items in all: enough to fill a GPU, few enough partials */
-    int64_t items_tok = (g.T + g.TPT - 1) / g.TPT;
-    if (items_tok < 1) items_tok = 1;
-    int64_t want = ((int64_t)1 << 17) / items_tok;
+    g.NTL = (g.T + PTL_TB - 1) / PTL_TB;
+    if (g.NTL < 1) g.NTL = 1;
+    /* about 2^11 items in all: enough teams to fill a GPU, few enough partials */
+    int64_t want = ((int64_t)1 << 11) / g.NTL;
     int64_t ncd = (want + n - 1) / n;
-    int64_t max_ncd = (a->D + 15) / 16;
-    if (ncd < 1) ncd = 1;
+    const int64_t max_ncd = (a->D + PTL_KB - 1) / PTL_KB;
     if (ncd > max_ncd) ncd = max_ncd;
-    if (max_ncd < 1) ncd = 1;
+    if (ncd < 1) ncd = 1;
     int64_t cd = (a->D + ncd - 1) / ncd;
-    cd = (cd + 15) & ~(int64_t)15;
-    if (cd < 16) cd = 16;
+    cd = (cd + PTL_KB - 1) / PTL_KB * PTL_KB;
+    if (cd < PTL_KB) cd = PTL_KB;
     g.CD = cd;
     g.NCD = a->D > 0 ? (a->D + cd - 1) / cd : 1;
     g.NC = g.NCD * n;
@@ -66,7 +58,7 @@ static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
 int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
     pre_geom g = pre_geometry(a);
     const int64_t simt =
-        (int64_t)sizeof(float) * (g.K * g.MW + g.NC * g.T * g.MP + g.T * a->n) + 64;
+        (int64_t)sizeof(float) * (g.K * pre_tile_wg(a->n) + g.NC * g.T * g.MP + g.T * a->n) + 64;
     const int64_t tc = pre_tc_workspace(a);
     const int M = 2 * a->n + a->n * a->n;
     const int64_t host =
@@ -93,80 +85,6 @@ static int pre_tcw_teams(const mhc_pre_fwd_cfg *c) {
     return c->teams >= 64 && c->teams <= PRE_TCW_TEAMS_MAX ? c->teams : PRE_TCW_TEAMS;
 }
 #endif
-
-/* Stage 1 body: partial GEMM rows and sum of squares of tokens t0.. (TPT of them, clamped to
- * T-1 for loads) over d in [d0, d1) of stream i. The phi row of each k is read as 16-byte words
- * (MW is a multiple of 4, rows 16-byte aligned): one broadcast load per 4 columns. */
-MHC_INLINE void pre_part(const int N, const int TPT, const char *x, int64_t sx0, int64_t sx1,
-                         int64_t sx2, int64_t S, int64_t T, int64_t t0, int i, int64_t D,
-                         int64_t d0, int64_t d1, const float *wt, int MW, float *part, int64_t c,
-                         int bf16, int vec) {
-    const int M = 2 * N + N * N;
-    const int MQ = (M + 3) / 4;
-    const int esz = bf16 ? 2 : 4;
-    float acc[2][MMAX + 4], ss[2] = {0.f, 0.f};
-    const char *row[2] = {x, x};
-    MHC_UNROLL
-    for (int u = 0; u < 2; u++) {
-        if (u >= TPT) continue;
-        int64_t t = t0 + u < T ? t0 + u : T - 1;
-        row[u] = x + ((t / S) * sx0 + (t % S) * sx1 + (int64_t)i * sx2) * esz;
-        MHC_UNROLL
-        for (int m = 0; m < MMAX + 4; m++) acc[u][m] = 0.f;
-    }
-    const float *w = wt + ((int64_t)i * D + d0) * MW;
-    int64_t d = d0;
-    for (; d + 8 <= d1; d += 8) {
-        float xv[2][8];
-        MHC_UNROLL
-        for (int u = 0; u < 2; u++) {
-            if (u >= TPT) continue;
-            if (vec)
-                ompk_load8(row[u] + d * esz, bf16, xv[u]);
-            else
-                MHC_UNROLL
-            for (int e = 0; e < 8; e++) xv[u][e] = ompk_load_f(row[u], d + e, bf16);
-        }
-        MHC_UNROLL
-        for (int e = 0; e < 8; e++) {
-            const mhc_f4 *w4 = (const mhc_f4 *)w;
-            MHC_UNROLL
-            for (int q = 0; q < (MMAX + 3) / 4; q++) {
-                if (q >= MQ) continue;
-                const mhc_f4 wq = w4[q];
-                MHC_UNROLL
-                for (int r = 0; r < 4; r++) MHC_UNROLL
-                for (int u = 0; u < 2; u++)
-                    if (u < TPT) acc[u][4 * q + r] += xv[u][e] * wq.v[r];
-            }
-            MHC_UNROLL
-            for (int u = 0; u < 2; u++)
-                if (u < TPT) ss[u] += xv[u][e] * xv[u][e];
-            w += MW;
-        }
-    }
-    for (; d < d1; d++) {
-        MHC_UNROLL
-        for (int u = 0; u < 2; u++) {
-            if (u >= TPT) continue;
-            float xv = ompk_load_f(row[u], d, bf16);
-            MHC_UNROLL
-            for (int m = 0; m < MMAX; m++)
-                if (m < M) acc[u][m] += xv * w[m];
-            ss[u] += xv * xv;
-        }
-        w += MW;
-    }
-    MHC_UNROLL
-    for (int u = 0; u < 2; u++) {
-        if (u >= TPT || t0 + u >= T) continue;
-        float *p = part + (c * T + t0 + u) * (M + 1);
-        MHC_UNROLL
-        for (int m = 0; m < MMAX; m++)
-            if (m < M) p[m] = acc[u][m];
-        p[M] = ss[u];
-    }
-}
 
 #ifdef OMPK_NV_KERNELS
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a
@@ -203,8 +121,9 @@ int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_f
 typedef struct pre_launch {
     ompk_exec ex;
     const char *x;
-    int64_t sx0, sx1, sx2, S, T, D, K, CD, NCD, NC, shin0, shin1;
-    int MW, bf16, vec;
+    int64_t sx0, sx1, sx2, S, T, D, K, NC, shin0, shin1;
+    int bf16, vec;
+    pre_tile_geom tl;
     float *wt, *part, *hp_ws;
     const float *alpha, *bias;
     char *h_in;
@@ -225,9 +144,9 @@ typedef struct pre_launch {
 void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
                         const mhc_pre_fwd_cfg *var) {
     const pre_geom g = pre_geometry(a);
-    const int n = a->n, M = 2 * n + n * n, MW = g.MW, TPT = g.TPT, bf16 = a->bf16;
+    const int n = a->n, M = 2 * n + n * n, WG = pre_tile_wg(n), bf16 = a->bf16;
     const int vec = pre_vec_ok(a);
-    const int64_t T = g.T, K = g.K, D = a->D, S = a->S, CD = g.CD, NCD = g.NCD, NC = g.NC;
+    const int64_t T = g.T, K = g.K, D = a->D, S = a->S, NC = g.NC;
     const char *x = (const char *)a->x;
     const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];
     const float *phi = a->phi, *gamma = a->gamma, *alpha = a->alpha, *bias = a->bias;
@@ -243,7 +162,7 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
     tg.ROT = var->rot;
     float *wt = (float *)ws;
     /* the tensor-core path needs no transposed weights: its partials start the workspace */
-    float *part = tc ? wt : wt + K * MW;
+    float *part = tc ? wt : wt + K * WG;
     float *hp_ws = part + (tc ? (int64_t)tg.KS : NC) * T * g.MP;
     char *h_in = (char *)a->h_in;
     float *h_post = a->h_post, *logits = a->logits, *comb = a->comb, *h_mix = a->h_mix;
@@ -274,18 +193,21 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
         return;
     }
 
-    /* gamma folded into phi, transposed to [K][MW] (zero padded) */
+    /* gamma folded into phi, transposed and grouped to [K][WG] (mhc_pre_tile.h, zero padded) */
     if (!tc) {
 #pragma omp target teams distribute parallel for collapse(2) if (target : ex.on_target)            \
     device(ex.device) is_device_ptr(phi, gamma, wt) thread_limit(256)
         for (int64_t k = 0; k < K; k++)
-            for (int m = 0; m < MW; m++)
-                wt[k * MW + m] = m < M ? phi[m * sphi + k] * (gamma ? gamma[k] : 1.f) : 0.f;
+            for (int q = 0; q < WG; q++) {
+                const int m = pre_tile_col(n, q);
+                wt[k * WG + q] = m >= 0 ? phi[m * sphi + k] * (gamma ? gamma[k] : 1.f) : 0.f;
+            }
     }
 
     pre_launch L;
     L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
-    L.K = K, L.CD = CD, L.NCD = NCD, L.NC = tc ? tg.KS : NC, L.MW = MW, L.bf16 = bf16, L.vec = vec;
+    L.K = K, L.NC = tc ? tg.KS : NC, L.bf16 = bf16, L.vec = vec;
+    L.tl = (pre_tile_geom){sx0, sx1, sx2, S, T, D, g.CD, g.NCD, g.NTL, bf16, vec};
     L.tc = tc, L.epi = var->epi, L.l2f = var->l2f, L.ring = var->ring, L.tg = tg, L.phi = phi,
     L.gamma = gamma;
     /* after hp_ws, 16-byte aligned */
@@ -297,5 +219,4 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
 #define PRE_STAGES(N) pre_stages_##N(&L)
     MHC_SWITCH_N(n, PRE_STAGES)
 #undef PRE_STAGES
-    (void)TPT;
 }

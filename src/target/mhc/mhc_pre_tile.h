@@ -1,0 +1,223 @@
+/* Launch 1 of the portable pre forward (mhc_pre_fwd.c) on team-shared tiles: standard OpenMP only
+ * (target teams, one parallel region a team, barriers, team-shared arrays), for any GPU a compiler
+ * offloads to, and the host.
+ *
+ * A work item is (chunk c = d range [d0, d1) of stream i, tile of PTL_TB tokens); its PTL_T threads
+ * walk the chunk in steps of PTL_KB. Each step the team stores the tile's x (as f32, a token's
+ * row at a time) and the step's weight rows in shared memory, then thread (tg = tid % 32,
+ * mg = tid / 32) adds x[t][d] * w[d][m] for its tokens t = tg + 32 u (u < 4) and its columns
+ * m = mg * MPT + j (j < MPT), every operand a 16-byte shared load: a warp's weight loads are one
+ * broadcast, its x loads four conflict-free rows. The weights come grouped, [K][4][MPP] (gamma
+ * folded in, zero padded), so a thread's columns are one aligned run. A thread's sum of a (t, m)
+ * runs over d in order, one fma a step, whatever the tiling; padding (d >= d1, t >= T) adds
+ * exact zeros and is never written. The sum of squares of token t is kept by the threads that load
+ * its row, one partial per 8-element group of a step (oct), and the four added in order at the
+ * end. A team that got fewer than PTL_T threads runs pre_tile_rows: the same sums in the same
+ * order, one thread a token. tests/test_mhc_pre_tile_emu.c runs the team function with emulated
+ * teams and checks it bit for bit against pre_tile_rows. */
+#ifndef OMPK_MHC_PRE_TILE_H
+#define OMPK_MHC_PRE_TILE_H
+
+#include <omp.h>
+
+#include "mhc_kern.h"
+
+#if defined(OMPK_EMULATE)
+#define PTL_TID() OMPK_EMU_TID()
+#define PTL_SYNC() OMPK_EMU_SYNC()
+#else
+#define PTL_TID() omp_get_thread_num()
+#define PTL_SYNC() MHC_SYNC()
+#endif
+
+#define PTL_TB 128 /* tokens a tile */
+#ifndef PTL_KB
+#define PTL_KB 32 /* d a step */
+#endif
+#define PTL_T 128            /* threads a team: 4 column groups of 32 */
+#define PTL_XP (PTL_KB + 4)  /* pitch of a token row in xs: 16-byte rows, conflict-free reads */
+#define PTL_OCT (PTL_KB / 8) /* 8-element groups of a step's row */
+#define PTL_LJ (PTL_TB * PTL_OCT / PTL_T)          /* groups a thread loads a step */
+#define PTL_MPT(N) ((2 * (N) + (N) * (N) + 3) / 4) /* columns a thread */
+#define PTL_MPP(N) ((PTL_MPT(N) + 3) & ~3)         /* the same, padded to 16 bytes */
+#define PTL_WG(N) (4 * PTL_MPP(N))                 /* floats of a grouped weight row */
+#define PTL_MPTMAX PTL_MPT(8)
+#define PTL_XS (PTL_TB * PTL_XP) /* floats of the team's x tile (also the oct partials) */
+
+/* What every item of a call shares. */
+typedef struct pre_tile_geom {
+    int64_t sx0, sx1, sx2, S, T, D, CD, NCD, NTL; /* NTL: token tiles */
+    int bf16, vec;
+} pre_tile_geom;
+
+/* Launch 1 for stream count n: the partial rows of every (chunk, token tile) of the call
+ * (mhc_pre_tile.c); NC chunks, wg the grouped weights. */
+void mhc_pre_tile_gemm(ompk_exec ex, int n, const pre_tile_geom *g, const char *x, const float *wg,
+                       float *part, int64_t NC);
+
+static inline int pre_tile_wg(int n) {
+    return PTL_WG(n);
+}
+
+/* Grouped weight column q of a row: the model column it holds, or -1 for padding. */
+static inline int pre_tile_col(int n, int q) {
+    const int M = 2 * n + n * n, mpt = (M + 3) / 4, mpp = (mpt + 3) & ~3;
+    const int g = q / mpp, j = q - g * mpp, m = g * mpt + j;
+    return j < mpt && m < M ? m : -1;
+}
+
+/* Item w's chunk and first token. */
+MHC_INLINE void pre_tile_item(const pre_tile_geom *g, int64_t w, int *i, int64_t *d0, int64_t *d1,
+                              int64_t *t0, int64_t *c) {
+    *c = w / g->NTL;
+    *t0 = (w - *c * g->NTL) * PTL_TB;
+    *i = (int)(*c / g->NCD);
+    *d0 = (*c - (int64_t)*i * g->NCD) * g->CD;
+    *d1 = *d0 + g->CD < g->D ? *d0 + g->CD : g->D;
+}
+
+/* Token t's row of stream i (t clamped to T - 1: padding tokens read a real row). */
+MHC_INLINE const char *pre_tile_row(const pre_tile_geom *g, const char *x, int64_t t, int i) {
+    const int64_t tt = t < g->T ? t : g->T - 1;
+    return x +
+           ((tt / g->S) * g->sx0 + (tt % g->S) * g->sx1 + (int64_t)i * g->sx2) * (g->bf16 ? 2 : 4);
+}
+
+/* Elements d .. d + 7 of a row (d < d1; those at or past d1 read as 0). */
+MHC_INLINE void pre_tile_load8(const pre_tile_geom *g, const char *row, int64_t d, int64_t d1,
+                               float v[8]) {
+    if (g->vec && d + 8 <= d1) {
+        ompk_load8(row + d * (g->bf16 ? 2 : 4), g->bf16, v);
+        return;
+    }
+    MHC_UNROLL
+    for (int e = 0; e < 8; e++) v[e] = d + e < d1 ? ompk_load_f(row, d + e, g->bf16) : 0.f;
+}
+
+MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x, const float *wg,
+                              float *part, int64_t w, float *xs, float *ws) {
+    const int M = 2 * N + N * N, MP = M + 1, MPT = PTL_MPT(N), WG = PTL_WG(N);
+    const int tid = PTL_TID();
+    int i;
+    int64_t d0, d1, t0, c;
+    pre_tile_item(g, w, &i, &d0, &d1, &t0, &c);
+    const int64_t T = g->T;
+    /* loader role: the 8-element group oct of tokens lt + LS j */
+    const int LS = PTL_T / PTL_OCT, lt = tid / PTL_OCT, oct = tid % PTL_OCT;
+    const char *lrow[PTL_LJ];
+    float ssa[PTL_LJ];
+    MHC_UNROLL
+    for (int j = 0; j < PTL_LJ; j++)
+        lrow[j] = pre_tile_row(g, x, t0 + lt + LS * j, i), ssa[j] = 0.f;
+    /* compute role */
+    const int tg = tid & 31, mg = tid >> 5;
+    float acc[4][PTL_MPTMAX];
+    MHC_UNROLL
+    for (int u = 0; u < 4; u++) MHC_UNROLL
+    for (int j = 0; j < PTL_MPTMAX; j++) acc[u][j] = 0.f;
+    const float *wrow = wg + ((int64_t)i * g->D + d0) * WG;
+    for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
+        /* the step's x (as f32) and weight rows into shared memory; rows at or past d1 zero */
+        MHC_UNROLL
+        for (int j = 0; j < PTL_LJ; j++) {
+            float v[8];
+            pre_tile_load8(g, lrow[j], s0 + 8 * oct, d1, v);
+            MHC_UNROLL
+            for (int e = 0; e < 8; e++) ssa[j] = fmaf(v[e], v[e], ssa[j]);
+            mhc_f4 *dst = (mhc_f4 *)(xs + (lt + LS * j) * PTL_XP + 8 * oct);
+            MHC_UNROLL
+            for (int h = 0; h < 2; h++) {
+                mhc_f4 q;
+                MHC_UNROLL
+                for (int e = 0; e < 4; e++) q.v[e] = v[4 * h + e];
+                dst[h] = q;
+            }
+        }
+        const int64_t kn = d1 - s0 < PTL_KB ? d1 - s0 : PTL_KB;
+        for (int f = tid; f < PTL_KB * WG / 4; f += PTL_T) {
+            const int k = f / (WG / 4);
+            mhc_f4 q = {{0.f, 0.f, 0.f, 0.f}};
+            if (k < kn) q = ((const mhc_f4 *)(wrow + (s0 - d0) * WG))[f];
+            ((mhc_f4 *)ws)[f] = q;
+        }
+        PTL_SYNC();
+        for (int kk = 0; kk < PTL_KB; kk += 4) {
+            mhc_f4 xv[4];
+            MHC_UNROLL
+            for (int u = 0; u < 4; u++) xv[u] = *(const mhc_f4 *)(xs + (tg + 32 * u) * PTL_XP + kk);
+            MHC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const mhc_f4 *wq = (const mhc_f4 *)(ws + (kk + e) * WG + mg * PTL_MPP(N));
+                MHC_UNROLL
+                for (int q = 0; q < PTL_MPP(PTL_MPTMAX) / 4; q++) {
+                    if (4 * q >= MPT) continue;
+                    const mhc_f4 wv = wq[q];
+                    MHC_UNROLL
+                    for (int r = 0; r < 4; r++) {
+                        if (4 * q + r >= MPT) continue;
+                        MHC_UNROLL
+                        for (int u = 0; u < 4; u++)
+                            acc[u][4 * q + r] = fmaf(xv[u].v[e], wv.v[r], acc[u][4 * q + r]);
+                    }
+                }
+            }
+        }
+        PTL_SYNC();
+    }
+    MHC_UNROLL
+    for (int u = 0; u < 4; u++) {
+        const int64_t t = t0 + tg + 32 * u;
+        if (t >= T) continue;
+        float *p = part + (c * T + t) * MP;
+        MHC_UNROLL
+        for (int j = 0; j < PTL_MPTMAX; j++)
+            if (j < MPT && mg * MPT + j < M) p[mg * MPT + j] = acc[u][j];
+    }
+    /* the sums of squares: the groups' partials of a token, in order */
+    MHC_UNROLL
+    for (int j = 0; j < PTL_LJ; j++) xs[(lt + LS * j) * PTL_OCT + oct] = ssa[j];
+    PTL_SYNC();
+    for (int r = tid; r < PTL_TB; r += PTL_T) {
+        const float *q = xs + r * PTL_OCT;
+        float ss = q[0];
+        for (int o = 1; o < PTL_OCT; o++) ss += q[o];
+        if (t0 + r < T) part[(c * T + t0 + r) * MP + M] = ss;
+    }
+    PTL_SYNC();
+}
+
+/* pre_tile_team's sums without the team layout: thread by token, the same order. */
+MHC_INLINE void pre_tile_rows(const int N, const pre_tile_geom *g, const char *x, const float *wg,
+                              float *part, int64_t w) {
+    const int M = 2 * N + N * N, MP = M + 1, MPT = PTL_MPT(N), WG = PTL_WG(N);
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    int i;
+    int64_t d0, d1, t0, c;
+    pre_tile_item(g, w, &i, &d0, &d1, &t0, &c);
+    for (int r = tid; r < PTL_TB; r += nth) {
+        const int64_t t = t0 + r;
+        if (t >= g->T) continue;
+        const char *row = pre_tile_row(g, x, t, i);
+        float *p = part + (c * g->T + t) * MP;
+        for (int m = 0; m < M; m++) {
+            const int q = (m / MPT) * PTL_MPP(N) + m % MPT;
+            float acc = 0.f;
+            for (int64_t d = d0; d < d1; d++)
+                acc = fmaf(ompk_load_f(row, d, g->bf16), wg[((int64_t)i * g->D + d) * WG + q], acc);
+            p[m] = acc;
+        }
+        float ss[PTL_OCT];
+        for (int o = 0; o < PTL_OCT; o++) ss[o] = 0.f;
+        for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB)
+            for (int o = 0; o < PTL_OCT; o++)
+                for (int64_t d = s0 + 8 * o; d < s0 + 8 * o + 8 && d < d1; d++) {
+                    const float v = ompk_load_f(row, d, g->bf16);
+                    ss[o] = fmaf(v, v, ss[o]);
+                }
+        float sum = ss[0];
+        for (int o = 1; o < PTL_OCT; o++) sum += ss[o];
+        p[M] = sum;
+    }
+}
+
+#endif
