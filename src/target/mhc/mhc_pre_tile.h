@@ -11,10 +11,11 @@
  * folded in, zero padded), so a thread's columns are one aligned run. A thread's sum of a (t, m)
  * runs over d in order, one fma a step, whatever the tiling; padding (d >= d1, t >= T) adds
  * exact zeros and is never written. The sum of squares of token t is kept by the threads that load
- * its row, one partial per 8-element group of a step (oct), and the four added in order at the
- * end. A team that got fewer than PTL_T threads runs pre_tile_rows: the same sums in the same
- * order, one thread a token. tests/test_mhc_pre_tile_emu.c runs the team function with emulated
- * teams and checks it bit for bit against pre_tile_rows. */
+ * its row, one partial per 8-element group of a step (oct), and the groups added in order at the
+ * end. A team that got fewer than PTL_T threads, and GCC builds (no team-shared memory), run
+ * pre_tile_token: the same sums in the same order, one thread a token.
+ * tests/test_mhc_pre_tile_emu.c runs the team function with emulated teams and checks it bit for
+ * bit against pre_tile_rows. */
 #ifndef OMPK_MHC_PRE_TILE_H
 #define OMPK_MHC_PRE_TILE_H
 
@@ -42,6 +43,7 @@
 #define PTL_MPP(N) ((PTL_MPT(N) + 3) & ~3)         /* the same, padded to 16 bytes */
 #define PTL_WG(N) (4 * PTL_MPP(N))                 /* floats of a grouped weight row */
 #define PTL_MPTMAX PTL_MPT(8)
+#define PTL_MMAX (2 * 8 + 8 * 8)
 #define PTL_XS (PTL_TB * PTL_XP) /* floats of the team's x tile (also the oct partials) */
 
 /* What every item of a call shares. */
@@ -186,38 +188,54 @@ MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x
     PTL_SYNC();
 }
 
-/* pre_tile_team's sums without the team layout: thread by token, the same order. */
-MHC_INLINE void pre_tile_rows(const int N, const pre_tile_geom *g, const char *x, const float *wg,
-                              float *part, int64_t w) {
+/* pre_tile_team's sums of token r of item w without the team layout: every column's sum in
+ * registers, d in order (the same fma a step); the sum of squares in the same groups. */
+MHC_INLINE void pre_tile_token(const int N, const pre_tile_geom *g, const char *x, const float *wg,
+                               float *part, int64_t w, int r) {
     const int M = 2 * N + N * N, MP = M + 1, MPT = PTL_MPT(N), WG = PTL_WG(N);
-    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
     int i;
     int64_t d0, d1, t0, c;
     pre_tile_item(g, w, &i, &d0, &d1, &t0, &c);
-    for (int r = tid; r < PTL_TB; r += nth) {
-        const int64_t t = t0 + r;
-        if (t >= g->T) continue;
-        const char *row = pre_tile_row(g, x, t, i);
-        float *p = part + (c * g->T + t) * MP;
-        for (int m = 0; m < M; m++) {
-            const int q = (m / MPT) * PTL_MPP(N) + m % MPT;
-            float acc = 0.f;
-            for (int64_t d = d0; d < d1; d++)
-                acc = fmaf(ompk_load_f(row, d, g->bf16), wg[((int64_t)i * g->D + d) * WG + q], acc);
-            p[m] = acc;
+    const int64_t t = t0 + r;
+    if (t >= g->T) return;
+    const char *row = pre_tile_row(g, x, t, i);
+    float acc[PTL_MMAX], ss[PTL_OCT];
+    MHC_UNROLL
+    for (int m = 0; m < PTL_MMAX; m++) acc[m] = 0.f;
+    MHC_UNROLL
+    for (int o = 0; o < PTL_OCT; o++) ss[o] = 0.f;
+    for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
+        MHC_UNROLL
+        for (int o = 0; o < PTL_OCT; o++) {
+            float v[8];
+            pre_tile_load8(g, row, s0 + 8 * o, d1, v);
+            MHC_UNROLL
+            for (int e = 0; e < 8; e++) {
+                const int64_t d = s0 + 8 * o + e;
+                if (d >= d1) break;
+                const float *wr = wg + ((int64_t)i * g->D + d) * WG;
+                MHC_UNROLL
+                for (int m = 0; m < PTL_MMAX; m++)
+                    if (m < M) acc[m] = fmaf(v[e], wr[(m / MPT) * PTL_MPP(N) + m % MPT], acc[m]);
+                ss[o] = fmaf(v[e], v[e], ss[o]);
+            }
         }
-        float ss[PTL_OCT];
-        for (int o = 0; o < PTL_OCT; o++) ss[o] = 0.f;
-        for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB)
-            for (int o = 0; o < PTL_OCT; o++)
-                for (int64_t d = s0 + 8 * o; d < s0 + 8 * o + 8 && d < d1; d++) {
-                    const float v = ompk_load_f(row, d, g->bf16);
-                    ss[o] = fmaf(v, v, ss[o]);
-                }
-        float sum = ss[0];
-        for (int o = 1; o < PTL_OCT; o++) sum += ss[o];
-        p[M] = sum;
     }
+    float *p = part + (c * g->T + t) * MP;
+    MHC_UNROLL
+    for (int m = 0; m < PTL_MMAX; m++)
+        if (m < M) p[m] = acc[m];
+    float sum = ss[0];
+    MHC_UNROLL
+    for (int o = 1; o < PTL_OCT; o++) sum += ss[o];
+    p[M] = sum;
+}
+
+/* The item's tokens over the team's threads, whatever their number. */
+MHC_INLINE void pre_tile_rows(const int N, const pre_tile_geom *g, const char *x, const float *wg,
+                              float *part, int64_t w) {
+    for (int r = omp_get_thread_num(); r < PTL_TB; r += omp_get_num_threads())
+        pre_tile_token(N, g, x, wg, part, w, r);
 }
 
 #endif
