@@ -64,12 +64,7 @@ static ompk_status run_host(const void *p, void *ws) {
     return pre_run_cfg(p, ws, c);
 }
 static int ok_decode(const void *p) {
-    const mhc_pre_fwd_call *k = p;
-#ifdef OMPK_OFFLOAD_GCC_NVPTX
-    /* not verified on a GPU in GCC builds: their GPU calls keep the other kernels */
-    if (k->ex.on_target) return 0;
-#endif
-    return mhc_pre_dec_ok(k->a);
+    return mhc_pre_dec_ok(((const mhc_pre_fwd_call *)p)->a);
 }
 static ompk_status run_decode(const void *p, void *ws) {
     const mhc_pre_fwd_call *k = p;
