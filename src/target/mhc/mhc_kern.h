@@ -23,6 +23,18 @@
 #define MHC_UNROLL
 #endif
 
+#define MHC_STR_(x) #x
+#define MHC_STR(x) MHC_STR_(x)
+/* Team-shared arrays of a teams region (declared there, before its parallel region) */
+#if defined(__clang__) && (defined(__NVPTX__) || defined(__AMDGCN__))
+#define MHC_TEAM_ALLOC(...)                                                                        \
+    _Pragma(MHC_STR(omp allocate(__VA_ARGS__) allocator(omp_pteam_mem_alloc)))
+#else
+/* GCC 12 has no allocate directive; it shares the teams region's arrays with the team's threads */
+#define MHC_TEAM_ALLOC(...)
+#endif
+#define MHC_SYNC() _Pragma("omp barrier")
+
 /* 4 floats moved as one 16-byte word */
 typedef struct mhc_f4 {
     float v[4];

@@ -16,16 +16,6 @@
 #define MHC_DEC_ITEMS 256 /* items (token, d range) a call aims at */
 #define MHC_DEC_KS 16     /* the most d ranges a token: its epilogue sums that many partial rows */
 
-#define MHC_STR_(x) #x
-#define MHC_STR(x) MHC_STR_(x)
-#if defined(__clang__) && (defined(__NVPTX__) || defined(__AMDGCN__))
-#define MHC_TEAM_ALLOC(...)                                                                        \
-    _Pragma(MHC_STR(omp allocate(__VA_ARGS__) allocator(omp_pteam_mem_alloc)))
-#else
-/* GCC 12 has no allocate directive; it shares the teams region's arrays with the team's threads */
-#define MHC_TEAM_ALLOC(...)
-#endif
-#define MHC_SYNC() _Pragma("omp barrier")
 /* 4 loads in flight in a sum that keeps its order */
 #if defined(__clang__)
 #define MHC_UNROLL4 _Pragma("unroll 4")

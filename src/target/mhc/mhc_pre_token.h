@@ -10,22 +10,13 @@ static inline float sigmoidf(float z) {
     return 1.f / (1.f + expf(-z));
 }
 
-/* Stage 2 body: one token's sums -> h_mix, inv_rms, h_pre, h_post, logits, comb. */
-MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t T,
-                          const float *part, int64_t K, const mhc_pre_fwd_args *a,
-                          const float *alpha, const float *bias, float *hp_ws, float *h_post,
-                          float *logits, float *comb, float *h_mix, float *inv_rms, float *h_pre) {
+/* Stage 2 body from token t's summed row acc (the M sums, then the sum of squares): h_mix,
+ * inv_rms, h_pre, h_post, logits, comb. */
+MHC_INLINE void pre_token_out(const int N, int64_t t, int64_t S, const float acc[MMAX + 1],
+                              int64_t K, const mhc_pre_fwd_args *a, const float *alpha,
+                              const float *bias, float *hp_ws, float *h_post, float *logits,
+                              float *comb, float *h_mix, float *inv_rms, float *h_pre) {
     const int M = 2 * N + N * N;
-    float acc[MMAX + 1];
-    MHC_UNROLL
-    for (int m = 0; m <= MMAX; m++)
-        if (m <= M) acc[m] = 0.f;
-    for (int64_t c = 0; c < NC; c++) {
-        const float *p = part + (c * T + t) * (M + 1);
-        MHC_UNROLL
-        for (int m = 0; m <= MMAX; m++)
-            if (m <= M) acc[m] += p[m];
-    }
     const int64_t b = t / S, s = t % S;
     const float r = 1.f / sqrtf(acc[M] / (float)K + a->norm_eps);
     const float a0 = alpha[0], a1 = alpha[a->salpha], a2 = alpha[2 * a->salpha];
@@ -61,6 +52,26 @@ MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t
                 comb[b * a->scomb[0] + s * a->scomb[1] + i * a->scomb[2] + j * a->scomb[3]] =
                     c[i][j];
     }
+}
+
+/* Stage 2 body: one token's partial rows summed in chunk order, then pre_token_out. */
+MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t T,
+                          const float *part, int64_t K, const mhc_pre_fwd_args *a,
+                          const float *alpha, const float *bias, float *hp_ws, float *h_post,
+                          float *logits, float *comb, float *h_mix, float *inv_rms, float *h_pre) {
+    const int M = 2 * N + N * N;
+    float acc[MMAX + 1];
+    MHC_UNROLL
+    for (int m = 0; m <= MMAX; m++)
+        if (m <= M) acc[m] = 0.f;
+    for (int64_t c = 0; c < NC; c++) {
+        const float *p = part + (c * T + t) * (M + 1);
+        MHC_UNROLL
+        for (int m = 0; m <= MMAX; m++)
+            if (m <= M) acc[m] += p[m];
+    }
+    pre_token_out(N, t, S, acc, K, a, alpha, bias, hp_ws, h_post, logits, comb, h_mix, inv_rms,
+                  h_pre);
 }
 
 /* Stage 3 body: h_in for 16 consecutive d (fewer at the tail) of token t. */
