@@ -6,8 +6,10 @@
  *     The M+1 sums of a token live in registers (n a compile-time constant: mhc_each_n.h);
  *     each item writes its partial sums.
  *  2. Per token: the partials summed in fixed chunk order (deterministic), then rms, sigmoids,
- *     logits and the Sinkhorn iterations in registers.
- *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x.
+ *     logits and the Sinkhorn iterations in registers. A team sums a tile of tokens with
+ *     coalesced loads into team-shared rows, then one thread a token (pre_simt_epi).
+ *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x, 16-byte loads a piece of 8
+ *     elements where the rows allow them (pre_hin8).
  * Splitting K over items keeps every SM busy for any T; the partials cost (M+1) floats per
  * token and chunk, which is small next to x. On the host the three launches become one pass over
  * token tiles (mhc_pre_fwd_host.h, pre_host_<n>): one partial row a token, and x still in cache

@@ -74,9 +74,10 @@ MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t
                   h_pre);
 }
 
-/* Stage 3 body: h_in for 16 consecutive d (fewer at the tail) of token t. */
+/* Stage 3 body, element by element (rows of any layout): h_in for 16 consecutive d (fewer at the
+ * tail) of token t. */
 MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float *hp, char *out,
-                        int64_t nd, int bf16, int vec) {
+                        int64_t nd, int bf16) {
     const int esz = bf16 ? 2 : 4;
     if (nd == 16) {
         float acc[16], xv[16];
@@ -85,12 +86,13 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
         MHC_UNROLL
         for (int i = 0; i < NMAX; i++) {
             if (i >= N) continue;
-            mhc_load16(xrow + i * sx2 * esz, bf16, vec, xv);
+            mhc_load16(xrow + i * sx2 * esz, bf16, 0, xv);
             const float h = hp[i];
             MHC_UNROLL
             for (int e = 0; e < 16; e++) acc[e] += h * xv[e];
         }
-        mhc_store16(out, bf16, vec, acc);
+        MHC_UNROLL
+        for (int e = 0; e < 16; e++) ompk_store_f(out, e, acc[e], bf16);
         return;
     }
     for (int64_t e = 0; e < nd; e++) {
