@@ -180,8 +180,8 @@ MHC_INLINE void pre_part(const int N, const int TPT, const char *x, int64_t sx0,
 /* team-shared row stride, odd: the threads of a warp read their rows from distinct banks */
 #define PRE_SE_SP(N) (PRE_SE_MP(N) | 1)
 /* A lane's sums keep KW elements (the tile in as few passes of at most 32 as cover it) and U
- * chunks of loads in flight, KW (U + 1) <= 128 registers, fewer than the epilogue after them
- * holds; the deep form, for tiles of few elements, one element and PRE_SE_DEEP_U chunks. */
+ * chunks of loads in flight, KW (U + 1) <= 128 floats; the deep form, for tiles of few
+ * elements, one element and PRE_SE_DEEP_U chunks. */
 #define PRE_SE_PASSES(N) ((PRE_SE_MP(N) + 31) / 32)
 #define PRE_SE_KW(N) ((PRE_SE_MP(N) + PRE_SE_PASSES(N) - 1) / PRE_SE_PASSES(N))
 #define PRE_SE_U(N) (128 / PRE_SE_KW(N) - 1 > 8 ? 8 : 128 / PRE_SE_KW(N) - 1)
