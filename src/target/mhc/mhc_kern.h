@@ -58,16 +58,6 @@ MHC_INLINE void mhc_load16(const char *p, int bf16, int vec, float v[16]) {
     }
 }
 
-MHC_INLINE void mhc_store16(char *p, int bf16, int vec, const float v[16]) {
-    if (vec) {
-        ompk_store8(p, bf16, v);
-        ompk_store8(p + (bf16 ? 16 : 32), bf16, v + 8);
-    } else {
-        MHC_UNROLL
-        for (int e = 0; e < 16; e++) ompk_store_f(p, e, v[e], bf16);
-    }
-}
-
 /* Sinkhorn forward on a register matrix c (logits in, comb out); when st is non-NULL every
  * intermediate is stored: state s at st + s*sstride, element i*N+j (state 0 = the softmax,
  * 2r+1 after round r's column step, 2r after round r's row step). */

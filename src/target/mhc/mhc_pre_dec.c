@@ -239,7 +239,7 @@ MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *r
         char *hrow = (char *)a->h_in + (b * a->shin[0] + s * a->shin[1]) * esz;
         for (int64_t d = (int64_t)tid * 16; d < D; d += (int64_t)nth * 16)
             pre_hin(N, xrow + d * esz, a->sx[2], hp_ws + t * N, hrow + d * esz,
-                    D - d < 16 ? D - d : 16, bf16, 0);
+                    D - d < 16 ? D - d : 16, bf16);
     }
     MHC_SYNC();
 }

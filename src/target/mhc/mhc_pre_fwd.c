@@ -4,8 +4,10 @@
  *     tokens), the team's threads sharing the tile's x and weight rows through team-shared memory;
  *     each item writes the partial sums of its tokens.
  *  2. Per token: the partials summed in fixed chunk order (deterministic), then rms, sigmoids,
- *     logits and the Sinkhorn iterations in registers.
- *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x.
+ *     logits and the Sinkhorn iterations in registers. A team sums a tile of tokens with
+ *     coalesced loads into team-shared rows, then one thread a token (pre_simt_epi).
+ *  3. h_in = sum_i h_pre[i] * x[i], a second streaming pass over x, 16-byte loads a piece of 8
+ *     elements where the rows allow them (pre_hin8).
  * Splitting K over items keeps every SM busy for any T; the partials cost (M+1) floats per
  * token and chunk, which is small next to x. On the host the three launches become one pass over
  * token tiles (mhc_pre_fwd_host.h, pre_host_<n>): one partial row a token, and x still in cache
@@ -85,6 +87,160 @@ static int pre_tcw_teams(const mhc_pre_fwd_cfg *c) {
     return c->teams >= 64 && c->teams <= PRE_TCW_TEAMS_MAX ? c->teams : PRE_TCW_TEAMS;
 }
 #endif
+
+/* Launch 2 of the SIMT path: a team takes tiles of up to PRE_SE_TL tokens. A tile's partial rows
+ * are one contiguous run a chunk, so its lanes read them as coalesced runs (lane ln: elements ln,
+ * ln + PRE_SE_TL, ...), each element summed over the chunks in order as pre_token sums it, into
+ * team-shared rows; then one thread a token runs pre_token_out on its row. */
+#define PRE_SE_TL 64
+#define PRE_SE_TEAMS 256 /* tiles halved until there are this many (or one token a tile) */
+#define PRE_SE_MP(N) (2 * (N) + (N) * (N) + 1)
+/* team-shared row stride, odd: the threads of a warp read their rows from distinct banks */
+#define PRE_SE_SP(N) (PRE_SE_MP(N) | 1)
+/* A lane's sums keep KW elements (the tile in as few passes of at most 32 as cover it) and U
+ * chunks of loads in flight, KW (U + 1) <= 128 floats; the deep form, for tiles of few
+ * elements, one element and PRE_SE_DEEP_U chunks. */
+#define PRE_SE_PASSES(N) ((PRE_SE_MP(N) + 31) / 32)
+#define PRE_SE_KW(N) ((PRE_SE_MP(N) + PRE_SE_PASSES(N) - 1) / PRE_SE_PASSES(N))
+#define PRE_SE_U(N) (128 / PRE_SE_KW(N) - 1 > 8 ? 8 : 128 / PRE_SE_KW(N) - 1)
+#define PRE_SE_KMAX 32
+#define PRE_SE_DEEP_U 16
+
+/* Tokens a tile, and whether its sums take the deep form (fewer round trips to memory: passes
+ * over the tile times chunks per load round). */
+static void pre_se_geometry(int n, int64_t T, int64_t *ptok, int *deep) {
+    int64_t pt = PRE_SE_TL;
+    while (pt > 1 && (T + pt - 1) / pt < PRE_SE_TEAMS) pt /= 2;
+    const int64_t E = pt * PRE_SE_MP(n), TL = PRE_SE_TL;
+    const int64_t pd = (E + TL - 1) / TL, pw = (E + TL * PRE_SE_KW(n) - 1) / (TL * PRE_SE_KW(n));
+    *ptok = pt;
+    *deep = pd * PRE_SE_U(n) < pw * PRE_SE_DEEP_U;
+}
+
+/* The sums of tokens t0 .. t0+nt-1 into sums (row stride PRE_SE_SP), h_mix written from them. */
+MHC_INLINE void pre_se_sum(const int N, const int KW, const int U, const float *part, int64_t T,
+                           int64_t NC, int64_t t0, int nt, float *sums, float *h_mix, int64_t shm0,
+                           int64_t shm1, int tid, int nth) {
+    const int M = 2 * N + N * N, MP = M + 1, SP = PRE_SE_SP(N), E = nt * MP;
+    const int64_t cs = T * MP; /* one chunk */
+    for (int ln = tid; ln < PRE_SE_TL; ln += nth)
+        for (int e0 = ln; e0 < E; e0 += PRE_SE_TL * KW) {
+            const float *p = part + t0 * MP + e0;
+            float acc[PRE_SE_KMAX];
+            MHC_UNROLL
+            for (int k = 0; k < PRE_SE_KMAX; k++) acc[k] = 0.f;
+            int64_t c = 0;
+            for (; c + U <= NC; c += U) {
+                /* U chunks' loads first, then the sums in chunk order */
+                float v[PRE_SE_DEEP_U][PRE_SE_KMAX];
+                MHC_UNROLL
+                for (int u = 0; u < PRE_SE_DEEP_U; u++) MHC_UNROLL
+                for (int k = 0; k < PRE_SE_KMAX; k++)
+                    if (u < U && k < KW)
+                        v[u][k] = e0 + k * PRE_SE_TL < E ? p[(c + u) * cs + k * PRE_SE_TL] : 0.f;
+                MHC_UNROLL
+                for (int u = 0; u < PRE_SE_DEEP_U; u++) MHC_UNROLL
+                for (int k = 0; k < PRE_SE_KMAX; k++)
+                    if (u < U && k < KW) acc[k] += v[u][k];
+            }
+            for (; c < NC; c++) MHC_UNROLL
+            for (int k = 0; k < PRE_SE_KMAX; k++)
+                if (k < KW && e0 + k * PRE_SE_TL < E) acc[k] += p[c * cs + k * PRE_SE_TL];
+            MHC_UNROLL
+            for (int k = 0; k < PRE_SE_KMAX; k++) {
+                const int e = e0 + k * PRE_SE_TL, u = e / MP, m = e - u * MP;
+                if (k >= KW || e >= E) continue;
+                sums[u * SP + m] = acc[k];
+                if (h_mix && m < M) h_mix[(t0 + u) * shm0 + m * shm1] = acc[k];
+            }
+        }
+}
+
+/* Launch 2 for this team's tiles (ptok tokens each); sums: PRE_SE_TL * PRE_SE_SP(N) team-shared
+ * floats. */
+MHC_INLINE void pre_simt_epi(const int N, int64_t T, int64_t NC, int64_t K, int64_t ptok, int deep,
+                             const float *part, float *sums, const mhc_pre_fwd_args *a,
+                             const float *alpha, const float *bias, float *hp_ws, float *h_post,
+                             float *logits, float *comb, float *h_mix, float *inv_rms,
+                             float *h_pre) {
+    const int M = 2 * N + N * N, SP = PRE_SE_SP(N);
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    const int64_t tiles = (T + ptok - 1) / ptok;
+    for (int64_t q = omp_get_team_num(); q < tiles; q += omp_get_num_teams()) {
+        const int64_t t0 = q * ptok;
+        const int nt = (int)(T - t0 < ptok ? T - t0 : ptok);
+        if (deep)
+            pre_se_sum(N, 1, PRE_SE_DEEP_U, part, T, NC, t0, nt, sums, h_mix, a->shmix[0],
+                       a->shmix[1], tid, nth);
+        else
+            pre_se_sum(N, PRE_SE_KW(N), PRE_SE_U(N), part, T, NC, t0, nt, sums, h_mix, a->shmix[0],
+                       a->shmix[1], tid, nth);
+        MHC_SYNC();
+        for (int u = tid; u < nt; u += nth) {
+            float acc[MMAX + 1];
+            MHC_UNROLL
+            for (int m = 0; m <= MMAX; m++) acc[m] = m <= M ? sums[u * SP + m] : 0.f;
+            pre_token_out(N, t0 + u, a->S, acc, K, a, alpha, bias, hp_ws, h_post, logits, comb,
+                          (float *)0, inv_rms, h_pre);
+        }
+        MHC_SYNC();
+    }
+}
+
+/* Launch 3 on 16-byte aligned rows (pre_vec_ok): an iteration takes U pieces of 8 elements of a
+ * token, q, q + NPU, ... (adjacent iterations take adjacent pieces, so each load is a contiguous
+ * run); all its x loads first, then the sums in pre_hin's order. A piece past D's last multiple
+ * of 8 goes element by element. BF: bf16 x and h_in. */
+#define PRE_HIN_U(N) ((N) == 1 ? 8 : (N) == 2 ? 4 : (N) <= 4 ? 2 : 1)
+#define PRE_HIN_UMAX 8
+MHC_INLINE void pre_hin8(const int N, const int U, const int BF, const char *xrow, int64_t sx2,
+                         const float *hp, char *out, int64_t D, int64_t q, int64_t NPU) {
+    const int esz = BF ? 2 : 4, W = BF ? 1 : 2; /* 16-byte words a piece */
+    const ompk_u128 z = {{0u, 0u, 0u, 0u}};
+    ompk_u128 v[PRE_HIN_UMAX][NMAX][2];
+    float h[NMAX];
+    MHC_UNROLL
+    for (int i = 0; i < NMAX; i++)
+        if (i < N) h[i] = hp[i];
+    MHC_UNROLL
+    for (int u = 0; u < PRE_HIN_UMAX; u++) {
+        const int64_t d = (q + u * NPU) * 8;
+        if (u >= U) continue;
+        MHC_UNROLL
+        for (int i = 0; i < NMAX; i++) MHC_UNROLL
+        for (int w = 0; w < 2; w++)
+            if (i < N && w < W)
+                v[u][i][w] =
+                    d + 8 <= D ? *(const ompk_u128 *)(xrow + (i * sx2 + d) * esz + 16 * w) : z;
+    }
+    MHC_UNROLL
+    for (int u = 0; u < PRE_HIN_UMAX; u++) {
+        const int64_t d = (q + u * NPU) * 8;
+        if (u >= U || d >= D) continue;
+        if (d + 8 <= D) {
+            float acc[8];
+            MHC_UNROLL
+            for (int e = 0; e < 8; e++) acc[e] = 0.f;
+            MHC_UNROLL
+            for (int i = 0; i < NMAX; i++) {
+                if (i >= N) continue;
+                float xv[8];
+                ompk_load8(v[u][i], BF, xv);
+                MHC_UNROLL
+                for (int e = 0; e < 8; e++) acc[e] += h[i] * xv[e];
+            }
+            ompk_store8(out + d * esz, BF, acc);
+        } else {
+            for (int64_t e = d; e < D; e++) {
+                float acc = 0.f;
+                MHC_UNROLL
+                for (int i = 0; i < NMAX; i++)
+                    if (i < N) acc += h[i] * ompk_load_f(xrow + i * sx2 * esz, e, BF);
+                ompk_store_f(out, e, acc, BF);
+            }
+        }
+    }
+}
 
 #ifdef OMPK_NV_KERNELS
 /* The tensor-core path serves bf16 x on a device with 16-byte rows (D a multiple of 8, so a

@@ -10,22 +10,13 @@ static inline float sigmoidf(float z) {
     return 1.f / (1.f + expf(-z));
 }
 
-/* Stage 2 body: one token's sums -> h_mix, inv_rms, h_pre, h_post, logits, comb. */
-MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t T,
-                          const float *part, int64_t K, const mhc_pre_fwd_args *a,
-                          const float *alpha, const float *bias, float *hp_ws, float *h_post,
-                          float *logits, float *comb, float *h_mix, float *inv_rms, float *h_pre) {
+/* Stage 2 body from token t's summed row acc (the M sums, then the sum of squares): h_mix,
+ * inv_rms, h_pre, h_post, logits, comb. */
+MHC_INLINE void pre_token_out(const int N, int64_t t, int64_t S, const float acc[MMAX + 1],
+                              int64_t K, const mhc_pre_fwd_args *a, const float *alpha,
+                              const float *bias, float *hp_ws, float *h_post, float *logits,
+                              float *comb, float *h_mix, float *inv_rms, float *h_pre) {
     const int M = 2 * N + N * N;
-    float acc[MMAX + 1];
-    MHC_UNROLL
-    for (int m = 0; m <= MMAX; m++)
-        if (m <= M) acc[m] = 0.f;
-    for (int64_t c = 0; c < NC; c++) {
-        const float *p = part + (c * T + t) * (M + 1);
-        MHC_UNROLL
-        for (int m = 0; m <= MMAX; m++)
-            if (m <= M) acc[m] += p[m];
-    }
     const int64_t b = t / S, s = t % S;
     const float r = 1.f / sqrtf(acc[M] / (float)K + a->norm_eps);
     const float a0 = alpha[0], a1 = alpha[a->salpha], a2 = alpha[2 * a->salpha];
@@ -63,9 +54,30 @@ MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t
     }
 }
 
-/* Stage 3 body: h_in for 16 consecutive d (fewer at the tail) of token t. */
+/* Stage 2 body: one token's partial rows summed in chunk order, then pre_token_out. */
+MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t T,
+                          const float *part, int64_t K, const mhc_pre_fwd_args *a,
+                          const float *alpha, const float *bias, float *hp_ws, float *h_post,
+                          float *logits, float *comb, float *h_mix, float *inv_rms, float *h_pre) {
+    const int M = 2 * N + N * N;
+    float acc[MMAX + 1];
+    MHC_UNROLL
+    for (int m = 0; m <= MMAX; m++)
+        if (m <= M) acc[m] = 0.f;
+    for (int64_t c = 0; c < NC; c++) {
+        const float *p = part + (c * T + t) * (M + 1);
+        MHC_UNROLL
+        for (int m = 0; m <= MMAX; m++)
+            if (m <= M) acc[m] += p[m];
+    }
+    pre_token_out(N, t, S, acc, K, a, alpha, bias, hp_ws, h_post, logits, comb, h_mix, inv_rms,
+                  h_pre);
+}
+
+/* Stage 3 body, element by element (rows of any layout): h_in for 16 consecutive d (fewer at the
+ * tail) of token t. */
 MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float *hp, char *out,
-                        int64_t nd, int bf16, int vec) {
+                        int64_t nd, int bf16) {
     const int esz = bf16 ? 2 : 4;
     if (nd == 16) {
         float acc[16], xv[16];
@@ -74,12 +86,13 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
         MHC_UNROLL
         for (int i = 0; i < NMAX; i++) {
             if (i >= N) continue;
-            mhc_load16(xrow + i * sx2 * esz, bf16, vec, xv);
+            mhc_load16(xrow + i * sx2 * esz, bf16, 0, xv);
             const float h = hp[i];
             MHC_UNROLL
             for (int e = 0; e < 16; e++) acc[e] += h * xv[e];
         }
-        mhc_store16(out, bf16, vec, acc);
+        MHC_UNROLL
+        for (int e = 0; e < 16; e++) ompk_store_f(out, e, acc[e], bf16);
         return;
     }
     for (int64_t e = 0; e < nd; e++) {
