@@ -86,7 +86,7 @@ static uint16_t *bf16_tensor(int64_t numel, double scale) {
  * `pad` more (the b stride S s strides: one flat token index); dh_in [T,D] padded likewise;
  * TBK tokens a block */
 static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma, int with_gxp,
-                  int64_t TBK) {
+                  int64_t TBK, int rows) {
     const int KC = n <= 4 ? 2 : 1, TT = BWD_TT(n), M = 2 * n + n * n, MW = 4 * BWD_MW4(n);
     const int64_t T = B * S, K = n * D, CPS = D / KC, NCH = n * CPS, NCB = (NCH + TT - 1) / TT;
     const int64_t NB = (T + TBK - 1) / TBK;
@@ -124,6 +124,12 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
         for (int64_t cb = 0; cb < NCB; cb++) {
             ta.t0 = q * TBK, ta.t1 = ta.t0 + TBK < T ? ta.t0 + TBK : T, ta.c0 = cb * TT;
             ta.pw = pw + q * M * K;
+            if (rows) { /* a team of 3 threads */
+                for (int th = 0; th < 3; th++)
+                    bwd_team_rows(n, KC, TT, &io, ta.t0, ta.t1, ta.c0, NCH, CPS, th, 3, ta.x, ta.dh,
+                                  ta.gxp, ta.dx, phi, ta.gamma, hp, dhm, coef, ta.pw);
+                continue;
+            }
             cr_assert_eq(emu_team_run(TT, team_thread, &ta), 0,
                          "block %lld, runs %lld: the emulated team diverged", (long long)q,
                          (long long)cb);
@@ -174,10 +180,10 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
         const int64_t rem = i % sx1;
         if (!(rem / sx2 < n && rem % sx2 < D) && dx[i] != 0x7fc1) touched++;
     }
-    cr_expect_eq(bad, 0, "n=%d D=%lld pad=%lld gamma=%d gxp=%d TBK=%lld: %d dx differ", n,
-                 (long long)D, (long long)pad, with_gamma, with_gxp, (long long)TBK, bad);
-    cr_expect_eq(wbad, 0, "n=%d D=%lld gamma=%d TBK=%lld: %d dW sums differ", n, (long long)D,
-                 with_gamma, (long long)TBK, wbad);
+    cr_expect_eq(bad, 0, "n=%d D=%lld pad=%lld gamma=%d gxp=%d TBK=%lld rows=%d: %d dx differ", n,
+                 (long long)D, (long long)pad, with_gamma, with_gxp, (long long)TBK, rows, bad);
+    cr_expect_eq(wbad, 0, "n=%d D=%lld gamma=%d TBK=%lld rows=%d: %d dW sums differ", n,
+                 (long long)D, with_gamma, (long long)TBK, rows, wbad);
     cr_expect_eq(touched, 0, "%d padding elements of dx written", touched);
     free(x), free(gx), free(dh), free(dx), free(phi), free(gamma), free(dhm), free(coef);
     free(hp), free(pw), free(rdx), free(rdw);
@@ -187,8 +193,8 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
  * block of 20), 40 runs of the 384 threads own one */
 Test(mhc_pre_bwd_team_emu, n4_multi_chunk) {
     rng_state = 1;
-    check(2, 75, 4, 20, 0, 1, 1, 130);
-    check(3, 50, 4, 8, 4, 0, 0, 67);
+    check(2, 75, 4, 20, 0, 1, 1, 130, 0);
+    check(3, 50, 4, 8, 4, 0, 0, 67, 0);
 }
 
 /* the other chunk sizes and team sizes: n = 1, 2, 3 (64 tokens), 5, 6 (32), 7, 8 (16 tokens on
@@ -198,13 +204,21 @@ Test(mhc_pre_bwd_team_emu, every_n) {
     const int ns[] = {1, 2, 3, 5, 6, 7, 8};
     for (int k = 0; k < 7; k++) {
         const int n = ns[k];
-        check(1, 71, n, n <= 4 ? 12 : 9, 2, k & 1, !(k & 1), n <= 4 ? 70 : 37);
+        check(1, 71, n, n <= 4 ? 12 : 9, 2, k & 1, !(k & 1), n <= 4 ? 70 : 37, 0);
     }
 }
 
 /* more runs than a team: every thread owns one, teams beyond the first */
 Test(mhc_pre_bwd_team_emu, several_run_blocks) {
     rng_state = 3;
-    check(1, 9, 4, 200, 2, 1, 1, 64);
-    check(1, 20, 8, 24, 0, 1, 0, 20);
+    check(1, 9, 4, 200, 2, 1, 1, 64, 0);
+    check(1, 20, 8, 24, 0, 1, 0, 20, 0);
+}
+
+/* the form for a team that got fewer threads (bwd_team_rows), on the same items */
+Test(mhc_pre_bwd_team_emu, fewer_threads) {
+    rng_state = 4;
+    check(2, 75, 4, 20, 0, 1, 1, 130, 1);
+    check(1, 9, 4, 200, 2, 0, 0, 64, 1);
+    check(1, 37, 7, 9, 2, 1, 1, 16, 1);
 }

@@ -313,50 +313,6 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const bwd_io *
     bwd_w_store(N, KC, ne, acc, pw, K, k0);
 }
 
-/* bwd_team_item's runs c0 + first, c0 + first + step, .. (below c0 + TT and NCH), for a team
- * that got fewer than TT threads: the same sums in the same order, element by element from
- * memory. Out of line and without register arrays, so that the team kernel's register count is
- * the tiled path's. */
-static __attribute__((noinline)) void
-bwd_team_rows(const int N, const int KC, const int TT, const bwd_io *io, int64_t t0, int64_t t1,
-              int64_t c0, int64_t NCH, int64_t CPS, int first, int step, const char *x,
-              const char *dh, const char *gxp, char *dx, const float *phi, const float *gamma,
-              const float *h_pre, const float *dhm_ws, const float *coef, float *pw) {
-    const int M = 2 * N + N * N, MW = io->MW;
-    const int64_t D = io->D, K = io->K;
-    for (int64_t c = c0 + first; c < c0 + TT && c < NCH; c += step) {
-        const int64_t i = c / CPS;
-        for (int e = 0; e < KC; e++) {
-            const int64_t d = (c - i * CPS) * KC + e, k = i * D + d;
-            const int64_t xo = i * io->sx[2] + d, go = i * io->sg[2] + d, oo = i * io->sdx[2] + d;
-            const float gk = gamma ? gamma[k] : 1.f;
-            for (int64_t t = t0; t < t1; t++) {
-                const float *row = dhm_ws + t * MW;
-                const float xv = ompk_load_f(x, t * io->sx[1] + xo, 1);
-                const float gv = ompk_load_f(dh, t * io->sdh[1] + d, 1);
-                float s0 = 0.f, s1 = 0.f;
-                for (int m = 0; m < M; m++) {
-                    const float wm = phi[m * io->sphi + k] * gk;
-                    if (m & 1)
-                        s1 += row[m] * wm;
-                    else
-                        s0 += row[m] * wm;
-                }
-                const float sum = s0 + s1;
-                float val = sum - coef[t] * xv + h_pre[t * io->shpre[0] + i * io->shpre[1]] * gv;
-                if (gxp) val += ompk_load_f(gxp, t * io->sg[1] + go, 1);
-                ompk_store_f(dx, t * io->sdx[1] + oo, val, 1);
-            }
-            for (int m = 0; m < M; m++) {
-                float acc = 0.f;
-                for (int64_t t = t0; t < t1; t++)
-                    acc += dhm_ws[t * MW + m] * ompk_load_f(x, t * io->sx[1] + xo, 1);
-                pw[m * K + k] = acc;
-            }
-        }
-    }
-}
-
 /* ---- host forms of stages 1, 4 and 5, on the 8-float vectors of mhc_host_vec.h ------------ */
 
 /* Host form of stage 1 for one token: dh_pre over the whole row (x has unit element stride) on
