@@ -7,8 +7,9 @@
  *  3. dbias, dalpha: fixed blocks of tokens, then a fixed-order sum of the blocks.
  *  4. One pass over x for dx and dW: work item = (token block, run of KC elements of one
  *     stream); on the GPU adjacent lanes take adjacent runs (coalesced x, dh_in, dx), the
- *     token's dh_mix row is a broadcast, and the item keeps the KC*M weights and dW sums in
- *     registers over its tokens; the host form works on 8-float vectors, as register tiles over
+ *     token's dh_mix row is a broadcast (from shared memory where a team of BWD_TT runs stages
+ *     it, mhc_pre_bwd_team.h), and the item keeps the KC*M weights and dW sums in registers
+ *     over its tokens; the host form works on 8-float vectors, as register tiles over
  *     runs of 16 where rows are contiguous (bwd_dxdw_host16). Each item writes its dW sums as
  *     its token block's partial.
  *  5. dW = fixed-order sum of the block partials; dphi = dW*gamma, dgamma = colsum(dW*phi) (the
