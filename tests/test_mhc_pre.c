@@ -149,12 +149,12 @@ Test(mhc_pre, inv_rms_on_every_section) {
     }
 }
 
-/* Token blocks of several shared-memory chunks on the GPU's team stage 4 (64 tokens a chunk for
- * n <= 4, 32 for n = 5, 6, 16 above): the chunks' two buffers alternate, a block ends inside a
- * chunk and inside a group of tokens loaded ahead, teams take runs past the last stream (D * n
- * is no multiple of a team's runs), with and without grad_x_post. */
+/* Token blocks of several shared-memory chunks on the GPU's portable team stage 4 (64 tokens a
+ * chunk for n <= 4, 32 for n = 5, 6, 16 above; D and n*D that the tensor-core stage 4 does not
+ * take): the chunks' two buffers alternate, a block ends inside a chunk and inside a group of
+ * tokens loaded ahead, teams take runs past the last stream, with and without grad_x_post. */
 Test(mhc_pre, backward_multi_chunk_token_blocks) {
-    const int64_t shapes[][4] = {{2, 2100, 4, 24}, {1, 150, 6, 16}, {1, 301, 8, 16}};
+    const int64_t shapes[][4] = {{2, 2100, 4, 24}, {1, 150, 6, 16}, {1, 301, 8, 18}};
     ompk_device devs[4];
     int nd = tu_devices(devs, 4);
     for (int di = 0; di < nd; di++)
