@@ -149,6 +149,25 @@ Test(mhc_pre, inv_rms_on_every_section) {
     }
 }
 
+/* Token blocks of several shared-memory chunks on the GPU's portable team stage 4 (64 tokens a
+ * chunk for n <= 4, 32 for n = 5, 6, 16 above; D and n*D that the tensor-core stage 4 does not
+ * take): the chunks' two buffers alternate, a block ends inside a chunk and inside a group of
+ * tokens loaded ahead, teams take runs past the last stream, with and without grad_x_post. */
+Test(mhc_pre, backward_multi_chunk_token_blocks) {
+    const int64_t shapes[][4] = {{2, 2100, 4, 24}, {1, 150, 6, 16}, {1, 301, 8, 18}};
+    ompk_device devs[4];
+    int nd = tu_devices(devs, 4);
+    for (int di = 0; di < nd; di++)
+        for (int k = 0; k < 3; k++) {
+            const int64_t *sh = shapes[k];
+            pre_prob q;
+            pre_new(&q, devs[di], OMPK_BF16, sh[0], sh[1], sh[2], sh[3], 1, 90 + k, 1.0);
+            cr_assert_eq(pre_run_fwd(&q), OMPK_OK);
+            check_bwd(&q, k != 1);
+            pre_free(&q);
+        }
+}
+
 /* regression: dx covers every stream (a grid over stream 0 only leaves the rest poisoned) */
 Test(mhc_pre, dx_all_streams) {
     ompk_device devs[4];

@@ -7,8 +7,9 @@
  *  3. dbias, dalpha: fixed blocks of tokens, then a fixed-order sum of the blocks.
  *  4. One pass over x for dx and dW: work item = (token block, run of KC elements of one
  *     stream); on the GPU adjacent lanes take adjacent runs (coalesced x, dh_in, dx), the
- *     token's dh_mix row is a broadcast, and the item keeps the KC*M weights and dW sums in
- *     registers over its tokens; the host form works on 8-float vectors, as register tiles over
+ *     token's dh_mix row is a broadcast (from shared memory where a team of BWD_TT runs stages
+ *     it, mhc_pre_bwd_team.h), and the item keeps the KC*M weights and dW sums in registers
+ *     over its tokens; the host form works on 8-float vectors, as register tiles over
  *     runs of 16 where rows are contiguous (bwd_dxdw_host16). Each item writes its dW sums as
  *     its token block's partial.
  *  5. dW = fixed-order sum of the block partials; dphi = dW*gamma, dgamma = colsum(dW*phi) (the
@@ -17,35 +18,35 @@
  * mhc_pre_bwd_tc.h runs instead: stages 1 + 2 fused (writing the operands in mma fragment
  * order), stage 4 on tensor cores with stage 3's block sums, stage 5 with the blocks' sum.
  * No float atomics anywhere: the same inputs give the same bits. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "mhc_host_vec.h"
 #include "mhc_kern.h"
 #include "mhc_pre_bwd_tc.h"
+#include "mhc_pre_bwd_team.h"
 
-#define NMAX 8
-#define MMAX (2 * NMAX + NMAX * NMAX)
 #define TOKBLK 256 /* tokens per dbias/dalpha block */
-/* stage 4 elements per item on the GPU (2*M*KC registers: 2 while M <= 24) and on the host, and
- * the GPU's tokens loaded ahead; BWD_KCMAX and BWD_TGMAX bound the GPU values (register arrays
- * need constant extents) */
+/* stage 4 elements per item on the GPU (2*M*KC registers: 2 while M <= 24) and on the host */
 #define BWD_KCD (MHC_N <= 4 ? 2 : 1)
 #define BWD_KCH 8
-#define BWD_TGD 4
-#define BWD_KCMAX 2
-#define BWD_TGMAX 4
+
+#define MHC_STR_(x) #x
+#define MHC_STR(x) MHC_STR_(x)
+#if defined(__clang__) && (defined(__NVPTX__) || defined(__AMDGCN__))
+#define MHC_TEAM_ALLOC(...)                                                                        \
+    _Pragma(MHC_STR(omp allocate(__VA_ARGS__) allocator(omp_pteam_mem_alloc)))
+#else
+/* GCC 12 has no allocate directive; it shares the teams region's arrays with the team's threads */
+#define MHC_TEAM_ALLOC(...)
+#endif
 
 typedef struct bwd_geom {
     int64_t T, K, NC, TBK, NB, NBLK;
     int64_t BR; /* rows of the block-sum region: NBLK (stage 3) or up to NB (tensor-core stage 4) */
     int MW, R;  /* R = M + 3: per-token dz (M) and dz*hm summed per group (3) */
 } bwd_geom;
-
-/* 2 floats moved as one 8-byte word */
-typedef struct mhc_f2 {
-    float v[2];
-} __attribute__((aligned(8))) mhc_f2;
 
 /* float counts rounded to 16 bytes, so every workspace part starts aligned */
 static inline int64_t al4(int64_t v) {
@@ -210,48 +211,6 @@ MHC_INLINE void kc_load(const int KC, const char *p, int64_t st, int bf16, int v
     }
 }
 
-/* The FAST stage-4 form of kc_load: the KC bf16 elements at p as one raw word, converted by
- * kc_unraw where they are used. A conversion next to its load would wait for the load there,
- * and undo the loading ahead of bwd_dxdw's token slots. */
-MHC_INLINE uint32_t kc_raw(const int KC, const char *p) {
-    return KC == 2 ? *(const uint32_t *)p : *(const uint16_t *)p;
-}
-
-MHC_INLINE void kc_unraw(const int KC, uint32_t u, float *v) {
-    ompk_f32_bits lo, hi;
-    lo.u = u << 16;
-    hi.u = u & 0xffff0000u;
-    v[0] = lo.f;
-    if (KC == 2) v[1] = hi.f;
-}
-
-MHC_INLINE void kc_store(const int KC, char *p, int64_t st, int bf16, int vec, int ne,
-                         const float *v) {
-    if (vec && bf16 && KC == 2) {
-        *(uint32_t *)p =
-            (uint32_t)ompk_f32_to_bf16(v[0]) | ((uint32_t)ompk_f32_to_bf16(v[1]) << 16);
-    } else if (vec && KC == 2) {
-        mhc_f2 f;
-        f.v[0] = v[0];
-        f.v[1] = v[1];
-        *(mhc_f2 *)p = f;
-    } else if (vec) {
-        MHC_UNROLL
-        for (int e = 0; e < KC; e++) ompk_store_f(p, e, v[e], bf16);
-    } else {
-        MHC_UNROLL
-        for (int e = 0; e < KC; e++)
-            if (e < ne) ompk_store_f(p, e * st, v[e], bf16);
-    }
-}
-
-/* Where the stage-4 body reads and writes; strides in elements. */
-typedef struct bwd_io {
-    int64_t sx[4], sdh[3], sg[4], sdx[4], shpre[2];
-    int64_t S, D, K, sphi;
-    int bf16, dbf16, gbf16, MW;
-} bwd_io;
-
 /* A token cursor over one tensor: the element offset of token (b, s), advanced without
  * multiplies (s1 = the s stride, wrap = the b stride less S s-strides). */
 typedef struct bwd_cur {
@@ -282,37 +241,24 @@ MHC_INLINE int64_t cur_make4(const bwd_io *io, int64_t t0, int64_t t1, bwd_cur *
     return s0;
 }
 
-/* Stage 4 body: tokens [t0,t1) at the KC elements d0.. of stream i (k = i*D + d0 + e). The KC x M
- * weights phi*gamma and dW sums stay in registers over the tokens; x and dh_in are loaded TG
- * tokens ahead of their use, so TG tokens' loads are in flight while one token's arithmetic runs
- * (the dx stores could alias the loads, so the compiler cannot hoist them itself).
- * FAST (a literal): contiguous aligned runs and bf16 x, dh_in and grad_x_post, known at compile
- * time so the GPU kernel carries no dtype branches. */
-MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST, const bwd_io *io,
-                         int64_t i, int64_t d0, int64_t t0, int64_t t1, int vec_rt, const char *x,
-                         const char *dh, const char *gxp, char *dx, const float *phi,
-                         const float *gamma, const float *h_pre, const float *dhm_ws,
-                         const float *coef, float *pw) {
-    const int M = 2 * N + N * N, MW = io->MW;
+/* Stage 4 body, any layout and dtype (bwd_team_item takes the common one): tokens [t0,t1) at the
+ * KC elements d0.. of stream i (k = i*D + d0 + e). The KC x M weights phi*gamma and dW sums stay
+ * in registers over the tokens; x and dh_in are loaded TG tokens ahead of their use, so TG
+ * tokens' loads are in flight while one token's arithmetic runs (the dx stores could alias the
+ * loads, so the compiler cannot hoist them itself). */
+MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const bwd_io *io, int64_t i,
+                         int64_t d0, int64_t t0, int64_t t1, int vec, const char *x, const char *dh,
+                         const char *gxp, char *dx, const float *phi, const float *gamma,
+                         const float *h_pre, const float *dhm_ws, const float *coef, float *pw) {
+    const int MW = io->MW;
     const int64_t S = io->S, D = io->D, K = io->K;
-    const int vec = FAST ? 1 : vec_rt;
-    const int bf16 = FAST ? 1 : io->bf16, dbf16 = FAST ? 1 : io->dbf16;
-    const int gbf16 = FAST ? 1 : io->gbf16;
+    const int bf16 = io->bf16, dbf16 = io->dbf16, gbf16 = io->gbf16;
     const int esz = bf16 ? 2 : 4, dsz = dbf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
-    const int64_t sx3 = FAST ? 1 : io->sx[3], sd2 = FAST ? 1 : io->sdh[2];
-    const int64_t sg3 = FAST ? 1 : io->sg[3], so3 = FAST ? 1 : io->sdx[3];
+    const int64_t sx3 = io->sx[3], sd2 = io->sdh[2], sg3 = io->sg[3], so3 = io->sdx[3];
     const int ne = D - d0 < KC ? (int)(D - d0) : KC;
     const int64_t k0 = i * D + d0;
     float w[MMAX][BWD_KCMAX], acc[MMAX][BWD_KCMAX];
-    MHC_UNROLL
-    for (int m = 0; m < MMAX; m++) {
-        if (m >= M) continue;
-        MHC_UNROLL
-        for (int e = 0; e < KC; e++) {
-            w[m][e] = e < ne ? phi[m * io->sphi + k0 + e] * (gamma ? gamma[k0 + e] : 1.f) : 0.f;
-            acc[m][e] = 0.f;
-        }
-    }
+    bwd_w_init(N, KC, phi, io->sphi, gamma, k0, ne, w, acc);
     const char *xb = x + (i * io->sx[2] + d0 * sx3) * esz, *db = dh + d0 * sd2 * dsz;
     const char *gb = gxp ? gxp + (i * io->sg[2] + d0 * sg3) * gsz : gxp;
     char *ob = dx + (i * io->sdx[2] + d0 * so3) * esz;
@@ -322,22 +268,14 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
     bwd_cur cx, cd, co, cg;
     const int64_t s0 = cur_make4(io, t0, t1, &cx, &cd, &co, &cg);
     int64_t sl = s0, sc = s0;
-    /* slot j holds token tg+j; once that token is done the slot is refilled with token tg+j+TG
-     * (x, dh_in and grad_x_post as raw words when FAST) */
+    /* slot j holds token tg+j; once that token is done the slot is refilled with token tg+j+TG */
     float vs[BWD_TGMAX][BWD_KCMAX], gs[BWD_TGMAX][BWD_KCMAX], ps[BWD_TGMAX][BWD_KCMAX];
     float cs[BWD_TGMAX], hs[BWD_TGMAX];
-    uint32_t vr[BWD_TGMAX], gr[BWD_TGMAX], pr[BWD_TGMAX];
 #define BWD_FILL(j, t)                                                                             \
     do {                                                                                           \
-        if (FAST) {                                                                                \
-            vr[j] = kc_raw(KC, xb + cx.off * esz);                                                 \
-            gr[j] = kc_raw(KC, db + cd.off * dsz);                                                 \
-            if (gb) pr[j] = kc_raw(KC, gb + cg.off * gsz);                                         \
-        } else {                                                                                   \
-            kc_load(KC, xb + cx.off * esz, sx3, bf16, vec, ne, vs[j]);                             \
-            kc_load(KC, db + cd.off * dsz, sd2, dbf16, vec, ne, gs[j]);                            \
-            if (gb) kc_load(KC, gb + cg.off * gsz, sg3, gbf16, vec, ne, ps[j]);                    \
-        }                                                                                          \
+        kc_load(KC, xb + cx.off * esz, sx3, bf16, vec, ne, vs[j]);                                 \
+        kc_load(KC, db + cd.off * dsz, sd2, dbf16, vec, ne, gs[j]);                                \
+        if (gb) kc_load(KC, gb + cg.off * gsz, sg3, gbf16, vec, ne, ps[j]);                        \
         cs[j] = coef[t];                                                                           \
         hs[j] = hb[(t) * sh0];                                                                     \
         const int wr_ = ++sl == S;                                                                 \
@@ -349,7 +287,6 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
     MHC_UNROLL
     for (int j = 0; j < TG; j++) {
         cs[j] = hs[j] = 0.f;
-        vr[j] = gr[j] = pr[j] = 0;
         MHC_UNROLL
         for (int e = 0; e < KC; e++) vs[j][e] = gs[j][e] = ps[j][e] = 0.f;
         if (t0 + j < t1) BWD_FILL(j, t0 + j);
@@ -359,42 +296,12 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
         for (int j = 0; j < TG; j++) {
             const int64_t t = tg + j;
             if (t >= t1) break;
-            const mhc_f4 *row = (const mhc_f4 *)(dhm_ws + t * MW);
-            float xv[BWD_KCMAX], gv[BWD_KCMAX], gx[BWD_KCMAX];
-            if (FAST) {
-                kc_unraw(KC, vr[j], xv);
-                kc_unraw(KC, gr[j], gv);
-                kc_unraw(KC, pr[j], gx);
-            } else {
-                MHC_UNROLL
-                for (int e = 0; e < KC; e++) xv[e] = vs[j][e], gv[e] = gs[j][e], gx[e] = ps[j][e];
-            }
-            float s0v[BWD_KCMAX], s1v[BWD_KCMAX];
-            MHC_UNROLL
-            for (int e = 0; e < KC; e++) s0v[e] = s1v[e] = 0.f;
-            MHC_UNROLL
-            for (int q = 0; q < MMAX / 4 + 1; q++) {
-                if (4 * q >= M) continue;
-                const mhc_f4 r4 = row[q];
-                MHC_UNROLL
-                for (int u = 0; u < 4; u++) {
-                    const int m = 4 * q + u;
-                    if (m >= M) continue;
-                    MHC_UNROLL
-                    for (int e = 0; e < KC; e++) {
-                        if (u & 1)
-                            s1v[e] += r4.v[u] * w[m][e];
-                        else
-                            s0v[e] += r4.v[u] * w[m][e];
-                        acc[m][e] += r4.v[u] * xv[e];
-                    }
-                }
-            }
-            float val[BWD_KCMAX];
+            float sum[BWD_KCMAX], val[BWD_KCMAX];
+            bwd_tok(N, KC, (const mhc_f4 *)(dhm_ws + t * MW), w, acc, vs[j], sum);
             MHC_UNROLL
             for (int e = 0; e < KC; e++) {
-                val[e] = (s0v[e] + s1v[e]) - cs[j] * xv[e] + hs[j] * gv[e];
-                if (gb) val[e] += gx[e];
+                val[e] = sum[e] - cs[j] * vs[j][e] + hs[j] * gs[j][e];
+                if (gb) val[e] += ps[j][e];
             }
             kc_store(KC, ob + co.off * esz, so3, bf16, vec, ne, val);
             const int wr = ++sc == S;
@@ -404,13 +311,7 @@ MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST
         }
     }
 #undef BWD_FILL
-    MHC_UNROLL
-    for (int m = 0; m < MMAX; m++) {
-        if (m >= M) continue;
-        MHC_UNROLL
-        for (int e = 0; e < KC; e++)
-            if (e < ne) pw[m * K + k0 + e] = acc[m][e];
-    }
+    bwd_w_store(N, KC, ne, acc, pw, K, k0);
 }
 
 /* ---- host forms of stages 1, 4 and 5, on the 8-float vectors of mhc_host_vec.h ------------ */
@@ -673,6 +574,17 @@ static int bwd_kc_vec_ok(const mhc_pre_bwd_args *a, int KC) {
         if ((uintptr_t)a->gxp % (uintptr_t)(KC * gsz)) return 0;
     }
     return 1;
+}
+
+/* Whether the GPU stage 4 runs on teams (bwd_team_item): bf16 x, dh_in, dx and grad_x_post in
+ * aligned runs of KC, and each tensor's tokens one flat index (t * its s stride). */
+static int bwd_team_ok(const mhc_pre_bwd_args *a, int KC) {
+    const int64_t S = a->S;
+    if (!a->bf16 || !a->dh_bf16 || (a->gxp && !a->gxp_bf16) || !bwd_kc_vec_ok(a, KC)) return 0;
+    if (a->B == 1) return 1;
+    if (a->sx[0] != S * a->sx[1] || a->sdh[0] != S * a->sdh[1] || a->sdx[0] != S * a->sdx[1])
+        return 0;
+    return !a->gxp || a->sgxp[0] == S * a->sgxp[1];
 }
 
 /* Whether stage 4 runs on tensor cores (bwd_tc_team), with its geometry in *tg: bf16 x, dh_in
