@@ -32,16 +32,6 @@
 #define BWD_KCD (MHC_N <= 4 ? 2 : 1)
 #define BWD_KCH 8
 
-#define MHC_STR_(x) #x
-#define MHC_STR(x) MHC_STR_(x)
-#if defined(__clang__) && (defined(__NVPTX__) || defined(__AMDGCN__))
-#define MHC_TEAM_ALLOC(...)                                                                        \
-    _Pragma(MHC_STR(omp allocate(__VA_ARGS__) allocator(omp_pteam_mem_alloc)))
-#else
-/* GCC 12 has no allocate directive; it shares the teams region's arrays with the team's threads */
-#define MHC_TEAM_ALLOC(...)
-#endif
-
 typedef struct bwd_geom {
     int64_t T, K, NC, TBK, NB, NBLK;
     int64_t BR; /* rows of the block-sum region: NBLK (stage 3) or up to NB (tensor-core stage 4) */

@@ -16,7 +16,7 @@
 #else
 #include <omp.h>
 #define BWD_TID() omp_get_thread_num()
-#define BWD_SYNC() _Pragma("omp barrier")
+#define BWD_SYNC() MHC_SYNC()
 #endif
 
 #define NMAX 8

@@ -52,11 +52,6 @@ typedef struct pre_tile_geom {
     int bf16, vec;
 } pre_tile_geom;
 
-/* Launch 1 for stream count n: the partial rows of every (chunk, token tile) of the call
- * (mhc_pre_tile.c); NC chunks, wg the grouped weights. */
-void mhc_pre_tile_gemm(ompk_exec ex, int n, const pre_tile_geom *g, const char *x, const float *wg,
-                       float *part, int64_t NC);
-
 static inline int pre_tile_wg(int n) {
     return PTL_WG(n);
 }
