@@ -28,7 +28,8 @@
 #include "mhc_pre_bwd_team.h"
 
 #define TOKBLK 256 /* tokens per dbias/dalpha block */
-/* stage 4 elements per item on the host */
+/* stage 4 elements per item on the GPU (2*M*KC registers: 2 while M <= 24) and on the host */
+#define BWD_KCD (MHC_N <= 4 ? 2 : 1)
 #define BWD_KCH 8
 
 typedef struct bwd_geom {

@@ -23,8 +23,6 @@
 #define MMAX (2 * NMAX + NMAX * NMAX)
 /* stage 4 on the GPU: tokens loaded ahead (TG), and bounds of the elements a thread (KC) and of TG
  * (register arrays need constant extents) */
-/* stage 4 elements per item on the GPU (2*M*KC registers: 2 while M <= 24) */
-#define BWD_KCD (MHC_N <= 4 ? 2 : 1)
 #define BWD_TGD 4
 #define BWD_KCMAX 2
 #define BWD_TGMAX 4
@@ -48,17 +46,6 @@ typedef struct bwd_io {
     int64_t S, D, K, sphi;
     int bf16, dbf16, gbf16, MW;
 } bwd_io;
-
-/* Stage 4's team launch (mhc_pre_bwd_team.c): NB token blocks of TBK tokens, NCB items of BWD_TT
- * runs each over NCH runs (CPS a stream), MK = M * K floats a block's dW partial. */
-typedef struct bwd_team_geom {
-    int64_t NB, NCB, NCH, CPS, TBK, T, MK;
-} bwd_team_geom;
-
-void mhc_pre_bwd_team_stage4(ompk_exec ex, int n, const bwd_io *io, const bwd_team_geom *g,
-                             const char *x, const char *dh, const char *gxp, char *dx,
-                             const float *phi, const float *gamma, const float *h_pre,
-                             const float *dhm_ws, const float *coef, float *pw);
 
 /* bwd_team_item's form of kc_load: the KC bf16 elements at p as one raw word, converted by
  * kc_unraw where they are used. A conversion next to its load would wait for the load there,
@@ -282,7 +269,7 @@ MHC_INLINE void bwd_team_item(const int N, const int KC, const int CT, const int
  * that got fewer than TT threads: the same sums in the same order, element by element from
  * memory. Out of line and without register arrays, so that the team kernel's register count is
  * the tiled path's. */
-static __attribute__((noinline, unused)) void
+static __attribute__((noinline)) void
 bwd_team_rows(const int N, const int KC, const int TT, const bwd_io *io, int64_t t0, int64_t t1,
               int64_t c0, int64_t NCH, int64_t CPS, int first, int step, const char *x,
               const char *dh, const char *gxp, char *dx, const float *phi, const float *gamma,
