@@ -12,8 +12,8 @@
  * runs over d in order, one fma a step, whatever the tiling; padding (d >= d1, t >= T) adds
  * exact zeros and is never written. The sum of squares of token t is kept by the threads that load
  * its row, one partial per 8-element group of a step (oct), and the groups added in order at the
- * end. A team that got fewer than PTL_T threads, and GCC builds (no team-shared memory), run
- * pre_tile_token: the same sums in the same order, one thread a token.
+ * end. The host, GCC builds (no team-shared memory) and a team that got fewer than PTL_T threads
+ * run pre_tile_token: the same sums in the same order, one thread a token.
  * tests/test_mhc_pre_tile_emu.c runs the team function with emulated teams and checks it bit for
  * bit against pre_tile_rows. */
 #ifndef OMPK_MHC_PRE_TILE_H
@@ -209,9 +209,12 @@ MHC_INLINE void pre_tile_token(const int N, const pre_tile_geom *g, const char *
                 const int64_t d = s0 + 8 * o + e;
                 if (d >= d1) break;
                 const float *wr = wg + ((int64_t)i * g->D + d) * WG;
+                /* group by group: each group's columns are one contiguous run of wr */
                 MHC_UNROLL
-                for (int m = 0; m < PTL_MMAX; m++)
-                    if (m < M) acc[m] = fmaf(v[e], wr[(m / MPT) * PTL_MPP(N) + m % MPT], acc[m]);
+                for (int q = 0; q < 4; q++) MHC_UNROLL
+                for (int j = 0; j < PTL_MPTMAX; j++)
+                    if (j < MPT && q * MPT + j < M)
+                        acc[q * MPT + j] = fmaf(v[e], wr[q * PTL_MPP(N) + j], acc[q * MPT + j]);
                 ss[o] = fmaf(v[e], v[e], ss[o]);
             }
         }
