@@ -31,10 +31,8 @@
 #define PTL_SYNC() MHC_SYNC()
 #endif
 
-#define PTL_TB 128 /* tokens a tile */
-#ifndef PTL_KB
-#define PTL_KB 32 /* d a step */
-#endif
+#define PTL_TB 128           /* tokens a tile */
+#define PTL_KB 32            /* d a step */
 #define PTL_T 128            /* threads a team: 4 column groups of 32 */
 #define PTL_XP (PTL_KB + 4)  /* pitch of a token row in xs: 16-byte rows, conflict-free reads */
 #define PTL_OCT (PTL_KB / 8) /* 8-element groups of a step's row */
