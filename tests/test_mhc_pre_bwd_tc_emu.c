@@ -82,18 +82,6 @@ static void team_thread(void *p) {
     team(a->n, a->g, a->x, a->dh, a->gxp, a->dx, a->phi, a->gamma, a->frag, a->tok, a->pw, a->blk);
 }
 
-static uint64_t rng_state;
-static double rnd(void) { /* uniform in [-1, 1) */
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
-}
-
-static uint16_t *bf16_tensor(int64_t numel, double scale) {
-    uint16_t *p = aligned_alloc(16, (size_t)((numel * 2 + 15) / 16 * 16));
-    for (int64_t i = 0; i < numel; i++) p[i] = ompk_f32_to_bf16((float)(scale * rnd()));
-    return p;
-}
-
 /* x, dx, grad_x_post [B,S,n,D] with rows padded by `pad` elements (a multiple of 8); dh_in
  * [B,S,D] padded likewise; TBK tokens a team */
 static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_gamma, int with_gxp,
@@ -101,18 +89,18 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     const int64_t T = B * S, K = n * D, M = 2 * n + n * n;
     const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
     const int64_t sdh1 = D + pad, sdh0 = S * sdh1;
-    uint16_t *x = bf16_tensor(B * sx0, 2.0), *gx = bf16_tensor(B * sx0, 1.0);
-    uint16_t *dh = bf16_tensor(B * sdh0, 1.0);
+    uint16_t *x = emu_bf16_tensor(B * sx0, 2.0), *gx = emu_bf16_tensor(B * sx0, 1.0);
+    uint16_t *dh = emu_bf16_tensor(B * sdh0, 1.0);
     uint16_t *dx = aligned_alloc(16, (size_t)((B * sx0 * 2 + 15) / 16 * 16));
     for (int64_t i = 0; i < B * sx0; i++) dx[i] = 0x7fc1; /* NaN where nothing was written */
     float *phi = malloc(sizeof(float) * (size_t)(M * K)), *gamma = malloc(sizeof(float) * K);
-    for (int64_t i = 0; i < M * K; i++) phi[i] = (float)(rnd() / sqrt((double)K));
-    for (int64_t k = 0; k < K; k++) gamma[k] = (float)(1.0 + 0.3 * rnd());
+    for (int64_t i = 0; i < M * K; i++) phi[i] = (float)(emu_rnd() / sqrt((double)K));
+    for (int64_t k = 0; k < K; k++) gamma[k] = (float)(1.0 + 0.3 * emu_rnd());
     float *dhm = malloc(sizeof(float) * (size_t)(T * M)), *coef = malloc(sizeof(float) * T);
     float *hp = malloc(sizeof(float) * (size_t)(T * n));
-    for (int64_t i = 0; i < T * M; i++) dhm[i] = (float)(0.5 * rnd());
-    for (int64_t t = 0; t < T; t++) coef[t] = (float)(1e-3 * rnd());
-    for (int64_t i = 0; i < T * n; i++) hp[i] = (float)(0.5 + 0.5 * rnd());
+    for (int64_t i = 0; i < T * M; i++) dhm[i] = (float)(0.5 * emu_rnd());
+    for (int64_t t = 0; t < T; t++) coef[t] = (float)(1e-3 * emu_rnd());
+    for (int64_t i = 0; i < T * n; i++) hp[i] = (float)(0.5 + 0.5 * emu_rnd());
 
     bwd_tc_geom g;
     memset(&g, 0, sizeof g);
@@ -135,7 +123,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
 
     const int64_t R = M + 3;
     float *tok = malloc(sizeof(float) * (size_t)(T * R)), *blk = malloc(sizeof(float) * (g.NB * R));
-    for (int64_t i = 0; i < T * R; i++) tok[i] = (float)rnd();
+    for (int64_t i = 0; i < T * R; i++) tok[i] = (float)emu_rnd();
     for (int64_t i = 0; i < g.NB * R; i++) blk[i] = NAN;
     float *pw = malloc(sizeof(float) * (size_t)(g.NB * M * K));
     for (int64_t i = 0; i < g.NB * M * K; i++) pw[i] = NAN;
@@ -261,7 +249,7 @@ static void check_dhpre(int64_t B, int64_t S, int n, int64_t D, int64_t pad) {
     const int64_t T = B * S;
     const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
     const int64_t sdh1 = D + pad, sdh0 = S * sdh1;
-    uint16_t *x = bf16_tensor(B * sx0, 2.0), *dh = bf16_tensor(B * sdh0, 1.0);
+    uint16_t *x = emu_bf16_tensor(B * sx0, 2.0), *dh = emu_bf16_tensor(B * sdh0, 1.0);
     bwd_tc_geom g;
     memset(&g, 0, sizeof g);
     g.T = T, g.S = S, g.D = D, g.K = n * D;
@@ -298,7 +286,7 @@ static void check_dhpre(int64_t B, int64_t S, int n, int64_t D, int64_t pad) {
 }
 
 Test(mhc_pre_bwd_tc_emu, fused_dh_pre) {
-    rng_state = 3;
+    emu_seed(3);
     check_dhpre(2, 5, 4, 4096, 0);
     check_dhpre(1, 7, 3, 296, 8);
     check_dhpre(1, 6, 1, 64, 0);
@@ -310,7 +298,7 @@ Test(mhc_pre_bwd_tc_emu, fused_dh_pre) {
 /* token tails inside a tile and across batches (S not a multiple of 16), several tiles a team
  * (the ring wraps), several token blocks, padded strides, gamma and grad_x_post each way */
 Test(mhc_pre_bwd_tc_emu, n4_tails_blocks_strides) {
-    rng_state = 1;
+    emu_seed(1);
     check(2, 75, 4, 32, 8, 1, 1, 96);
     check(3, 21, 4, 64, 0, 0, 0, 16);
     check(1, 150, 4, 32, 0, 1, 0, 160);
@@ -319,7 +307,7 @@ Test(mhc_pre_bwd_tc_emu, n4_tails_blocks_strides) {
 /* every stream count the path serves: M = 3, 8, 15, 24 (M not a multiple of 8, 1 to 5 dx
  * reduction steps), K of one or several team tiles */
 Test(mhc_pre_bwd_tc_emu, n1_to_n4) {
-    rng_state = 2;
+    emu_seed(2);
     check(1, 40, 1, 128, 0, 1, 1, 32);
     check(2, 19, 2, 64, 8, 0, 1, 48);
     check(1, 37, 3, 128, 0, 1, 0, 16);
@@ -330,7 +318,7 @@ Test(mhc_pre_bwd_tc_emu, n1_to_n4) {
  * of 16): M = 35, 48, 63, 80; teams whose warps span streams (D = 16), the ring wrapping, tails,
  * padded strides, gamma and grad_x_post each way */
 Test(mhc_pre_bwd_tc_emu, n5_to_n8) {
-    rng_state = 4;
+    emu_seed(4);
     check(1, 37, 5, 64, 8, 1, 1, 48);
     check(2, 19, 6, 32, 0, 0, 1, 48);
     check(1, 40, 7, 64, 0, 1, 0, 48);

@@ -70,18 +70,6 @@ static void team_thread(void *p) {
     }
 }
 
-static uint64_t rng_state;
-static double rnd(void) { /* uniform in [-1, 1) */
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
-}
-
-static uint16_t *bf16_tensor(int64_t numel, double scale) {
-    uint16_t *p = aligned_alloc(16, (size_t)((numel * 2 + 15) / 16 * 16));
-    for (int64_t i = 0; i < numel; i++) p[i] = ompk_f32_to_bf16((float)(scale * rnd()));
-    return p;
-}
-
 /* x, dx, grad_x_post [B,S,n,D] with stream rows padded by `pad` elements (even) and tokens by
  * `pad` more (the b stride S s strides: one flat token index); dh_in [T,D] padded likewise;
  * TBK tokens a block */
@@ -92,19 +80,19 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     const int64_t NB = (T + TBK - 1) / TBK;
     const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sdh1 = D + pad;
     cr_assert(D % KC == 0 && pad % 2 == 0);
-    uint16_t *x = bf16_tensor(T * sx1, 2.0), *gx = bf16_tensor(T * sx1, 1.0);
-    uint16_t *dh = bf16_tensor(T * sdh1, 1.0);
+    uint16_t *x = emu_bf16_tensor(T * sx1, 2.0), *gx = emu_bf16_tensor(T * sx1, 1.0);
+    uint16_t *dh = emu_bf16_tensor(T * sdh1, 1.0);
     uint16_t *dx = aligned_alloc(16, (size_t)((T * sx1 * 2 + 15) / 16 * 16));
     for (int64_t i = 0; i < T * sx1; i++) dx[i] = 0x7fc1; /* NaN where nothing was written */
     float *phi = malloc(sizeof(float) * (size_t)(M * K)), *gamma = malloc(sizeof(float) * K);
-    for (int64_t i = 0; i < M * K; i++) phi[i] = (float)(rnd() / sqrt((double)K));
-    for (int64_t k = 0; k < K; k++) gamma[k] = (float)(1.0 + 0.3 * rnd());
+    for (int64_t i = 0; i < M * K; i++) phi[i] = (float)(emu_rnd() / sqrt((double)K));
+    for (int64_t k = 0; k < K; k++) gamma[k] = (float)(1.0 + 0.3 * emu_rnd());
     float *dhm = aligned_alloc(16, sizeof(float) * (size_t)(T * MW));
     float *coef = malloc(sizeof(float) * T), *hp = malloc(sizeof(float) * (size_t)(T * n));
     for (int64_t t = 0; t < T; t++)
-        for (int m = 0; m < MW; m++) dhm[t * MW + m] = m < M ? (float)(0.5 * rnd()) : 0.f;
-    for (int64_t t = 0; t < T; t++) coef[t] = (float)(1e-3 * rnd());
-    for (int64_t i = 0; i < T * n; i++) hp[i] = (float)(0.5 + 0.5 * rnd());
+        for (int m = 0; m < MW; m++) dhm[t * MW + m] = m < M ? (float)(0.5 * emu_rnd()) : 0.f;
+    for (int64_t t = 0; t < T; t++) coef[t] = (float)(1e-3 * emu_rnd());
+    for (int64_t i = 0; i < T * n; i++) hp[i] = (float)(0.5 + 0.5 * emu_rnd());
     float *pw = malloc(sizeof(float) * (size_t)(NB * M * K));
     for (int64_t i = 0; i < NB * M * K; i++) pw[i] = NAN;
 
@@ -192,7 +180,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
 /* n = 4: 64-token chunks; 150 tokens in blocks of 130 (two full chunks and 2 tokens, then a
  * block of 20), 40 runs of the 384 threads own one */
 Test(mhc_pre_bwd_team_emu, n4_multi_chunk) {
-    rng_state = 1;
+    emu_seed(1);
     check(2, 75, 4, 20, 0, 1, 1, 130, 0);
     check(3, 50, 4, 8, 4, 0, 0, 67, 0);
 }
@@ -200,7 +188,7 @@ Test(mhc_pre_bwd_team_emu, n4_multi_chunk) {
 /* the other chunk sizes and team sizes: n = 1, 2, 3 (64 tokens), 5, 6 (32), 7, 8 (16 tokens on
  * 128 threads, three row words a thread to stage) */
 Test(mhc_pre_bwd_team_emu, every_n) {
-    rng_state = 2;
+    emu_seed(2);
     const int ns[] = {1, 2, 3, 5, 6, 7, 8};
     for (int k = 0; k < 7; k++) {
         const int n = ns[k];
@@ -210,14 +198,14 @@ Test(mhc_pre_bwd_team_emu, every_n) {
 
 /* more runs than a team: every thread owns one, teams beyond the first */
 Test(mhc_pre_bwd_team_emu, several_run_blocks) {
-    rng_state = 3;
+    emu_seed(3);
     check(1, 9, 4, 200, 2, 1, 1, 64, 0);
     check(1, 20, 8, 24, 0, 1, 0, 20, 0);
 }
 
 /* the form for a team that got fewer threads (bwd_team_rows), on the same items */
 Test(mhc_pre_bwd_team_emu, fewer_threads) {
-    rng_state = 4;
+    emu_seed(4);
     check(2, 75, 4, 20, 0, 1, 1, 130, 1);
     check(1, 9, 4, 200, 2, 0, 0, 64, 1);
     check(1, 37, 7, 9, 2, 1, 1, 16, 1);

@@ -108,12 +108,6 @@ static void gemm_team(void *p) {
         team(a->n, a->g, a->x, a->phi, a->gamma, a->part);
 }
 
-static uint64_t rng_state;
-static double rnd(void) { /* uniform in [-1, 1) */
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
-}
-
 /* x [B,S,n,D] bf16 with row strides padded by `pad` elements (a multiple of 8); async: 0 the
  * register GEMM, 1 the cp.async one, 2 the wide-load one (ring of 2 x tiles), 3 the same with a
  * ring of 3 */
@@ -123,9 +117,9 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
     const int64_t sx2 = D + pad, sx1 = n * sx2 + pad, sx0 = S * sx1;
     uint16_t *x = aligned_alloc(16, (size_t)((B * sx0 * 2 + 15) / 16 * 16));
     float *phi = malloc(sizeof(float) * (size_t)(M * K)), *gamma = malloc(sizeof(float) * K);
-    for (int64_t i = 0; i < B * sx0; i++) x[i] = ompk_f32_to_bf16((float)(2.0 * rnd()));
-    for (int64_t i = 0; i < M * K; i++) phi[i] = (float)(rnd() / sqrt((double)K));
-    for (int64_t k = 0; k < K; k++) gamma[k] = (float)(1.0 + 0.3 * rnd());
+    for (int64_t i = 0; i < B * sx0; i++) x[i] = ompk_f32_to_bf16((float)(2.0 * emu_rnd()));
+    for (int64_t i = 0; i < M * K; i++) phi[i] = (float)(emu_rnd() / sqrt((double)K));
+    for (int64_t k = 0; k < K; k++) gamma[k] = (float)(1.0 + 0.3 * emu_rnd());
 
     mhc_pre_fwd_args a;
     memset(&a, 0, sizeof a);
@@ -188,7 +182,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
 
     /* h_in pieces from given h_pre */
     float *hp = malloc(sizeof(float) * (size_t)(T * n));
-    for (int64_t i = 0; i < T * n; i++) hp[i] = (float)(0.5 + 0.5 * rnd());
+    for (int64_t i = 0; i < T * n; i++) hp[i] = (float)(0.5 + 0.5 * emu_rnd());
     uint16_t *h_in = aligned_alloc(16, (size_t)((T * D * 2 + 15) / 16 * 16));
     for (int64_t t = 0; t < T; t++)
         for (int64_t d = 0; d < D; d += 8) hin(n, &g, (const char *)x, hp, (char *)h_in, t, d);
@@ -209,7 +203,7 @@ static void check(int64_t B, int64_t S, int n, int64_t D, int64_t pad, int with_
 /* token tail (300 = 256 + 44 tokens over two batches), a D tail inside a 32-wide chunk, padded
  * strides, with and without gamma, interleaved and contiguous splits */
 Test(mhc_pre_tc_emu, n4_tails_and_strides) {
-    rng_state = 1;
+    emu_seed(1);
     check(2, 150, 4, 40, 8, 1, 1, 512, 0, 0);
     check(1, 37, 4, 96, 0, 0, 1, 512, 0, 0);
     check(2, 150, 4, 40, 8, 1, 0, 512, 0, 0);
@@ -217,7 +211,7 @@ Test(mhc_pre_tc_emu, n4_tails_and_strides) {
 
 /* every stream count: one stage a chunk (n >= 5) or two (n <= 4), M not a multiple of 8 */
 Test(mhc_pre_tc_emu, all_n) {
-    rng_state = 2;
+    emu_seed(2);
     for (int n = 1; n <= 8; n++) check(1, 20, n, 24 + 8 * (n & 2), 0, n & 1, n != 3, 512, 0, 0);
 }
 
@@ -225,7 +219,7 @@ Test(mhc_pre_tc_emu, all_n) {
  * prefetch across stages, with 1, 2 and 3 splits, interleaved and contiguous, and a split whose
  * last stage is past K */
 Test(mhc_pre_tc_emu, multi_stage) {
-    rng_state = 3;
+    emu_seed(3);
     check(1, 40, 4, 200, 0, 1, 1, 1, 0, 0);
     check(1, 40, 4, 200, 8, 1, 1, 2, 0, 0);
     check(1, 40, 4, 200, 0, 0, 0, 3, 0, 0);
@@ -235,7 +229,7 @@ Test(mhc_pre_tc_emu, multi_stage) {
 
 /* the cp.async variant (n <= 6): ring slots reused across many stages, split and token tails */
 Test(mhc_pre_tc_emu, async_stages) {
-    rng_state = 4;
+    emu_seed(4);
     check(1, 40, 4, 200, 0, 1, 1, 1, 1, 0);
     check(2, 150, 4, 40, 8, 0, 0, 512, 1, 0);
     check(1, 30, 6, 72, 0, 1, 1, 3, 1, 0);
@@ -246,7 +240,7 @@ Test(mhc_pre_tc_emu, async_stages) {
 /* rotated stage order (tc-rot, tc-async-rot): every team starts at stage block % nst and wraps;
  * the same sums with the split tails, D tails, padded strides and one to many stages a team */
 Test(mhc_pre_tc_emu, rotated_stages) {
-    rng_state = 5;
+    emu_seed(5);
     check(1, 40, 4, 200, 0, 1, 0, 1, 0, 1);
     check(1, 40, 4, 200, 8, 1, 0, 3, 0, 1);
     check(2, 150, 4, 40, 8, 1, 0, 512, 0, 1);
@@ -261,7 +255,7 @@ Test(mhc_pre_tc_emu, rotated_stages) {
  * a chunk and stages that straddle streams (D = 40, 200), padded strides, one to many stages a
  * split, a split whose last stage is past K, rotated and unrotated stage order */
 Test(mhc_pre_tc_emu, wide_loads) {
-    rng_state = 8;
+    emu_seed(8);
     check(2, 150, 4, 40, 8, 1, 0, 64, 2, 1);
     check(1, 40, 4, 200, 0, 1, 0, 1, 2, 0);
     check(1, 40, 4, 200, 8, 0, 0, 3, 2, 1);
@@ -320,15 +314,15 @@ static void check_epi(int n, int64_t B, int64_t S, int KS, int all_outputs, int 
         for (int64_t t = 0; t < T; t++)
             for (int m = 0; m <= M; m++)
                 part[((int64_t)c * T + t) * (M + 1) + m] =
-                    m < M ? (float)(3.0 * rnd()) : (float)(K * (0.6 + 0.5 * rnd()) / KS);
+                    m < M ? (float)(3.0 * emu_rnd()) : (float)(K * (0.6 + 0.5 * emu_rnd()) / KS);
     float alpha[3] = {0.8f, 1.1f, 1.3f}, bias[80];
-    for (int m = 0; m < M; m++) bias[m] = (float)(0.5 * rnd());
+    for (int m = 0; m < M; m++) bias[m] = (float)(0.5 * emu_rnd());
     float *h_post = calloc(T * n, 4), *lg = calloc(T * n * n, 4), *comb = calloc(T * n * n, 4);
     float *h_mix = calloc(T * M, 4), *inv = calloc(T, 4), *h_pre = calloc(T * n, 4);
     float *hp_ws = calloc(T * n, 4);
     uint16_t *x = aligned_alloc(16, (size_t)(T * K * 2)),
              *h_in = aligned_alloc(16, (size_t)(T * D * 2));
-    for (int64_t i = 0; i < T * K; i++) x[i] = ompk_f32_to_bf16((float)(2.0 * rnd()));
+    for (int64_t i = 0; i < T * K; i++) x[i] = ompk_f32_to_bf16((float)(2.0 * emu_rnd()));
     memset(h_in, 0xff, (size_t)(T * D * 2));
     mhc_pre_fwd_args a;
     memset(&a, 0, sizeof a);
@@ -419,7 +413,7 @@ static void check_epi(int n, int64_t B, int64_t S, int KS, int all_outputs, int 
 }
 
 Test(mhc_pre_tc_emu, epilogue_lanes) {
-    rng_state = 6;
+    emu_seed(6);
     for (int n = 1; n <= 8; n++) check_epi(n, 2, 19, 1 + n % 3, 1, 0);
     check_epi(4, 1, 13, 2, 0, 0);
     check_epi(7, 3, 3, 3, 0, 0);
@@ -427,7 +421,7 @@ Test(mhc_pre_tc_emu, epilogue_lanes) {
 
 /* the same fused with h_in (launches 2 + 3 as one) */
 Test(mhc_pre_tc_emu, epilogue_fused_hin) {
-    rng_state = 7;
+    emu_seed(7);
     for (int n = 1; n <= 8; n++) check_epi(n, 2, 19, 1 + n % 3, 1, 1);
     check_epi(4, 1, 13, 2, 0, 1);
 }

@@ -44,12 +44,6 @@ static void tile_rows(int n, const pre_tile_geom *g, const char *x, const float 
 #undef EMU_ROWS
 }
 
-static uint64_t rng_state;
-static double rnd(void) { /* uniform in [-1, 1) */
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
-}
-
 typedef struct {
     int64_t B, S, D, CD, pad; /* pad: extra elements a row (rows not on 8: element loads) */
     int n, bf16;
@@ -65,7 +59,7 @@ static double x_at(const tile_case *c, const void *x, const pre_tile_geom *g, in
 }
 
 static void check(const tile_case *c, uint64_t seed) {
-    rng_state = seed;
+    emu_seed(seed);
     const int n = c->n, M = 2 * n + n * n, MP = M + 1, WG = PTL_WG(n);
     const int64_t T = c->B * c->S, D = c->D, K = n * D, esz = c->bf16 ? 2 : 4;
     pre_tile_geom g;
@@ -76,7 +70,7 @@ static void check(const tile_case *c, uint64_t seed) {
     const int64_t NC = g.NCD * n, items = NC * g.NTL, nx = c->B * g.sx0;
     char *x = aligned_alloc(16, (size_t)((nx * esz + 15) / 16 * 16));
     for (int64_t e = 0; e < nx; e++) {
-        const float v = (float)(2.0 * rnd());
+        const float v = (float)(2.0 * emu_rnd());
         if (c->bf16)
             ((uint16_t *)x)[e] = ompk_f32_to_bf16(v);
         else
@@ -93,7 +87,7 @@ static void check(const tile_case *c, uint64_t seed) {
     float *wg = aligned_alloc(16, sizeof(float) * (size_t)(K * WG));
     for (int64_t k = 0; k < K; k++)
         for (int q = 0; q < WG; q++)
-            wg[k * WG + q] = pre_tile_col(n, q) >= 0 ? (float)(rnd() / sqrt((double)K)) : 0.f;
+            wg[k * WG + q] = pre_tile_col(n, q) >= 0 ? (float)(emu_rnd() / sqrt((double)K)) : 0.f;
     const size_t np = (size_t)(NC * T * MP);
     float *pt = malloc(sizeof(float) * np), *pr = malloc(sizeof(float) * np);
     for (size_t e = 0; e < np; e++) pt[e] = pr[e] = -7.f; /* every entry must be written */
