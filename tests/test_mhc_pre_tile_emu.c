@@ -3,8 +3,8 @@
  * host thread), so CI checks the team function itself (the loader and compute roles, the shared
  * tiles, the two barriers a step, chunk and token tails, strides, unaligned rows): bit for bit
  * against pre_tile_rows (the path of a team with fewer threads, the same sums in the same order)
- * and, summed over the chunks, against a double reference. NaN and inf in x reach exactly the
- * partial rows of their token and chunk. */
+ * and the host's pre_tile_pair, and, summed over the chunks, against a double reference. NaN and
+ * inf in x reach exactly the partial rows of their token and chunk. */
 #define OMPK_EMULATE 1
 #include "emu_team.h"
 
@@ -42,6 +42,14 @@ static void tile_rows(int n, const pre_tile_geom *g, const char *x, const float 
 #define EMU_ROWS(N) pre_tile_rows(N, g, x, wg, part, w)
     MHC_SWITCH_N(n, EMU_ROWS)
 #undef EMU_ROWS
+}
+
+static void tile_pairs(int n, const pre_tile_geom *g, const char *x, const float *wg, float *part,
+                       int64_t w) {
+#define EMU_PAIRS(N)                                                                               \
+    for (int r = 0; r < PTL_TB; r += 2) pre_tile_pair(N, g, x, wg, part, w, r);
+    MHC_SWITCH_N(n, EMU_PAIRS)
+#undef EMU_PAIRS
 }
 
 typedef struct {
@@ -90,17 +98,20 @@ static void check(const tile_case *c, uint64_t seed) {
             wg[k * WG + q] = pre_tile_col(n, q) >= 0 ? (float)(emu_rnd() / sqrt((double)K)) : 0.f;
     const size_t np = (size_t)(NC * T * MP);
     float *pt = malloc(sizeof(float) * np), *pr = malloc(sizeof(float) * np);
-    for (size_t e = 0; e < np; e++) pt[e] = pr[e] = -7.f; /* every entry must be written */
+    float *pp = malloc(sizeof(float) * np);
+    for (size_t e = 0; e < np; e++) pt[e] = pr[e] = pp[e] = -7.f; /* every entry must be written */
     for (int64_t w = 0; w < items; w++) {
         tile_args a = {n, &g, x, wg, pt, w};
         cr_assert_eq(emu_team_run(PTL_T, tile_team, &a), 0, "an emulated team diverged");
         tile_rows(n, &g, x, wg, pr, w);
+        tile_pairs(n, &g, x, wg, pp, w);
     }
     char what[160];
     snprintf(what, sizeof what, "n%d %s B%lld S%lld D%lld CD%lld pad%lld bad %g", n,
              c->bf16 ? "bf16" : "f32", (long long)c->B, (long long)c->S, (long long)D,
              (long long)c->CD, (long long)c->pad, (double)c->bad);
     cr_expect(memcmp(pt, pr, sizeof(float) * np) == 0, "team != rows bit for bit: %s", what);
+    cr_expect(memcmp(pp, pr, sizeof(float) * np) == 0, "host pairs != rows bit for bit: %s", what);
     /* the chunks' partials summed against a double reference */
     for (int64_t t = 0; t < T; t++)
         for (int m = 0; m <= M; m++) {
@@ -134,6 +145,7 @@ static void check(const tile_case *c, uint64_t seed) {
     free(wg);
     free(pt);
     free(pr);
+    free(pp);
 }
 
 Test(mhc_pre_tile_emu, every_n_bf16_and_f32) {

@@ -33,7 +33,9 @@ typedef struct pre_geom {
                                            token tiles */
 } pre_geom;
 
-static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
+/* gpu: the chunk split for a GPU's teams; the host takes a stream's row as one chunk (its threads
+ * have tokens enough, and fewer partials to write and sum). */
+static pre_geom pre_geometry(const mhc_pre_fwd_args *a, int gpu) {
     pre_geom g;
     const int n = a->n, M = 2 * n + n * n;
     g.T = a->B * a->S;
@@ -43,7 +45,7 @@ static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
     if (g.NTL < 1) g.NTL = 1;
     /* about 2^11 items in all: enough teams to fill a GPU, few enough partials */
     int64_t want = ((int64_t)1 << 11) / g.NTL;
-    int64_t ncd = (want + n - 1) / n;
+    int64_t ncd = gpu ? (want + n - 1) / n : 1;
     const int64_t max_ncd = (a->D + PTL_KB - 1) / PTL_KB;
     if (ncd > max_ncd) ncd = max_ncd;
     if (ncd < 1) ncd = 1;
@@ -58,7 +60,7 @@ static pre_geom pre_geometry(const mhc_pre_fwd_args *a) {
 
 /* Enough for either path: which one runs is decided with the call's device at launch. */
 int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
-    pre_geom g = pre_geometry(a);
+    pre_geom g = pre_geometry(a, 1);
     const int64_t simt =
         (int64_t)sizeof(float) * (g.K * pre_tile_wg(a->n) + g.NC * g.T * g.MP + g.T * a->n) + 64;
     const int64_t tc = pre_tc_workspace(a);
@@ -299,7 +301,7 @@ typedef struct pre_launch {
 
 void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
                         const mhc_pre_fwd_cfg *var) {
-    const pre_geom g = pre_geometry(a);
+    const pre_geom g = pre_geometry(a, ex.on_target && ex.device != omp_get_initial_device());
     const int n = a->n, M = 2 * n + n * n, WG = pre_tile_wg(n), bf16 = a->bf16;
     const int vec = pre_vec_ok(a);
     const int64_t T = g.T, K = g.K, D = a->D, S = a->S, NC = g.NC;

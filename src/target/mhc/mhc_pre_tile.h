@@ -4,16 +4,17 @@
  *
  * A work item is (chunk c = d range [d0, d1) of stream i, tile of PTL_TB tokens); its PTL_T threads
  * walk the chunk in steps of PTL_KB. Each step the team stores the tile's x (as f32, a token's
- * row at a time) and the step's weight rows in shared memory, then thread (tg = tid % 32,
- * mg = tid / 32) adds x[t][d] * w[d][m] for its tokens t = tg + 32 u (u < 4) and its columns
- * m = mg * MPT + j (j < MPT), every operand a 16-byte shared load: a warp's weight loads are one
- * broadcast, its x loads four conflict-free rows. The weights come grouped, [K][4][MPP] (gamma
- * folded in, zero padded), so a thread's columns are one aligned run. A thread's sum of a (t, m)
- * runs over d in order, one fma a step, whatever the tiling; padding (d >= d1, t >= T) adds
+ * row at a time) and the step's weight rows in shared memory, then lane l of warp v (mg = l % 4,
+ * tg = 8 v + l / 4) adds x[t][d] * w[d][m] for its tokens t = tg + 32 u (u < 4) and its columns
+ * m = mg * MPT + j (j < MPT), every operand a 16-byte shared load: a warp reads 8 x rows and 4
+ * weight groups, each load one conflict-free wavefront. The weights come grouped, [K][4][MPP]
+ * (gamma folded in, zero padded), so a thread's columns are one aligned run. A thread's sum of a
+ * (t, m) runs over d in order, one fma a step, whatever the tiling; padding (d >= d1, t >= T) adds
  * exact zeros and is never written. The sum of squares of token t is kept by the threads that load
  * its row, one partial per 8-element group of a step (oct), and the groups added in order at the
- * end. The host, GCC builds (no team-shared memory) and a team that got fewer than PTL_T threads
- * run pre_tile_token: the same sums in the same order, one thread a token.
+ * end. GCC builds (no team-shared memory) and a team that got fewer than PTL_T threads run
+ * pre_tile_token, the host pre_tile_pair: the same sums in the same order, one thread a token or
+ * a pair.
  * tests/test_mhc_pre_tile_emu.c runs the team function with emulated teams and checks it bit for
  * bit against pre_tile_rows. */
 #ifndef OMPK_MHC_PRE_TILE_H
@@ -105,7 +106,7 @@ MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x
     for (int j = 0; j < PTL_LJ; j++)
         lrow[j] = pre_tile_row(g, x, t0 + lt + LS * j, i), ssa[j] = 0.f;
     /* compute role */
-    const int tg = tid & 31, mg = tid >> 5;
+    const int mg = tid & 3, tg = ((tid >> 5) << 3) | ((tid & 31) >> 2);
     float acc[4][PTL_MPTMAX];
     MHC_UNROLL
     for (int u = 0; u < 4; u++) MHC_UNROLL
@@ -225,6 +226,51 @@ MHC_INLINE void pre_tile_token(const int N, const pre_tile_geom *g, const char *
     MHC_UNROLL
     for (int o = 1; o < PTL_OCT; o++) sum += ss[o];
     p[M] = sum;
+}
+
+/* pre_tile_token for tokens r and r + 1 on the host: each weight row read once for both, and the
+ * products over the padded grouped row (padding weights are zero, their sums never written), so
+ * the compiler makes them whole vectors. The same fma a step in the same order: the same bits. */
+MHC_INLINE void pre_tile_pair(const int N, const pre_tile_geom *g, const char *x, const float *wg,
+                              float *part, int64_t w, int r) {
+    const int M = 2 * N + N * N, MP = M + 1, MPT = PTL_MPT(N), MPP = PTL_MPP(N), WG = PTL_WG(N);
+    int i;
+    int64_t d0, d1, t0, c;
+    pre_tile_item(g, w, &i, &d0, &d1, &t0, &c);
+    const int64_t t = t0 + r;
+    if (t >= g->T) return;
+    const char *row[2] = {pre_tile_row(g, x, t, i), pre_tile_row(g, x, t + 1, i)};
+    float acc[2][PTL_WG(8)], ss[2][PTL_OCT];
+    for (int u = 0; u < 2; u++) {
+        for (int q = 0; q < WG; q++) acc[u][q] = 0.f;
+        for (int o = 0; o < PTL_OCT; o++) ss[u][o] = 0.f;
+    }
+    for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
+        for (int o = 0; o < PTL_OCT; o++) {
+            float v[2][8];
+            pre_tile_load8(g, row[0], s0 + 8 * o, d1, v[0]);
+            pre_tile_load8(g, row[1], s0 + 8 * o, d1, v[1]);
+            const int64_t ne = d1 - (s0 + 8 * o) < 8 ? d1 - (s0 + 8 * o) : 8;
+            for (int e = 0; e < ne; e++) {
+                const float *wr = wg + ((int64_t)i * g->D + s0 + 8 * o + e) * WG;
+                MHC_UNROLL
+                for (int u = 0; u < 2; u++) {
+#pragma omp simd
+                    for (int q = 0; q < WG; q++) acc[u][q] = fmaf(v[u][e], wr[q], acc[u][q]);
+                    ss[u][o] = fmaf(v[u][e], v[u][e], ss[u][o]);
+                }
+            }
+        }
+    }
+    for (int u = 0; u < 2; u++) {
+        if (t + u >= g->T) break;
+        float *p = part + (c * g->T + t + u) * MP;
+        for (int q = 0; q < 4; q++)
+            for (int j = 0; j < MPT && q * MPT + j < M; j++) p[q * MPT + j] = acc[u][q * MPP + j];
+        float sum = ss[u][0];
+        for (int o = 1; o < PTL_OCT; o++) sum += ss[u][o];
+        p[M] = sum;
+    }
 }
 
 /* The item's tokens over the team's threads, whatever their number. */
