@@ -180,7 +180,9 @@ MHC_INLINE void bwd_stage_store(const int N, const int CT, const int TT, int tid
  * c0 + tid a thread (runs past NCH only stage). The team stages the dh_mix rows, coef and h_pre
  * CT tokens at a time in shared memory, two buffers (chunk h + 1 loads while chunk h computes,
  * one barrier a chunk), so a token's row is a shared broadcast rather than a load that misses L1
- * on a team's first warp. x, dh_in and grad_x_post move as raw words TG tokens ahead (kc_raw).
+ * on a team's first warp. x, dh_in and grad_x_post move as raw words (kc_raw) a group of TG tokens
+ * ahead: a group issues the next group's loads before its own arithmetic, because the GPU code
+ * waits for every outstanding load where the next loop iteration starts.
  * The sums are bwd_dxdw's, in its order. srow, sco, shp: team-shared, 2 x CT tokens. */
 MHC_INLINE void bwd_team_item(const int N, const int KC, const int CT, const int TT,
                               const bwd_io *io, int64_t t0, int64_t t1, int64_t c0, int64_t NCH,
@@ -195,7 +197,7 @@ MHC_INLINE void bwd_team_item(const int N, const int KC, const int CT, const int
     const int64_t i = own ? c / CPS : 0, d0 = own ? (c - i * CPS) * KC : 0, k0 = i * D + d0;
     float w[MMAX][BWD_KCMAX], acc[MMAX][BWD_KCMAX];
     bwd_w_init(N, KC, phi, io->sphi, gamma, k0, own ? KC : 0, w, acc);
-    /* byte pointers: the loads run TG tokens ahead of the dx store; without grad_x_post its
+    /* byte pointers: the loads run a group ahead of the dx store; without grad_x_post its
      * pointer stays on x and is not read */
     const int64_t xs = io->sx[1] * 2, ds = io->sdh[1] * 2, gs = hg ? io->sg[1] * 2 : 0;
     const int64_t os = io->sdx[1] * 2;
@@ -235,15 +237,22 @@ MHC_INLINE void bwd_team_item(const int N, const int KC, const int CT, const int
             const mhc_f4 *rb = srow + b * CT * MW4;
             const float *cb = sco + b * CT, *hb = shp + b * CT * N + i;
             for (int jb = 0; jb < nk; jb += TG) {
+                /* this group's words out of the slots, the next group's loads into them */
+                uint32_t cv[BWD_TGMAX], cg[BWD_TGMAX], cp[BWD_TGMAX];
+                MHC_UNROLL
+                for (int j = 0; j < TG; j++) cv[j] = vr[j], cg[j] = gr[j], cp[j] = pr[j];
+                MHC_UNROLL
+                for (int j = 0; j < TG; j++)
+                    if (jb + j + TG < nr) BWD_TFILL(j);
                 MHC_UNROLL
                 for (int j = 0; j < TG; j++) {
                     const int jj = jb + j;
                     if (jj >= nk) break;
                     float xv[BWD_KCMAX], gv[BWD_KCMAX], gx[BWD_KCMAX], sum[BWD_KCMAX];
                     float val[BWD_KCMAX];
-                    kc_unraw(KC, vr[j], xv);
-                    kc_unraw(KC, gr[j], gv);
-                    kc_unraw(KC, pr[j], gx);
+                    kc_unraw(KC, cv[j], xv);
+                    kc_unraw(KC, cg[j], gv);
+                    kc_unraw(KC, cp[j], gx);
                     bwd_tok(N, KC, rb + jj * MW4, w, acc, xv, sum);
                     MHC_UNROLL
                     for (int e = 0; e < KC; e++) {
@@ -252,7 +261,6 @@ MHC_INLINE void bwd_team_item(const int N, const int KC, const int CT, const int
                     }
                     kc_store(KC, op, 1, 1, 1, KC, val);
                     op += os;
-                    if (jj + TG < nr) BWD_TFILL(j);
                 }
             }
         }
