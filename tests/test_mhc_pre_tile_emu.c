@@ -18,8 +18,8 @@
 
 #include "bf16.h"
 
-static float emu_xs[PTL_XSMAX] __attribute__((aligned(16)));
-static float emu_ws[PTL_KBMAX * PTL_WG(8)] __attribute__((aligned(16)));
+static float emu_xs[PTL_XS] __attribute__((aligned(16)));
+static float emu_ws[PTL_KB * PTL_WG(8)] __attribute__((aligned(16)));
 
 typedef struct {
     int n;

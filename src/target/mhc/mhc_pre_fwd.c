@@ -46,13 +46,12 @@ static pre_geom pre_geometry(const mhc_pre_fwd_args *a, int gpu) {
     /* about 2^11 items in all: enough teams to fill a GPU, few enough partials */
     int64_t want = ((int64_t)1 << 11) / g.NTL;
     int64_t ncd = gpu ? (want + n - 1) / n : 1;
-    const int KB = PTL_KB(n);
-    const int64_t max_ncd = (a->D + KB - 1) / KB;
+    const int64_t max_ncd = (a->D + PTL_KB - 1) / PTL_KB;
     if (ncd > max_ncd) ncd = max_ncd;
     if (ncd < 1) ncd = 1;
     int64_t cd = (a->D + ncd - 1) / ncd;
-    cd = (cd + KB - 1) / KB * KB;
-    if (cd < KB) cd = KB;
+    cd = (cd + PTL_KB - 1) / PTL_KB * PTL_KB;
+    if (cd < PTL_KB) cd = PTL_KB;
     g.CD = cd;
     g.NCD = a->D > 0 ? (a->D + cd - 1) / cd : 1;
     g.NC = g.NCD * n;

@@ -3,7 +3,7 @@
  * offloads to, and the host.
  *
  * A work item is (chunk c = d range [d0, d1) of stream i, tile of PTL_TB tokens); its PTL_T threads
- * walk the chunk in steps of PTL_KB(N). Each step the team stores the tile's x (as f32, a token's
+ * walk the chunk in steps of PTL_KB. Each step the team stores the tile's x (as f32, a token's
  * row at a time) and the step's weight rows in shared memory, then lane l of warp v (mg = l % 4,
  * tg = 8 v + l / 4) adds x[t][d] * w[d][m] for its tokens t = tg + 32 u (u < 4) and its columns
  * m = mg * MPT + j (j < MPT), every operand a 16-byte shared load: a warp reads 8 x rows and 4
@@ -32,25 +32,18 @@
 #define PTL_SYNC() MHC_SYNC()
 #endif
 
-#define PTL_TB 128 /* tokens a tile */
-/* d a step: 64 while the step's x and weights fit the 48 KB of static team memory (fewer
- * barriers, more loads in flight a step) */
-#define PTL_KB(N) ((N) <= 4 ? 64 : 32)
-#define PTL_KBMAX 64
-#define PTL_T 128 /* threads a team: 4 column groups of 32 */
-#define PTL_XP(N)                                                                                  \
-    (PTL_KB(N) + 4) /* pitch of a token row in xs: 16-byte rows, conflict-free reads */
-#define PTL_OCT(N) (PTL_KB(N) / 8) /* 8-element groups of a step's row */
-#define PTL_OCTMAX (PTL_KBMAX / 8)
-#define PTL_LJ(N) (PTL_TB * PTL_OCT(N) / PTL_T) /* groups a thread loads a step */
-#define PTL_LJMAX (PTL_TB * PTL_OCTMAX / PTL_T)
+#define PTL_TB 128           /* tokens a tile */
+#define PTL_KB 32            /* d a step */
+#define PTL_T 128            /* threads a team: 4 column groups of 32 */
+#define PTL_XP (PTL_KB + 4)  /* pitch of a token row in xs: 16-byte rows, conflict-free reads */
+#define PTL_OCT (PTL_KB / 8) /* 8-element groups of a step's row */
+#define PTL_LJ (PTL_TB * PTL_OCT / PTL_T)          /* groups a thread loads a step */
 #define PTL_MPT(N) ((2 * (N) + (N) * (N) + 3) / 4) /* columns a thread */
 #define PTL_MPP(N) ((PTL_MPT(N) + 3) & ~3)         /* the same, padded to 16 bytes */
 #define PTL_WG(N) (4 * PTL_MPP(N))                 /* floats of a grouped weight row */
 #define PTL_MPTMAX PTL_MPT(8)
 #define PTL_MMAX (2 * 8 + 8 * 8)
-#define PTL_XS(N) (PTL_TB * PTL_XP(N)) /* floats of the team's x tile (also the oct partials) */
-#define PTL_XSMAX (PTL_TB * (PTL_KBMAX + 4))
+#define PTL_XS (PTL_TB * PTL_XP) /* floats of the team's x tile (also the oct partials) */
 
 /* What every item of a call shares. */
 typedef struct pre_tile_geom {
@@ -106,12 +99,12 @@ MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x
     pre_tile_item(g, w, &i, &d0, &d1, &t0, &c);
     const int64_t T = g->T;
     /* loader role: the 8-element group oct of tokens lt + LS j */
-    const int KB = PTL_KB(N), OCT = PTL_OCT(N), LJ = PTL_LJ(N), XP = PTL_XP(N);
-    const int LS = PTL_T / OCT, lt = tid / OCT, oct = tid % OCT;
-    const char *lrow[PTL_LJMAX];
-    float ssa[PTL_LJMAX];
+    const int LS = PTL_T / PTL_OCT, lt = tid / PTL_OCT, oct = tid % PTL_OCT;
+    const char *lrow[PTL_LJ];
+    float ssa[PTL_LJ];
     MHC_UNROLL
-    for (int j = 0; j < LJ; j++) lrow[j] = pre_tile_row(g, x, t0 + lt + LS * j, i), ssa[j] = 0.f;
+    for (int j = 0; j < PTL_LJ; j++)
+        lrow[j] = pre_tile_row(g, x, t0 + lt + LS * j, i), ssa[j] = 0.f;
     /* compute role */
     const int mg = tid & 3, tg = ((tid >> 5) << 3) | ((tid & 31) >> 2);
     float acc[4][PTL_MPTMAX];
@@ -119,15 +112,15 @@ MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x
     for (int u = 0; u < 4; u++) MHC_UNROLL
     for (int j = 0; j < PTL_MPTMAX; j++) acc[u][j] = 0.f;
     const float *wrow = wg + ((int64_t)i * g->D + d0) * WG;
-    for (int64_t s0 = d0; s0 < d1; s0 += KB) {
+    for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
         /* the step's x (as f32) and weight rows into shared memory; rows at or past d1 zero */
         MHC_UNROLL
-        for (int j = 0; j < LJ; j++) {
+        for (int j = 0; j < PTL_LJ; j++) {
             float v[8];
             pre_tile_load8(g, lrow[j], s0 + 8 * oct, d1, v);
             MHC_UNROLL
             for (int e = 0; e < 8; e++) ssa[j] = fmaf(v[e], v[e], ssa[j]);
-            mhc_f4 *dst = (mhc_f4 *)(xs + (lt + LS * j) * XP + 8 * oct);
+            mhc_f4 *dst = (mhc_f4 *)(xs + (lt + LS * j) * PTL_XP + 8 * oct);
             MHC_UNROLL
             for (int h = 0; h < 2; h++) {
                 mhc_f4 q;
@@ -136,18 +129,18 @@ MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x
                 dst[h] = q;
             }
         }
-        const int64_t kn = d1 - s0 < KB ? d1 - s0 : KB;
-        for (int f = tid; f < KB * WG / 4; f += PTL_T) {
+        const int64_t kn = d1 - s0 < PTL_KB ? d1 - s0 : PTL_KB;
+        for (int f = tid; f < PTL_KB * WG / 4; f += PTL_T) {
             const int k = f / (WG / 4);
             mhc_f4 q = {{0.f, 0.f, 0.f, 0.f}};
             if (k < kn) q = ((const mhc_f4 *)(wrow + (s0 - d0) * WG))[f];
             ((mhc_f4 *)ws)[f] = q;
         }
         PTL_SYNC();
-        for (int kk = 0; kk < KB; kk += 4) {
+        for (int kk = 0; kk < PTL_KB; kk += 4) {
             mhc_f4 xv[4];
             MHC_UNROLL
-            for (int u = 0; u < 4; u++) xv[u] = *(const mhc_f4 *)(xs + (tg + 32 * u) * XP + kk);
+            for (int u = 0; u < 4; u++) xv[u] = *(const mhc_f4 *)(xs + (tg + 32 * u) * PTL_XP + kk);
             MHC_UNROLL
             for (int e = 0; e < 4; e++) {
                 const mhc_f4 *wq = (const mhc_f4 *)(ws + (kk + e) * WG + mg * PTL_MPP(N));
@@ -178,12 +171,12 @@ MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x
     }
     /* the sums of squares: the groups' partials of a token, in order */
     MHC_UNROLL
-    for (int j = 0; j < LJ; j++) xs[(lt + LS * j) * OCT + oct] = ssa[j];
+    for (int j = 0; j < PTL_LJ; j++) xs[(lt + LS * j) * PTL_OCT + oct] = ssa[j];
     PTL_SYNC();
     for (int r = tid; r < PTL_TB; r += PTL_T) {
-        const float *q = xs + r * OCT;
+        const float *q = xs + r * PTL_OCT;
         float ss = q[0];
-        for (int o = 1; o < OCT; o++) ss += q[o];
+        for (int o = 1; o < PTL_OCT; o++) ss += q[o];
         if (t0 + r < T) part[(c * T + t0 + r) * MP + M] = ss;
     }
     PTL_SYNC();
@@ -200,15 +193,14 @@ MHC_INLINE void pre_tile_token(const int N, const pre_tile_geom *g, const char *
     const int64_t t = t0 + r;
     if (t >= g->T) return;
     const char *row = pre_tile_row(g, x, t, i);
-    const int KB = PTL_KB(N), OCT = PTL_OCT(N);
-    float acc[PTL_MMAX], ss[PTL_OCTMAX];
+    float acc[PTL_MMAX], ss[PTL_OCT];
     MHC_UNROLL
     for (int m = 0; m < PTL_MMAX; m++) acc[m] = 0.f;
     MHC_UNROLL
-    for (int o = 0; o < OCT; o++) ss[o] = 0.f;
-    for (int64_t s0 = d0; s0 < d1; s0 += KB) {
+    for (int o = 0; o < PTL_OCT; o++) ss[o] = 0.f;
+    for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
         MHC_UNROLL
-        for (int o = 0; o < OCT; o++) {
+        for (int o = 0; o < PTL_OCT; o++) {
             float v[8];
             pre_tile_load8(g, row, s0 + 8 * o, d1, v);
             MHC_UNROLL
@@ -232,7 +224,7 @@ MHC_INLINE void pre_tile_token(const int N, const pre_tile_geom *g, const char *
         if (m < M) p[m] = acc[m];
     float sum = ss[0];
     MHC_UNROLL
-    for (int o = 1; o < OCT; o++) sum += ss[o];
+    for (int o = 1; o < PTL_OCT; o++) sum += ss[o];
     p[M] = sum;
 }
 
@@ -248,14 +240,13 @@ MHC_INLINE void pre_tile_pair(const int N, const pre_tile_geom *g, const char *x
     const int64_t t = t0 + r;
     if (t >= g->T) return;
     const char *row[2] = {pre_tile_row(g, x, t, i), pre_tile_row(g, x, t + 1, i)};
-    const int KB = PTL_KB(N), OCT = PTL_OCT(N);
-    float acc[2][PTL_WG(8)], ss[2][PTL_OCTMAX];
+    float acc[2][PTL_WG(8)], ss[2][PTL_OCT];
     for (int u = 0; u < 2; u++) {
         for (int q = 0; q < WG; q++) acc[u][q] = 0.f;
-        for (int o = 0; o < OCT; o++) ss[u][o] = 0.f;
+        for (int o = 0; o < PTL_OCT; o++) ss[u][o] = 0.f;
     }
-    for (int64_t s0 = d0; s0 < d1; s0 += KB) {
-        for (int o = 0; o < OCT; o++) {
+    for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
+        for (int o = 0; o < PTL_OCT; o++) {
             float v[2][8];
             pre_tile_load8(g, row[0], s0 + 8 * o, d1, v[0]);
             pre_tile_load8(g, row[1], s0 + 8 * o, d1, v[1]);
@@ -277,7 +268,7 @@ MHC_INLINE void pre_tile_pair(const int N, const pre_tile_geom *g, const char *x
         for (int q = 0; q < 4; q++)
             for (int j = 0; j < MPT && q * MPT + j < M; j++) p[q * MPT + j] = acc[u][q * MPP + j];
         float sum = ss[u][0];
-        for (int o = 1; o < OCT; o++) sum += ss[u][o];
+        for (int o = 1; o < PTL_OCT; o++) sum += ss[u][o];
         p[M] = sum;
     }
 }
