@@ -22,6 +22,7 @@
 
 #include <omp.h>
 
+#include "mhc_host_vec.h"
 #include "mhc_kern.h"
 
 #if defined(OMPK_EMULATE)
@@ -228,45 +229,70 @@ MHC_INLINE void pre_tile_token(const int N, const pre_tile_geom *g, const char *
     p[M] = sum;
 }
 
-/* pre_tile_token for tokens r and r + 1 on the host: each weight row read once for both, and the
- * products over the padded grouped row (padding weights are zero, their sums never written), so
- * the compiler makes them whole vectors. The same fma a step in the same order: the same bits. */
+/* pre_tile_token for tokens r and r + 1 on the host: each weight row read once for both, the
+ * products over the padded grouped row (padding weights are zero, their sums never written) as
+ * whole 8-float vectors (WG is a multiple of 16). The same fma a step in the same order (the
+ * build contracts a += v * w): the same bits. */
 MHC_INLINE void pre_tile_pair(const int N, const pre_tile_geom *g, const char *x, const float *wg,
                               float *part, int64_t w, int r) {
     const int M = 2 * N + N * N, MP = M + 1, MPT = PTL_MPT(N), MPP = PTL_MPP(N), WG = PTL_WG(N);
+    const int NV = WG / 8;
     int i;
     int64_t d0, d1, t0, c;
     pre_tile_item(g, w, &i, &d0, &d1, &t0, &c);
     const int64_t t = t0 + r;
     if (t >= g->T) return;
     const char *row[2] = {pre_tile_row(g, x, t, i), pre_tile_row(g, x, t + 1, i)};
-    float acc[2][PTL_WG(8)], ss[2][PTL_OCT];
+    mhc_f8 acc[2][PTL_WG(8) / 8];
+    float ss[2][PTL_OCT];
+    MHC_UNROLL
     for (int u = 0; u < 2; u++) {
-        for (int q = 0; q < WG; q++) acc[u][q] = 0.f;
+        MHC_UNROLL
+        for (int q = 0; q < NV; q++) acc[u][q] = (mhc_f8){0};
+        MHC_UNROLL
         for (int o = 0; o < PTL_OCT; o++) ss[u][o] = 0.f;
     }
-    for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
-        for (int o = 0; o < PTL_OCT; o++) {
-            float v[2][8];
-            pre_tile_load8(g, row[0], s0 + 8 * o, d1, v[0]);
-            pre_tile_load8(g, row[1], s0 + 8 * o, d1, v[1]);
-            const int64_t ne = d1 - (s0 + 8 * o) < 8 ? d1 - (s0 + 8 * o) : 8;
-            for (int e = 0; e < ne; e++) {
-                const float *wr = wg + ((int64_t)i * g->D + s0 + 8 * o + e) * WG;
+    /* 8-element groups in order; group d's partial of the sum of squares is oct (d - d0) / 8 % 4,
+     * as in the team and token paths */
+    for (int64_t d = d0; d < d1; d += 8) {
+        const int o = (int)((d - d0) >> 3) & (PTL_OCT - 1);
+        const float *wd = wg + ((int64_t)i * g->D + d) * WG;
+        float v[2][8];
+        pre_tile_load8(g, row[0], d, d1, v[0]);
+        pre_tile_load8(g, row[1], d, d1, v[1]);
+        if (d + 8 <= d1) {
+            MHC_UNROLL
+            for (int e = 0; e < 8; e++) {
                 MHC_UNROLL
-                for (int u = 0; u < 2; u++) {
-#pragma omp simd
-                    for (int q = 0; q < WG; q++) acc[u][q] = fmaf(v[u][e], wr[q], acc[u][q]);
-                    ss[u][o] = fmaf(v[u][e], v[u][e], ss[u][o]);
+                for (int q = 0; q < NV; q++) {
+                    mhc_f8 wv;
+                    __builtin_memcpy(&wv, wd + e * WG + 8 * q, sizeof wv);
+                    acc[0][q] += v[0][e] * wv;
+                    acc[1][q] += v[1][e] * wv;
                 }
+                ss[0][o] = fmaf(v[0][e], v[0][e], ss[0][o]);
+                ss[1][o] = fmaf(v[1][e], v[1][e], ss[1][o]);
             }
+            continue;
+        }
+        for (int e = 0; e < d1 - d; e++) {
+            MHC_UNROLL
+            for (int q = 0; q < NV; q++) {
+                mhc_f8 wv;
+                __builtin_memcpy(&wv, wd + e * WG + 8 * q, sizeof wv);
+                acc[0][q] += v[0][e] * wv;
+                acc[1][q] += v[1][e] * wv;
+            }
+            ss[0][o] = fmaf(v[0][e], v[0][e], ss[0][o]);
+            ss[1][o] = fmaf(v[1][e], v[1][e], ss[1][o]);
         }
     }
     for (int u = 0; u < 2; u++) {
         if (t + u >= g->T) break;
         float *p = part + (c * g->T + t + u) * MP;
         for (int q = 0; q < 4; q++)
-            for (int j = 0; j < MPT && q * MPT + j < M; j++) p[q * MPT + j] = acc[u][q * MPP + j];
+            for (int j2 = 0; j2 < MPT && q * MPT + j2 < M; j2++)
+                p[q * MPT + j2] = acc[u][(q * MPP + j2) / 8][(q * MPP + j2) % 8];
         float sum = ss[u][0];
         for (int o = 1; o < PTL_OCT; o++) sum += ss[u][o];
         p[M] = sum;
