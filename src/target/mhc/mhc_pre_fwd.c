@@ -110,9 +110,11 @@ static int pre_tcw_teams(const mhc_pre_fwd_cfg *c) {
 
 /* Tokens a tile, and whether its sums take the deep form (fewer round trips to memory: passes
  * over the tile times chunks per load round). */
-static void pre_se_geometry(int n, int64_t T, int64_t *ptok, int *deep) {
+/* gpu: tiles halved for a GPU's teams; the host's one team takes full tiles (two barriers a
+ * tile among all its threads) */
+static void pre_se_geometry(int n, int64_t T, int gpu, int64_t *ptok, int *deep) {
     int64_t pt = PRE_SE_TL;
-    while (pt > 1 && (T + pt - 1) / pt < PRE_SE_TEAMS) pt /= 2;
+    while (gpu && pt > 1 && (T + pt - 1) / pt < PRE_SE_TEAMS) pt /= 2;
     const int64_t E = pt * PRE_SE_MP(n), TL = PRE_SE_TL;
     const int64_t pd = (E + TL - 1) / TL, pw = (E + TL * PRE_SE_KW(n) - 1) / (TL * PRE_SE_KW(n));
     *ptok = pt;
