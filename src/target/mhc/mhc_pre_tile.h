@@ -229,6 +229,21 @@ MHC_INLINE void pre_tile_token(const int N, const pre_tile_geom *g, const char *
     p[M] = sum;
 }
 
+/* One element of pre_tile_pair's two tokens (values v0, v1): every column of weight row wr, and
+ * the sums of squares. */
+MHC_INLINE void pre_tile_pair_el(const int NV, const float *wr, float v0, float v1, mhc_f8 *a0,
+                                 mhc_f8 *a1, float *s0, float *s1) {
+    MHC_UNROLL
+    for (int q = 0; q < NV; q++) {
+        mhc_f8 wv;
+        __builtin_memcpy(&wv, wr + 8 * q, sizeof wv);
+        a0[q] += v0 * wv;
+        a1[q] += v1 * wv;
+    }
+    *s0 = fmaf(v0, v0, *s0);
+    *s1 = fmaf(v1, v1, *s1);
+}
+
 /* pre_tile_token for tokens r and r + 1 on the host: each weight row read once for both, the
  * products over the padded grouped row (padding weights are zero, their sums never written) as
  * whole 8-float vectors (WG is a multiple of 16). The same fma a step in the same order (the
@@ -260,32 +275,17 @@ MHC_INLINE void pre_tile_pair(const int N, const pre_tile_geom *g, const char *x
         float v[2][8];
         pre_tile_load8(g, row[0], d, d1, v[0]);
         pre_tile_load8(g, row[1], d, d1, v[1]);
+        /* a whole group as a fixed count (kept in registers), a tail element by element */
         if (d + 8 <= d1) {
             MHC_UNROLL
-            for (int e = 0; e < 8; e++) {
-                MHC_UNROLL
-                for (int q = 0; q < NV; q++) {
-                    mhc_f8 wv;
-                    __builtin_memcpy(&wv, wd + e * WG + 8 * q, sizeof wv);
-                    acc[0][q] += v[0][e] * wv;
-                    acc[1][q] += v[1][e] * wv;
-                }
-                ss[0][o] = fmaf(v[0][e], v[0][e], ss[0][o]);
-                ss[1][o] = fmaf(v[1][e], v[1][e], ss[1][o]);
-            }
+            for (int e = 0; e < 8; e++)
+                pre_tile_pair_el(NV, wd + e * WG, v[0][e], v[1][e], acc[0], acc[1], &ss[0][o],
+                                 &ss[1][o]);
             continue;
         }
-        for (int e = 0; e < d1 - d; e++) {
-            MHC_UNROLL
-            for (int q = 0; q < NV; q++) {
-                mhc_f8 wv;
-                __builtin_memcpy(&wv, wd + e * WG + 8 * q, sizeof wv);
-                acc[0][q] += v[0][e] * wv;
-                acc[1][q] += v[1][e] * wv;
-            }
-            ss[0][o] = fmaf(v[0][e], v[0][e], ss[0][o]);
-            ss[1][o] = fmaf(v[1][e], v[1][e], ss[1][o]);
-        }
+        for (int e = 0; e < d1 - d; e++)
+            pre_tile_pair_el(NV, wd + e * WG, v[0][e], v[1][e], acc[0], acc[1], &ss[0][o],
+                             &ss[1][o]);
     }
     for (int u = 0; u < 2; u++) {
         if (t + u >= g->T) break;
