@@ -236,15 +236,20 @@ MHC_INLINE int64_t cur_make4(const bwd_io *io, int64_t t0, int64_t t1, bwd_cur *
  * in registers over the tokens; x and dh_in are loaded TG tokens ahead of their use, so TG
  * tokens' loads are in flight while one token's arithmetic runs (the dx stores could alias the
  * loads, so the compiler cannot hoist them itself). */
-MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const bwd_io *io, int64_t i,
-                         int64_t d0, int64_t t0, int64_t t1, int vec, const char *x, const char *dh,
-                         const char *gxp, char *dx, const float *phi, const float *gamma,
-                         const float *h_pre, const float *dhm_ws, const float *coef, float *pw) {
+MHC_INLINE void bwd_dxdw(const int N, const int KC, const int TG, const int FAST, const bwd_io *io,
+                         int64_t i, int64_t d0, int64_t t0, int64_t t1, int vec_rt, const char *x,
+                         const char *dh, const char *gxp, char *dx, const float *phi,
+                         const float *gamma, const float *h_pre, const float *dhm_ws,
+                         const float *coef, float *pw) {
     const int MW = io->MW;
     const int64_t S = io->S, D = io->D, K = io->K;
-    const int bf16 = io->bf16, dbf16 = io->dbf16, gbf16 = io->gbf16;
+    /* FAST: the common layout (bf16 everywhere, unit element strides, aligned runs) as constants */
+    const int vec = FAST ? 1 : vec_rt;
+    const int bf16 = FAST ? 1 : io->bf16, dbf16 = FAST ? 1 : io->dbf16;
+    const int gbf16 = FAST ? 1 : io->gbf16;
     const int esz = bf16 ? 2 : 4, dsz = dbf16 ? 2 : 4, gsz = gbf16 ? 2 : 4;
-    const int64_t sx3 = io->sx[3], sd2 = io->sdh[2], sg3 = io->sg[3], so3 = io->sdx[3];
+    const int64_t sx3 = FAST ? 1 : io->sx[3], sd2 = FAST ? 1 : io->sdh[2];
+    const int64_t sg3 = FAST ? 1 : io->sg[3], so3 = FAST ? 1 : io->sdx[3];
     const int ne = D - d0 < KC ? (int)(D - d0) : KC;
     const int64_t k0 = i * D + d0;
     float w[MMAX][BWD_KCMAX], acc[MMAX][BWD_KCMAX];
