@@ -280,6 +280,7 @@ int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_f
 /* Everything the per-n launches need (mhc_pre_fwd_n.inc defines pre_stages_<n>). */
 typedef struct pre_launch {
     ompk_exec ex;
+    int gpu; /* ex is a GPU (not the host, nor the host as a target device) */
     const char *x;
     int64_t sx0, sx1, sx2, S, T, D, K, NC, shin0, shin1;
     int bf16, vec;
@@ -303,7 +304,8 @@ typedef struct pre_launch {
 
 void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
                         const mhc_pre_fwd_cfg *var) {
-    const pre_geom g = pre_geometry(a, ex.on_target && ex.device != omp_get_initial_device());
+    const int gpu = ex.on_target && ex.device != omp_get_initial_device();
+    const pre_geom g = pre_geometry(a, gpu);
     const int n = a->n, M = 2 * n + n * n, WG = pre_tile_wg(n), bf16 = a->bf16;
     const int vec = pre_vec_ok(a);
     const int64_t T = g.T, K = g.K, D = a->D, S = a->S, NC = g.NC;
@@ -365,7 +367,8 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
     }
 
     pre_launch L;
-    L.ex = ex, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T, L.D = D;
+    L.ex = ex, L.gpu = gpu, L.x = x, L.sx0 = sx0, L.sx1 = sx1, L.sx2 = sx2, L.S = S, L.T = T,
+    L.D = D;
     L.K = K, L.NC = tc ? tg.KS : NC, L.bf16 = bf16, L.vec = vec;
     L.tl = (pre_tile_geom){sx0, sx1, sx2, S, T, D, g.CD, g.NCD, g.NTL, bf16, vec};
     L.tc = tc, L.epi = var->epi, L.l2f = var->l2f, L.ring = var->ring, L.tg = tg, L.phi = phi,
