@@ -43,8 +43,9 @@ static pre_geom pre_geometry(const mhc_pre_fwd_args *a, int gpu) {
     g.MP = M + 1;
     g.NTL = (g.T + PTL_TB - 1) / PTL_TB;
     if (g.NTL < 1) g.NTL = 1;
-    /* about 2^11 items in all: enough teams to fill a GPU, few enough partials */
-    int64_t want = ((int64_t)1 << 11) / g.NTL;
+    /* about 1536 items in all: enough teams to fill a GPU, few enough partials, and close below a
+     * whole number of rounds of resident teams on an H100/H200 (132 SMs, 3 GEMM teams each) */
+    int64_t want = 1536 / g.NTL;
     int64_t ncd = gpu ? (want + n - 1) / n : 1;
     const int64_t max_ncd = (a->D + PTL_KB - 1) / PTL_KB;
     if (ncd > max_ncd) ncd = max_ncd;

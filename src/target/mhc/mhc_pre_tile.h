@@ -91,10 +91,18 @@ MHC_INLINE void pre_tile_load8(const pre_tile_geom *g, const char *row, int64_t 
     for (int e = 0; e < 8; e++) v[e] = d + e < d1 ? ompk_load_f(row, d + e, g->bf16) : 0.f;
 }
 
-MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x, const float *wg,
-                              float *part, int64_t w, float *xs, float *ws) {
-    const int M = 2 * N + N * N, MP = M + 1, MPT = PTL_MPT(N), WG = PTL_WG(N);
+/* A thread's 16-byte words of a step's grouped weight rows (PTL_KB * WG floats: a multiple of
+ * 4 * PTL_T, since WG is a multiple of 16). */
+#define PTL_WJ(N) (PTL_KB * PTL_WG(N) / 4 / PTL_T)
+#define PTL_WJMAX PTL_WJ(8)
+
+/* pre_tile_team for x of one dtype (BF: bf16). */
+MHC_INLINE void pre_tile_team_bf(const int N, const int BF, const pre_tile_geom *g, const char *x,
+                                 const float *wg, float *part, int64_t w, float *xs, float *ws) {
+    const int M = 2 * N + N * N, MP = M + 1, MPT = PTL_MPT(N), WG = PTL_WG(N), ESZ = BF ? 2 : 4;
     const int tid = PTL_TID();
+    /* the fast path's test read once: through g, every barrier would reload it */
+    const int vec = g->vec;
     int i;
     int64_t d0, d1, t0, c;
     pre_tile_item(g, w, &i, &d0, &d1, &t0, &c);
@@ -115,27 +123,56 @@ MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x
     const float *wrow = wg + ((int64_t)i * g->D + d0) * WG;
     for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
         /* the step's x (as f32) and weight rows into shared memory; rows at or past d1 zero */
-        MHC_UNROLL
-        for (int j = 0; j < PTL_LJ; j++) {
-            float v[8];
-            pre_tile_load8(g, lrow[j], s0 + 8 * oct, d1, v);
-            MHC_UNROLL
-            for (int e = 0; e < 8; e++) ssa[j] = fmaf(v[e], v[e], ssa[j]);
-            mhc_f4 *dst = (mhc_f4 *)(xs + (lt + LS * j) * PTL_XP + 8 * oct);
-            MHC_UNROLL
-            for (int h = 0; h < 2; h++) {
-                mhc_f4 q;
-                MHC_UNROLL
-                for (int e = 0; e < 4; e++) q.v[e] = v[4 * h + e];
-                dst[h] = q;
-            }
-        }
         const int64_t kn = d1 - s0 < PTL_KB ? d1 - s0 : PTL_KB;
-        for (int f = tid; f < PTL_KB * WG / 4; f += PTL_T) {
-            const int k = f / (WG / 4);
-            mhc_f4 q = {{0.f, 0.f, 0.f, 0.f}};
-            if (k < kn) q = ((const mhc_f4 *)(wrow + (s0 - d0) * WG))[f];
-            ((mhc_f4 *)ws)[f] = q;
+        const mhc_f4 *wstep = (const mhc_f4 *)(wrow + (s0 - d0) * WG);
+        if (vec && kn == PTL_KB) {
+            /* a whole step of aligned rows: every load issued before the first is used */
+            ompk_u128 xr[PTL_LJ][2];
+            ompk_u128 wr[PTL_WJMAX];
+            MHC_UNROLL
+            for (int j = 0; j < PTL_LJ; j++) MHC_UNROLL
+            for (int h = 0; h < 2; h++)
+                if (h * 2 < ESZ)
+                    xr[j][h] = ((const ompk_u128 *)(lrow[j] + (s0 + 8 * oct) * ESZ))[h];
+            MHC_UNROLL
+            for (int q = 0; q < PTL_WJMAX; q++)
+                if (q < PTL_WJ(N)) wr[q] = ((const ompk_u128 *)wstep)[tid + q * PTL_T];
+            MHC_UNROLL
+            for (int j = 0; j < PTL_LJ; j++) {
+                float v[8];
+                ompk_load8(xr[j], BF, v);
+                MHC_UNROLL
+                for (int e = 0; e < 8; e++) ssa[j] = fmaf(v[e], v[e], ssa[j]);
+                mhc_f4 *dst = (mhc_f4 *)(xs + (lt + LS * j) * PTL_XP + 8 * oct);
+                MHC_UNROLL
+                for (int h = 0; h < 2; h++) MHC_UNROLL
+                for (int e = 0; e < 4; e++) dst[h].v[e] = v[4 * h + e];
+            }
+            /* element by element: a whole-struct copy went through the stack */
+            MHC_UNROLL
+            for (int q = 0; q < PTL_WJMAX; q++) MHC_UNROLL
+            for (int e = 0; e < 4; e++)
+                if (q < PTL_WJ(N)) ((ompk_u128 *)ws)[tid + q * PTL_T].w[e] = wr[q].w[e];
+        } else {
+            MHC_UNROLL
+            for (int j = 0; j < PTL_LJ; j++) {
+                float v[8];
+                pre_tile_load8(g, lrow[j], s0 + 8 * oct, d1, v);
+                MHC_UNROLL
+                for (int e = 0; e < 8; e++) ssa[j] = fmaf(v[e], v[e], ssa[j]);
+                mhc_f4 *dst = (mhc_f4 *)(xs + (lt + LS * j) * PTL_XP + 8 * oct);
+                MHC_UNROLL
+                for (int h = 0; h < 2; h++) MHC_UNROLL
+                for (int e = 0; e < 4; e++) dst[h].v[e] = v[4 * h + e];
+            }
+            MHC_UNROLL
+            for (int q = 0; q < PTL_WJMAX; q++) {
+                const int f = tid + q * PTL_T;
+                if (q >= PTL_WJ(N)) continue;
+                MHC_UNROLL
+                for (int e = 0; e < 4; e++)
+                    ws[4 * f + e] = f / (WG / 4) < kn ? ((const float *)wstep)[4 * f + e] : 0.f;
+            }
         }
         PTL_SYNC();
         for (int kk = 0; kk < PTL_KB; kk += 4) {
@@ -181,6 +218,15 @@ MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x
         if (t0 + r < T) part[(c * T + t0 + r) * MP + M] = ss;
     }
     PTL_SYNC();
+}
+
+/* Launch 1's team function: one item, the team's PTL_T threads in their two roles. */
+MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x, const float *wg,
+                              float *part, int64_t w, float *xs, float *ws) {
+    if (g->bf16)
+        pre_tile_team_bf(N, 1, g, x, wg, part, w, xs, ws);
+    else
+        pre_tile_team_bf(N, 0, g, x, wg, part, w, xs, ws);
 }
 
 /* pre_tile_team's sums of token r of item w without the team layout: every column's sum in
