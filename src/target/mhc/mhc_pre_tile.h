@@ -91,6 +91,17 @@ MHC_INLINE void pre_tile_load8(const pre_tile_geom *g, const char *row, int64_t 
     for (int e = 0; e < 8; e++) v[e] = d + e < d1 ? ompk_load_f(row, d + e, g->bf16) : 0.f;
 }
 
+/* A loader's 8 x values into the shared tile at dst (16-byte aligned), and their squares into ss.
+ */
+MHC_INLINE void pre_tile_put8(const float v[8], float *dst, float *ss) {
+    MHC_UNROLL
+    for (int e = 0; e < 8; e++) *ss = fmaf(v[e], v[e], *ss);
+    mhc_f4 *d4 = (mhc_f4 *)dst;
+    MHC_UNROLL
+    for (int h = 0; h < 2; h++) MHC_UNROLL
+    for (int e = 0; e < 4; e++) d4[h].v[e] = v[4 * h + e];
+}
+
 /* A thread's 16-byte words of a step's grouped weight rows (PTL_KB * WG floats: a multiple of
  * 4 * PTL_T, since WG is a multiple of 16). */
 #define PTL_WJ(N) (PTL_KB * PTL_WG(N) / 4 / PTL_T)
@@ -141,12 +152,7 @@ MHC_INLINE void pre_tile_team_bf(const int N, const int BF, const pre_tile_geom 
             for (int j = 0; j < PTL_LJ; j++) {
                 float v[8];
                 ompk_load8(xr[j], BF, v);
-                MHC_UNROLL
-                for (int e = 0; e < 8; e++) ssa[j] = fmaf(v[e], v[e], ssa[j]);
-                mhc_f4 *dst = (mhc_f4 *)(xs + (lt + LS * j) * PTL_XP + 8 * oct);
-                MHC_UNROLL
-                for (int h = 0; h < 2; h++) MHC_UNROLL
-                for (int e = 0; e < 4; e++) dst[h].v[e] = v[4 * h + e];
+                pre_tile_put8(v, xs + (lt + LS * j) * PTL_XP + 8 * oct, &ssa[j]);
             }
             /* element by element: a whole-struct copy went through the stack */
             MHC_UNROLL
@@ -158,12 +164,7 @@ MHC_INLINE void pre_tile_team_bf(const int N, const int BF, const pre_tile_geom 
             for (int j = 0; j < PTL_LJ; j++) {
                 float v[8];
                 pre_tile_load8(g, lrow[j], s0 + 8 * oct, d1, v);
-                MHC_UNROLL
-                for (int e = 0; e < 8; e++) ssa[j] = fmaf(v[e], v[e], ssa[j]);
-                mhc_f4 *dst = (mhc_f4 *)(xs + (lt + LS * j) * PTL_XP + 8 * oct);
-                MHC_UNROLL
-                for (int h = 0; h < 2; h++) MHC_UNROLL
-                for (int e = 0; e < 4; e++) dst[h].v[e] = v[4 * h + e];
+                pre_tile_put8(v, xs + (lt + LS * j) * PTL_XP + 8 * oct, &ssa[j]);
             }
             MHC_UNROLL
             for (int q = 0; q < PTL_WJMAX; q++) {
