@@ -139,6 +139,16 @@ typedef struct mhc_pre_fwd_args {
     int repeat;
 } mhc_pre_fwd_args;
 
+/* Whether x and h_in rows move as 16-byte words: unit element strides, the other strides on 8
+ * elements, both pointers 16-byte aligned. */
+static inline int mhc_pre_vec_ok(const mhc_pre_fwd_args *a) {
+    if (a->sx[3] != 1 || a->shin[2] != 1) return 0;
+    for (int k = 0; k < 3; k++)
+        if (a->sx[k] % 8) return 0;
+    if (a->shin[0] % 8 || a->shin[1] % 8) return 0;
+    return (((uintptr_t)a->x | (uintptr_t)a->h_in) & 15) == 0;
+}
+
 /* Which kernels a pre forward runs: the host form (host = 1: one pass over token tiles, host
  * only), else the GPU's launches: SIMT (tc = 0) or the tensor-core GEMM with contiguous K splits
  * (1), interleaved splits (2), x staged by cp.async (3) or x read in wide row pieces (4, its ring

@@ -30,7 +30,7 @@
 typedef struct mhc_dec_launch {
     mhc_pre_fwd_args pre;
     ompk_mhc_post_args post;
-    int fused;
+    int fused, vec; /* vec: mhc_pre_vec_ok, h_in's rows as 16-byte words */
     int64_t T, KS, DS, K;
     int *ctr;
 } mhc_dec_launch;
@@ -239,7 +239,7 @@ MHC_INLINE void pre_dec_item(const int N, mhc_dec_launch *P, int64_t w, float *r
         char *hrow = (char *)a->h_in + (b * a->shin[0] + s * a->shin[1]) * esz;
         for (int64_t d = (int64_t)tid * 16; d < D; d += (int64_t)nth * 16)
             pre_hin(N, xrow + d * esz, a->sx[2], hp_ws + t * N, hrow + d * esz,
-                    D - d < 16 ? D - d : 16, bf16);
+                    D - d < 16 ? D - d : 16, bf16, P->vec);
     }
     MHC_SYNC();
 }
@@ -254,6 +254,7 @@ int mhc_pre_dec_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, const ompk_mhc_p
     memset(&L, 0, sizeof L);
     L.pre = *a;
     L.fused = post != NULL;
+    L.vec = mhc_pre_vec_ok(a);
     if (post) L.post = *post;
     L.T = a->B * a->S;
     L.K = (int64_t)a->n * a->D;

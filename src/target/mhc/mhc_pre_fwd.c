@@ -74,16 +74,6 @@ int64_t mhc_pre_fwd_workspace(const mhc_pre_fwd_args *a) {
     return most > host ? most : host;
 }
 
-static int pre_vec_ok(const mhc_pre_fwd_args *a) {
-    if (a->sx[3] != 1 || a->shin[2] != 1) return 0;
-    MHC_UNROLL
-    for (int k = 0; k < 3; k++)
-        if (a->sx[k] % 8) return 0;
-    if (a->shin[0] % 8 || a->shin[1] % 8) return 0;
-    if (((uintptr_t)a->x | (uintptr_t)a->h_in) & 15) return 0;
-    return 1;
-}
-
 #ifdef OMPK_NV_KERNELS
 /* teams the wide-load GEMM aims at: c->teams when in 64 .. PRE_TCW_TEAMS_MAX, else PRE_TCW_TEAMS */
 static int pre_tcw_teams(const mhc_pre_fwd_cfg *c) {
@@ -192,7 +182,7 @@ MHC_INLINE void pre_simt_epi(const int N, int64_t T, int64_t NC, int64_t K, int6
     }
 }
 
-/* Launch 3 on 16-byte aligned rows (pre_vec_ok): an iteration takes U pieces of 8 elements of a
+/* Launch 3 on 16-byte aligned rows (mhc_pre_vec_ok): an iteration takes U pieces of 8 elements of a
  * token, q, q + NPU, ... (adjacent iterations take adjacent pieces, so each load is a contiguous
  * run); all its x loads first, then the sums in pre_hin's order. A piece past D's last multiple
  * of 8 goes element by element. BF: bf16 x and h_in. */
@@ -252,7 +242,7 @@ MHC_INLINE void pre_hin8(const int N, const int U, const int BF, const char *xro
  * lane's 8-element piece is either inside D or past it); the cp.async GEMM (tc = 3) n <= 6 and
  * the wide-load GEMM (tc = 4, mhc_pre_tcw.h) n <= 4, its ring of 2 n = 4 only. */
 int mhc_pre_fwd_tc_fits(ompk_exec ex, const mhc_pre_fwd_args *a, const mhc_pre_fwd_cfg *c) {
-    if (!ex.on_target || !a->bf16 || !pre_vec_ok(a) || a->D % 8 || c->tc < 1) return 0;
+    if (!ex.on_target || !a->bf16 || !mhc_pre_vec_ok(a) || a->D % 8 || c->tc < 1) return 0;
     for (int async = 0; async < 2; async++) {
         const pre_tc_geom g = pre_tc_geometry(a, 0, async);
         if (g.KS < 1 || (int64_t)g.NG * g.KS > 0x7fffffff) return 0;
@@ -308,7 +298,7 @@ void mhc_pre_fwd_kernel(ompk_exec ex, const mhc_pre_fwd_args *a, void *ws,
     const int gpu = ex.on_target && ex.device != omp_get_initial_device();
     const pre_geom g = pre_geometry(a, gpu);
     const int n = a->n, M = 2 * n + n * n, WG = pre_tile_wg(n), bf16 = a->bf16;
-    const int vec = pre_vec_ok(a);
+    const int vec = mhc_pre_vec_ok(a);
     const int64_t T = g.T, K = g.K, D = a->D, S = a->S, NC = g.NC;
     const char *x = (const char *)a->x;
     const int64_t sx0 = a->sx[0], sx1 = a->sx[1], sx2 = a->sx[2];

@@ -74,10 +74,10 @@ MHC_INLINE void pre_token(const int N, int64_t t, int64_t S, int64_t NC, int64_t
                   h_pre);
 }
 
-/* Stage 3 body, element by element (rows of any layout): h_in for 16 consecutive d (fewer at the
- * tail) of token t. */
+/* Stage 3 body: h_in for 16 consecutive d (fewer at the tail) of token t; a whole 16 as 16-byte
+ * words when vec (mhc_pre_vec_ok, and d on 8), else element by element (rows of any layout). */
 MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float *hp, char *out,
-                        int64_t nd, int bf16) {
+                        int64_t nd, int bf16, int vec) {
     const int esz = bf16 ? 2 : 4;
     if (nd == 16) {
         float acc[16], xv[16];
@@ -86,10 +86,15 @@ MHC_INLINE void pre_hin(const int N, const char *xrow, int64_t sx2, const float 
         MHC_UNROLL
         for (int i = 0; i < NMAX; i++) {
             if (i >= N) continue;
-            mhc_load16(xrow + i * sx2 * esz, bf16, 0, xv);
+            mhc_load16(xrow + i * sx2 * esz, bf16, vec, xv);
             const float h = hp[i];
             MHC_UNROLL
             for (int e = 0; e < 16; e++) acc[e] += h * xv[e];
+        }
+        if (vec) {
+            ompk_store8(out, bf16, acc);
+            ompk_store8(out + 8 * esz, bf16, acc + 8);
+            return;
         }
         MHC_UNROLL
         for (int e = 0; e < 16; e++) ompk_store_f(out, e, acc[e], bf16);
