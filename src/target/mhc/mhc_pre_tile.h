@@ -91,8 +91,7 @@ MHC_INLINE void pre_tile_load8(const pre_tile_geom *g, const char *row, int64_t 
     for (int e = 0; e < 8; e++) v[e] = d + e < d1 ? ompk_load_f(row, d + e, g->bf16) : 0.f;
 }
 
-/* A loader's 8 x values into the shared tile at dst (16-byte aligned), and their squares into ss.
- */
+/* A loader's 8 x values into the shared tile at dst (16-byte aligned), their squares into ss. */
 MHC_INLINE void pre_tile_put8(const float v[8], float *dst, float *ss) {
     MHC_UNROLL
     for (int e = 0; e < 8; e++) *ss = fmaf(v[e], v[e], *ss);
