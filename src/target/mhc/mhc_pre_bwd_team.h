@@ -47,6 +47,15 @@ typedef struct bwd_io {
     int bf16, dbf16, gbf16, MW;
 } bwd_io;
 
+/* bwd_io as BWD_IO_NW 8-byte words, for a target region's firstprivate scalars: a struct
+ * there is a host-to-device copy of its own, and each thread copied it byte by byte. */
+#define BWD_IO_NW 24
+_Static_assert(sizeof(bwd_io) <= BWD_IO_NW * 8, "bwd_io fits BWD_IO_NW words");
+// clang-format off
+#define BWD_IO_WORDS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) X(21) X(22) X(23)
+#define BWD_IO_NAMES io0, io1, io2, io3, io4, io5, io6, io7, io8, io9, io10, io11, io12, io13, io14, io15, io16, io17, io18, io19, io20, io21, io22, io23
+// clang-format on
+
 /* bwd_team_item's form of kc_load: the KC bf16 elements at p as one raw word, converted by
  * kc_unraw where they are used. A conversion next to its load would wait for the load there,
  * and undo the loading ahead of the token slots. */
