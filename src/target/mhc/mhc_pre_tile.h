@@ -106,7 +106,7 @@ MHC_INLINE void pre_tile_put8(const float v[8], float *dst, float *ss) {
 #define PTL_WJ(N) (PTL_KB * PTL_WG(N) / 4 / PTL_T)
 #define PTL_WJMAX PTL_WJ(8)
 
-/* pre_tile_team for x of one dtype (BF: bf16). */
+/* pre_tile_team for x of one dtype (BF: bf16; a constant on the GPU). */
 MHC_INLINE void pre_tile_team_bf(const int N, const int BF, const pre_tile_geom *g, const char *x,
                                  const float *wg, float *part, int64_t w, float *xs, float *ws) {
     const int M = 2 * N + N * N, MP = M + 1, MPT = PTL_MPT(N), WG = PTL_WG(N), ESZ = BF ? 2 : 4;
@@ -142,8 +142,8 @@ MHC_INLINE void pre_tile_team_bf(const int N, const int BF, const pre_tile_geom 
             MHC_UNROLL
             for (int j = 0; j < PTL_LJ; j++) MHC_UNROLL
             for (int h = 0; h < 2; h++)
-                if (h * 2 < ESZ)
-                    xr[j][h] = ((const ompk_u128 *)(lrow[j] + (s0 + 8 * oct) * ESZ))[h];
+                xr[j][h] = h * 2 < ESZ ? ((const ompk_u128 *)(lrow[j] + (s0 + 8 * oct) * ESZ))[h]
+                                       : (ompk_u128){{0u, 0u, 0u, 0u}};
             MHC_UNROLL
             for (int q = 0; q < PTL_WJMAX; q++)
                 if (q < PTL_WJ(N)) wr[q] = ((const ompk_u128 *)wstep)[tid + q * PTL_T];
@@ -220,13 +220,19 @@ MHC_INLINE void pre_tile_team_bf(const int N, const int BF, const pre_tile_geom 
     PTL_SYNC();
 }
 
-/* Launch 1's team function: one item, the team's PTL_T threads in their two roles. */
+/* Launch 1's team function: one item, the team's PTL_T threads in their two roles. A GPU, which
+ * runs it, gets a copy per dtype; host compilations (the emulation tests, the target region's
+ * host fallback) one copy with the dtype read at run time, which halves their compile time. */
 MHC_INLINE void pre_tile_team(const int N, const pre_tile_geom *g, const char *x, const float *wg,
                               float *part, int64_t w, float *xs, float *ws) {
+#if defined(__NVPTX__) || defined(__AMDGCN__)
     if (g->bf16)
         pre_tile_team_bf(N, 1, g, x, wg, part, w, xs, ws);
     else
         pre_tile_team_bf(N, 0, g, x, wg, part, w, xs, ws);
+#else
+    pre_tile_team_bf(N, g->bf16, g, x, wg, part, w, xs, ws);
+#endif
 }
 
 /* pre_tile_team's sums of token r of item w without the team layout: every column's sum in
