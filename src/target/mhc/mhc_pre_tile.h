@@ -134,7 +134,7 @@ MHC_INLINE void pre_tile_team_bf(const int N, const int BF, const pre_tile_geom 
     for (int64_t s0 = d0; s0 < d1; s0 += PTL_KB) {
         /* the step's x (as f32) and weight rows into shared memory; rows at or past d1 zero */
         const int64_t kn = d1 - s0 < PTL_KB ? d1 - s0 : PTL_KB;
-        const mhc_f4 *wstep = (const mhc_f4 *)(wrow + (s0 - d0) * WG);
+        const float *wstep = wrow + (s0 - d0) * WG;
         if (vec && kn == PTL_KB) {
             /* a whole step of aligned rows: every load issued before the first is used */
             ompk_u128 xr[PTL_LJ][2];
@@ -171,7 +171,7 @@ MHC_INLINE void pre_tile_team_bf(const int N, const int BF, const pre_tile_geom 
                 if (q >= PTL_WJ(N)) continue;
                 MHC_UNROLL
                 for (int e = 0; e < 4; e++)
-                    ws[4 * f + e] = f / (WG / 4) < kn ? ((const float *)wstep)[4 * f + e] : 0.f;
+                    ws[4 * f + e] = f / (WG / 4) < kn ? wstep[4 * f + e] : 0.f;
             }
         }
         PTL_SYNC();
